@@ -1,0 +1,271 @@
+"""Default configuration and its validation.
+
+Every experiment file in ``experiments/`` defines ``get_config()``, which starts from
+:func:`default_config` and overrides what it needs. Every knob is documented here, where it is
+defined. :func:`validate` runs before anything is compiled: it rejects unknown keys (with a
+did-you-mean), wrong types and incompatible values, and its errors name the key, the value, what
+is allowed and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+import ml_collections
+
+ConfigDict = ml_collections.ConfigDict
+
+
+class ConfigError(ValueError):
+    """A configuration problem, found before any compilation; the message says how to fix it."""
+
+
+def default_config() -> ConfigDict:
+    """The full set of knobs with defaults sized for the tiny CPU run."""
+    c = ConfigDict()
+
+    c.train = ConfigDict()
+    c.train.steps = 400  # optimizer steps to run in total (a resumed run continues to this)
+    c.train.seed = 0  # seeds parameter init and data order
+    c.train.global_batch_size = 16  # sequences per optimizer step, over all devices and micro-batches
+    c.train.seq_len = 256  # tokens per sequence
+    c.train.grad_accum_steps = 1  # micro-batches per step (the global batch is split into these)
+    c.train.log_every = 10  # steps between metric lines (stdout, metrics.jsonl, TensorBoard)
+    c.train.eval_every = 100  # steps between held-out evaluations (also at step 0 and at the end)
+    c.train.eval_batches = 2  # held-out batches per domain at each evaluation
+    c.train.compute_dtype = "float32"  # activations/matmuls: float32 | bfloat16 (router stays float32)
+    c.train.param_dtype = "float32"  # stored parameters and optimizer moments: float32 | bfloat16
+    c.train.peak_flops_per_device = 0.0  # FLOP/s peak for MFU; 0 means unknown (MFU reported n/a)
+
+    c.optim = ConfigDict()
+    c.optim.lr = 3e-3  # peak learning rate
+    c.optim.schedule = "cosine"  # cosine | wsd (warmup-stable-decay)
+    c.optim.warmup_steps = 40  # linear warmup from 0 to lr
+    c.optim.min_lr_ratio = 0.1  # final lr as a fraction of lr
+    c.optim.decay_fraction = 0.2  # wsd only: fraction of steps spent in the final linear decay
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.95
+    c.optim.eps = 1e-8
+    c.optim.weight_decay = 0.1  # AdamW decay; never applied to norms, biases or router biases
+    c.optim.clip_norm = 1.0  # global-norm gradient clipping; 0 disables
+
+    c.checkpoint = ConfigDict()
+    c.checkpoint.every_steps = 200  # save interval (a final checkpoint is always written)
+    c.checkpoint.max_to_keep = 3  # most recent checkpoints kept
+
+    c.data = ConfigDict()
+    # Sampling weight per domain of the built-in corpus (code, prose, math, knowledge);
+    # weights are normalised to sum to 1, a weight of 0 leaves the domain out.
+    c.data.mixture = ConfigDict({"code": 0.25, "prose": 0.25, "math": 0.25, "knowledge": 0.25})
+    c.data.cache_dir = ""  # where the built-in corpus is cached; "" means $MOEJAX_CACHE or ~/.cache/moejax
+
+    c.model = ConfigDict()
+    c.model.vocab_size = 272  # embedding rows; at least the tokenizer's vocabulary (byte: 259)
+    c.model.d_model = 128
+    c.model.num_layers = 4
+    c.model.num_heads = 4  # query heads
+    c.model.num_kv_heads = 2  # key/value heads (grouped-query attention); divides num_heads
+    c.model.head_dim = 32
+    c.model.mlp_dim = 512  # hidden width of dense (non-MoE) SwiGLU layers
+    c.model.rope_theta = 10_000.0
+    c.model.norm_eps = 1e-6
+    c.model.init_std = 0.02  # std of the normal init of all matrices (output projections scaled by depth)
+    c.model.tie_embeddings = True  # share the input embedding with the output projection
+    c.model.logits_z_loss = 0.0  # weight of mean(logsumexp(logits)^2) on the output logits
+    c.model.first_k_dense = 0  # the first k layers use a dense MLP instead of MoE
+    c.model.moe_every = 1  # after those, every n-th layer is MoE (1: all of them)
+
+    c.model.moe = ConfigDict()
+    c.model.moe.num_experts = 8  # routed experts
+    c.model.moe.experts_per_token = 2  # top-k
+    c.model.moe.expert_dim = 256  # hidden width of each routed expert (fine-grained: small)
+    c.model.moe.num_shared_experts = 1  # always-on experts, fused into one SwiGLU of their total width
+    c.model.moe.shared_expert_dim = 256  # hidden width of each shared expert
+    c.model.moe.score_func = "softmax"  # router scores: softmax | sigmoid
+    c.model.moe.renormalize = True  # rescale the top-k weights to sum to 1
+    c.model.moe.routed_scaling = 1.0  # multiplies the routed experts' output (DeepSeek-V3: 2.5)
+    c.model.moe.backend = "dropless"  # dispatch: dropless (sort + grouped matmul) | capacity (GShard)
+    c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
+    c.model.moe.grouped_matmul = "auto"  # dropless matmul: auto (ragged on GPU/TPU, tiled on CPU) | ragged | tiled
+    c.model.moe.tile_size = 64  # tiled grouped matmul: rows per tile
+    c.model.moe.aux_loss_weight = 1e-2  # Switch load-balancing loss alpha * E * sum_i f_i P_i
+    c.model.moe.router_z_loss_weight = 1e-3  # mean(logsumexp(router_logits)^2)
+
+    # Device mesh: a size per axis, -1 fills the rest (at most one -1). The batch is split over
+    # data x fsdp x expert; parameters over fsdp (model dim), expert (experts) and tensor (heads/ffn).
+    c.mesh = ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.expert = 1
+    c.mesh.tensor = 1
+    return c
+
+
+# Values a string knob may take.
+CHOICES = {
+    "train.compute_dtype": ("float32", "bfloat16"),
+    "train.param_dtype": ("float32", "bfloat16"),
+    "optim.schedule": ("cosine", "wsd"),
+    "model.moe.score_func": ("softmax", "sigmoid"),
+    "model.moe.backend": ("dropless", "capacity"),
+    "model.moe.grouped_matmul": ("auto", "ragged", "tiled"),
+}
+
+# Dict-valued knobs whose keys are the user's to choose (checked against the data instead).
+FREE_KEYS = ("data.mixture",)
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+
+
+def _fail(key: str, value: Any, allowed: str, fix: str = "") -> None:
+    msg = f"config key '{key}' has value {value!r}; allowed: {allowed}."
+    if fix:
+        msg += f" {fix}"
+    raise ConfigError(msg)
+
+
+def _check_tree(cfg: ConfigDict, ref: ConfigDict, prefix: str = "") -> None:
+    """Unknown keys and wrong types, against the defaults."""
+    for key in cfg.keys():
+        path = prefix + key
+        if key not in ref:
+            near = difflib.get_close_matches(key, list(ref.keys()), n=1)
+            hint = f" Did you mean '{prefix + near[0]}'?" if near else ""
+            raise ConfigError(
+                f"unknown config key '{path}'.{hint} Known keys under "
+                f"'{prefix.rstrip('.') or '<top>'}': {', '.join(sorted(ref.keys()))}."
+            )
+        value, default = cfg[key], ref[key]
+        if path in FREE_KEYS:
+            continue
+        if isinstance(default, ConfigDict):
+            if not isinstance(value, ConfigDict):
+                _fail(path, value, "a group of keys", f"Set its members, e.g. --config.{path}.<key>=...")
+            _check_tree(value, default, path + ".")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                _fail(path, value, "True or False")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                _fail(path, value, "an integer")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                _fail(path, value, "a finite number")
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                _fail(path, value, "a string")
+            if path in CHOICES and value not in CHOICES[path]:
+                _fail(path, value, " | ".join(CHOICES[path]))
+
+
+def _positive(cfg: ConfigDict, *paths: str) -> None:
+    for path in paths:
+        value = _get(cfg, path)
+        if value <= 0:
+            _fail(path, value, "a positive value")
+
+
+def _non_negative(cfg: ConfigDict, *paths: str) -> None:
+    for path in paths:
+        value = _get(cfg, path)
+        if value < 0:
+            _fail(path, value, "a value >= 0")
+
+
+def _get(cfg: ConfigDict, path: str) -> Any:
+    for part in path.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]:
+    """Mesh axis sizes with the one -1 filled in, checked against the device count."""
+    sizes = {axis: mesh_cfg[axis] for axis in MESH_AXES}
+    free = [axis for axis, size in sizes.items() if size == -1]
+    for axis, size in sizes.items():
+        if size == 0 or size < -1:
+            _fail(f"mesh.{axis}", size, "a positive size, or -1 to fill the remaining devices")
+    if len(free) > 1:
+        _fail(f"mesh.{free[1]}", -1, "-1 on at most one axis", f"mesh.{free[0]} is already -1.")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if free:
+        if num_devices % fixed:
+            _fail(
+                f"mesh.{free[0]}", -1, f"a fill of the {num_devices} devices",
+                f"The other axes multiply to {fixed}, which does not divide {num_devices}.",
+            )
+        sizes[free[0]] = num_devices // fixed
+    elif fixed != num_devices:
+        shape = " x ".join(f"{a}={s}" for a, s in sizes.items())
+        raise ConfigError(
+            f"mesh axis sizes {shape} multiply to {fixed}, but there are {num_devices} devices. "
+            "Make them multiply to the device count, or set one axis to -1 to fill the rest."
+        )
+    return sizes
+
+
+def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
+    """Checks the whole config; returns the resolved mesh shape. Raises ConfigError."""
+    _check_tree(cfg, default_config())
+    t, m, moe = cfg.train, cfg.model, cfg.model.moe
+    _positive(
+        cfg, "train.steps", "train.global_batch_size", "train.seq_len", "train.grad_accum_steps",
+        "train.log_every", "train.eval_every", "train.eval_batches", "checkpoint.every_steps",
+        "checkpoint.max_to_keep", "optim.lr", "model.vocab_size", "model.d_model",
+        "model.num_layers", "model.num_heads", "model.num_kv_heads", "model.head_dim",
+        "model.mlp_dim", "model.rope_theta", "model.norm_eps", "model.init_std",
+        "model.moe_every", "model.moe.num_experts", "model.moe.experts_per_token",
+        "model.moe.expert_dim", "model.moe.capacity_factor", "model.moe.tile_size",
+        "model.moe.routed_scaling",
+    )
+    _non_negative(
+        cfg, "train.seed", "train.peak_flops_per_device", "optim.warmup_steps",
+        "optim.weight_decay", "optim.clip_norm", "optim.eps", "model.logits_z_loss",
+        "model.first_k_dense", "model.moe.num_shared_experts", "model.moe.shared_expert_dim",
+        "model.moe.aux_loss_weight", "model.moe.router_z_loss_weight",
+    )
+    for path in ("optim.min_lr_ratio", "optim.decay_fraction", "optim.b1", "optim.b2"):
+        if not 0.0 <= _get(cfg, path) <= 1.0:
+            _fail(path, _get(cfg, path), "a number in [0, 1]")
+    if m.num_heads % m.num_kv_heads:
+        _fail("model.num_kv_heads", m.num_kv_heads, f"a divisor of model.num_heads={m.num_heads}")
+    if moe.experts_per_token > moe.num_experts:
+        _fail(
+            "model.moe.experts_per_token", moe.experts_per_token,
+            f"at most model.moe.num_experts={moe.num_experts}",
+        )
+    if m.first_k_dense > m.num_layers:
+        _fail("model.first_k_dense", m.first_k_dense, f"at most model.num_layers={m.num_layers}")
+    if moe.num_shared_experts and not moe.shared_expert_dim:
+        _fail("model.moe.shared_expert_dim", 0, "a positive width when num_shared_experts > 0")
+    if cfg.optim.warmup_steps > t.steps:
+        _fail("optim.warmup_steps", cfg.optim.warmup_steps, f"at most train.steps={t.steps}")
+
+    mixture = cfg.data.mixture
+    if not hasattr(mixture, "items") or not mixture:
+        _fail("data.mixture", mixture, "a non-empty mapping domain -> weight")
+    for domain, weight in mixture.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            _fail(f"data.mixture.{domain}", weight, "a finite weight >= 0")
+    if not sum(mixture.values()) > 0:
+        _fail("data.mixture", dict(mixture), "weights that are not all zero")
+
+    mesh = resolve_mesh_shape(cfg.mesh, num_devices)
+    batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
+    per_step = batch_shards * t.grad_accum_steps
+    if t.global_batch_size % per_step:
+        _fail(
+            "train.global_batch_size", t.global_batch_size,
+            f"a multiple of {per_step} (mesh data x fsdp x expert = {batch_shards}, "
+            f"times train.grad_accum_steps = {t.grad_accum_steps})",
+        )
+    if moe.num_experts % mesh["expert"]:
+        _fail("model.moe.num_experts", moe.num_experts, f"a multiple of mesh.expert={mesh['expert']}")
+    return mesh
+
+
+def to_dict(cfg: ConfigDict) -> dict[str, Any]:
+    """Plain nested dict of the config (for config.json and checkpoint metadata)."""
+    return cfg.to_dict()

@@ -1,0 +1,68 @@
+"""Token-choice top-k router, in float32 whatever the compute dtype, and its balancing losses."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.model.layers import param
+
+
+class Routing(NamedTuple):
+    idx_btk: jax.Array  # int32 selected experts
+    weight_btk: jax.Array  # float32 combine weights (renormalised and scaled as configured)
+    probs_bte: jax.Array  # float32 routing distribution per token (sums to 1 over experts)
+    logits_bte: jax.Array  # float32 raw router logits
+
+
+class Router(nnx.Module):
+    """Scores = softmax or sigmoid of x W_r (float32); top-k; optional renormalisation; scaling.
+
+    For sigmoid scores (DeepSeek-V3), ``probs_bte`` is the scores normalised to sum to 1, which is
+    what the balancing losses use.
+    """
+
+    def __init__(self, d: int, moe_cfg, *, std: float, rngs: nnx.Rngs):
+        self.w_de = param(rngs, (d, moe_cfg.num_experts), ("embed", "router_experts"), std, jnp.float32)
+        self.k = moe_cfg.experts_per_token
+        self.score_func = moe_cfg.score_func
+        self.renormalize = moe_cfg.renormalize
+        self.scaling = moe_cfg.routed_scaling
+
+    def __call__(self, x_btd: jax.Array) -> Routing:
+        logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32), self.w_de[...].astype(jnp.float32))
+        if self.score_func == "softmax":
+            scores_bte = jax.nn.softmax(logits_bte, axis=-1)
+            probs_bte = scores_bte
+        else:
+            scores_bte = jax.nn.sigmoid(logits_bte)
+            probs_bte = scores_bte / jnp.sum(scores_bte, axis=-1, keepdims=True)
+        weight_btk, idx_btk = jax.lax.top_k(scores_bte, self.k)
+        if self.renormalize:
+            weight_btk = weight_btk / jnp.sum(weight_btk, axis=-1, keepdims=True)
+        return Routing(idx_btk.astype(jnp.int32), weight_btk * self.scaling, probs_bte, logits_bte)
+
+
+def expert_load(idx_btk: jax.Array, num_experts: int) -> jax.Array:
+    """Fraction of (token, choice) assignments that go to each expert, float32 [E]."""
+    counts_e = jnp.zeros((num_experts,), jnp.float32).at[idx_btk.reshape(-1)].add(1.0)
+    return counts_e / idx_btk.size
+
+
+def switch_aux_loss(routing: Routing) -> jax.Array:
+    """Switch Transformer balance loss E * sum_i f_i P_i (Fedus et al. 2021), f = load, P = mean prob.
+
+    Equals 1 when routing is perfectly uniform; the configured weight (alpha) is applied by the caller.
+    """
+    num_experts = routing.probs_bte.shape[-1]
+    load_e = expert_load(routing.idx_btk, num_experts)
+    mean_prob_e = jnp.mean(routing.probs_bte, axis=(0, 1))
+    return num_experts * jnp.sum(load_e * mean_prob_e)
+
+
+def z_loss(logits: jax.Array) -> jax.Array:
+    """mean(logsumexp(logits)^2) (ST-MoE router z-loss; also used on the output logits)."""
+    return jnp.mean(jnp.square(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)))

@@ -1,0 +1,1 @@
+"""Training: optimizer, sharded state, jitted step, metrics, checkpoints, and the loop."""

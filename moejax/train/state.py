@@ -1,0 +1,95 @@
+"""The train state (params, optimizer state, step) as a pure pytree, initialised directly sharded.
+
+The model is an NNX module; the state that flows through the jitted step is its parameters as a
+pure dict (``nnx.to_pure_dict``), so optax, orbax and ``jax.jit`` see plain arrays. The graph
+definition (``graphdef``) rebuilds the module inside the step with ``nnx.merge``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from moejax import sharding
+from moejax.model.transformer import Transformer
+from moejax.train.optim import make_optimizer
+
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
+
+
+def make_model(cfg, seed: int) -> Transformer:
+    t = cfg.train
+    return Transformer(cfg.model, rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Everything static about a run: model graph, optimizer, mesh and the shardings of the state."""
+
+    graphdef: Any
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+    mesh: Mesh
+    state_shardings: Any
+    abstract_state: Any  # jax.ShapeDtypeStruct tree with shardings (restore target)
+
+    def batch_sharding(self, accum: bool) -> NamedSharding:
+        """[A, B/A, ...] micro-batched training batches, or [B, ...] evaluation batches."""
+        batch_axes = sharding.RULES["batch"]
+        return NamedSharding(self.mesh, P(None, batch_axes) if accum else P(batch_axes))
+
+
+def setup(cfg, mesh: Mesh) -> Run:
+    """Builds the abstract model and state, checks the shardings divide, and makes the optimizer."""
+    abstract_model = nnx.eval_shape(lambda: make_model(cfg, 0))
+    graphdef, abstract_params = nnx.split(abstract_model)
+    param_specs = sharding.param_specs(abstract_params)
+    param_shapes = nnx.to_pure_dict(abstract_params)
+    sharding.check_divisible(param_shapes, param_specs, mesh)
+    optimizer, schedule = make_optimizer(cfg.optim, cfg.train.steps)
+
+    param_shardings = sharding.named(mesh, param_specs)
+    replicated = NamedSharding(mesh, P())
+    opt_shapes = jax.eval_shape(optimizer.init, param_shapes)
+    opt_shardings = optax.tree_map_params(
+        optimizer, lambda _, s: s, opt_shapes, param_shardings,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+    shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
+    shapes = {"params": param_shapes, "opt_state": opt_shapes, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+    )
+    return Run(graphdef, optimizer, schedule, mesh, shardings, abstract_state)
+
+
+def init_state(cfg, run: Run) -> dict[str, Any]:
+    """Initialises parameters and optimizer state directly into their shardings (no host copy)."""
+
+    def init(seed):
+        params = nnx.to_pure_dict(nnx.state(make_model(cfg, seed)))
+        return {"params": params, "opt_state": run.optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
+
+    with jax.set_mesh(run.mesh):
+        return jax.jit(init, static_argnums=0, out_shardings=run.state_shardings)(cfg.train.seed)
+
+
+def to_global(batch: dict[str, np.ndarray], target, micro_batches: int | None) -> dict[str, jax.Array]:
+    """Host batch -> global arrays; each process materialises only its addressable shards.
+
+    With ``micro_batches`` the leading batch dim is split into [A, B/A] for gradient accumulation.
+    """
+    out = {}
+    for key in BATCH_KEYS:
+        value = batch[key]
+        if micro_batches is not None:
+            value = value.reshape(micro_batches, -1, *value.shape[1:])
+        out[key] = jax.make_array_from_callback(value.shape, target, lambda index, v=value: v[index])
+    return out
