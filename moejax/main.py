@@ -32,7 +32,7 @@ def _parse(argv: list[str]) -> None:
             f"unknown config key in a --config.* override: {key}. Overrides must name an existing key, "
             "e.g. --config.model.num_layers=4; see moejax/config.py for every key and its meaning."
         )
-    except flags.Error as e:
+    except (flags.Error, TypeError, ValueError) as e:  # bad override value, or a bad experiment file
         _die(f"{e}. Run with --helpfull for the flags, see moejax/config.py for the config keys.")
     if _WORKDIR.value is None:
         _die("--workdir is required, e.g. --workdir runs/tiny.")

@@ -32,7 +32,6 @@ def test_mesh_fill_and_product():
         ("train.global_batch_size", 12, r"global_batch_size' has value 12; allowed: a multiple of 8"),
         ("model.moe.backend", "magic", r"'model.moe.backend' has value 'magic'; allowed: dropless \| capacity"),
         ("train.seq_len", 0, r"'train.seq_len' has value 0; allowed: a positive value"),
-        ("model.num_layers", 2.5, r"'model.num_layers' has value 2.5; allowed: an integer"),
         ("optim.b2", 1.5, r"'optim.b2' has value 1.5; allowed: a number in \[0, 1\]"),
         ("model.first_k_dense", 7, r"first_k_dense' has value 7; allowed: at most model.num_layers=4"),
     ],
@@ -84,3 +83,18 @@ def test_cli_impossible_value_is_rejected_before_compile():
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "'model.moe.experts_per_token' has value 20; allowed: at most model.moe.num_experts=8" in out.stderr
+
+
+def test_cli_wrong_type_is_rejected_cleanly():
+    out = _launch("--config.model.num_layers=2.5")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "moejax: error: flag --config.model.num_layers=2.5" in out.stderr
+
+
+def test_wrong_type_in_a_hand_built_config_is_named():
+    cfg = default_config().to_dict()
+    cfg["model"]["num_layers"] = "four"
+    import ml_collections
+    with pytest.raises(ConfigError, match=r"'model.num_layers' has value 'four'; allowed: an integer"):
+        validate(ml_collections.ConfigDict(cfg), 1)

@@ -76,9 +76,11 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
     meta = {"config": config_lib.to_dict(cfg), "tokenizer": TOKENIZER.name}
     latest = checkpointer.latest_step()
+    domain_tokens = np.zeros(len(DOMAINS), np.int64)  # tokens trained on, per domain, cumulative
     if latest is not None:
         state, data_state, _ = checkpointer.restore(latest, run.abstract_state)
-        data_iter.set_state(data_state)
+        data_iter.set_state(data_state["iterator"])
+        domain_tokens[:] = data_state["tokens_per_domain"]
     else:
         state = init_state(cfg, run)
     step = int(state["step"])
@@ -102,7 +104,6 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     eval_step = make_eval_step(cfg, run)
     train_sharding, eval_sharding = run.batch_sharding(accum=True), run.batch_sharding(accum=False)
     summary: dict[str, Any] = {"start_step": step}
-    domain_tokens = np.zeros(len(DOMAINS), np.int64)
     with jax.set_mesh(mesh):
         if step == 0:
             first_eval = evaluate(eval_step, state["params"], eval_batches, eval_sharding)
@@ -151,7 +152,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
             elif step % t.eval_every == 0:
                 logger.log(step, evaluate(eval_step, state["params"], eval_batches, eval_sharding))
             if step % cfg.checkpoint.every_steps == 0 or step == t.steps:
-                checkpointer.save(step, state, data_iter.get_state(), meta)
+                data_state = {"iterator": data_iter.get_state(), "tokens_per_domain": domain_tokens.tolist()}
+                checkpointer.save(step, state, data_state, meta)
     checkpointer.close()
     logger.close()
     summary["final_step"] = step

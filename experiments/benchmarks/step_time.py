@@ -1,0 +1,102 @@
+"""Train-step throughput: tokens/s and achieved FLOP/s for the tiny and small configs, both backends.
+
+    python experiments/benchmarks/step_time.py [--configs tiny,small] [--steps 10] [--out results/step_time.json]
+
+Runs on whatever devices JAX sees (one mesh over all of them). Batches are real text from the
+built-in corpus. On CPU the small config runs with a reduced batch (``--small-batch``,
+``--small-seq``) so the benchmark finishes in minutes; the batch used is in the JSON.
+Compilation is excluded: the first step is run and waited for before timing starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from experiments import small_moe, tiny_moe
+from moejax import config as config_lib, sharding
+from moejax.data.pipeline import make_train_iterator
+from moejax.model.transformer import flops_per_token, param_counts
+from moejax.train.state import init_state, setup, to_global
+from moejax.train.step import make_train_step
+
+
+def measure(cfg, steps: int) -> dict:
+    mesh_shape = config_lib.validate(cfg, jax.device_count())
+    mesh = sharding.make_mesh(mesh_shape)
+    run = setup(cfg, mesh)
+    state = init_state(cfg, run)
+    train_step = make_train_step(cfg, run)
+    t = cfg.train
+    data = make_train_iterator(
+        dict(cfg.data.mixture), seq_len=t.seq_len, global_batch_size=t.global_batch_size, seed=0,
+        cache_dir=cfg.data.cache_dir or None,
+    )
+    batches = [to_global(next(data), run.batch_sharding(True), t.grad_accum_steps) for _ in range(steps + 1)]
+    with jax.set_mesh(mesh):
+        start = time.perf_counter()
+        state, _ = train_step(state, batches[0])
+        jax.block_until_ready(state)
+        compile_s = time.perf_counter() - start
+        times = []
+        for batch in batches[1:]:
+            start = time.perf_counter()
+            state, metrics = train_step(state, batch)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - start)
+    step_s = float(np.median(times))
+    tokens_per_sec = t.global_batch_size * t.seq_len / step_s
+    flops_tok = flops_per_token(cfg.model, t.seq_len)
+    return {
+        "params_total": param_counts(cfg.model)["total"],
+        "params_active": param_counts(cfg.model)["active"],
+        "global_batch_size": t.global_batch_size,
+        "seq_len": t.seq_len,
+        "compile_and_first_step_s": compile_s,
+        "step_time_s": step_s,
+        "tokens_per_sec": tokens_per_sec,
+        "flops_per_token": flops_tok,
+        "achieved_gflops": flops_tok * tokens_per_sec / 1e9,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="tiny,small")
+    parser.add_argument("--backends", default="dropless,capacity")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--small-batch", type=int, default=8)
+    parser.add_argument("--small-seq", type=int, default=512)
+    parser.add_argument("--out", default="results/step_time.json")
+    args = parser.parse_args()
+
+    rows = []
+    for name in args.configs.split(","):
+        for backend in args.backends.split(","):
+            cfg = {"tiny": tiny_moe, "small": small_moe}[name].get_config()
+            cfg.model.moe.backend = backend
+            if name == "small" and jax.default_backend() == "cpu":
+                cfg.train.global_batch_size, cfg.train.seq_len = args.small_batch, args.small_seq
+                cfg.train.compute_dtype = "float32"  # bf16 matmuls are slower than f32 on CPU
+            row = {"config": name, "backend": backend, "platform": jax.default_backend(),
+                   "devices": jax.device_count(), **measure(cfg, args.steps)}
+            rows.append(row)
+            print(
+                f"{name:6s} {backend:9s} batch {row['global_batch_size']:3d}x{row['seq_len']:<5d} "
+                f"step {row['step_time_s'] * 1e3:8.1f} ms  {row['tokens_per_sec']:9.0f} tok/s  "
+                f"{row['achieved_gflops']:7.1f} GFLOP/s  (compile {row['compile_and_first_step_s']:.1f} s)",
+                flush=True,
+            )
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

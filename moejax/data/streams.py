@@ -1,0 +1,52 @@
+"""Text to tokens: documents become one token stream plus document start offsets.
+
+A ``TokenStream`` is the on-disk and in-memory form of one domain split: every document's
+tokens followed by EOS, concatenated, and the offset at which each document starts. The
+pipeline cuts training windows from the stream and uses the offsets to build segment ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from moejax.data.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenStream:
+    """Documents as one int32 token stream (each followed by EOS) and their start offsets.
+
+    ``doc_starts`` is sorted, starts at 0 when there is at least one document, and
+    ``tokens[doc_starts[i + 1] - 1]`` is the EOS that ends document ``i``.
+    """
+
+    tokens: npt.NDArray[np.int32]
+    doc_starts: npt.NDArray[np.int32]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.doc_starts.shape[0])
+
+
+def tokenize_documents(documents: Sequence[str], tokenizer: Tokenizer) -> TokenStream:
+    """Encode ``documents`` and concatenate them, each followed by ``tokenizer.eos_id``."""
+    encoded = [tokenizer.encode(doc) for doc in documents]
+    lengths = np.array([ids.shape[0] + 1 for ids in encoded], dtype=np.int64)
+    total = int(lengths.sum())
+    if total > np.iinfo(np.int32).max:
+        raise ValueError(f"{total} tokens do not fit int32 offsets; split the documents")
+    ends = np.cumsum(lengths)
+    tokens = np.full(total, tokenizer.eos_id, dtype=np.int32)
+    is_text = np.ones(total, dtype=bool)
+    is_text[ends - 1] = False
+    if encoded:
+        tokens[is_text] = np.concatenate(encoded)
+    return TokenStream(tokens=tokens, doc_starts=(ends - lengths).astype(np.int32))

@@ -1,0 +1,188 @@
+"""MoE dispatch backends: send each token to its selected experts and combine their outputs.
+
+The router has already chosen, for every token, k experts (``idx_gtk``) and their combine weights
+(``w_gtk``, float32, normalised/scaled by the router). :func:`dispatch` computes
+
+    y[g, t] = sum_k w_gtk[g, t, k] * FFN_{idx_gtk[g, t, k]}(x_gtd[g, t])
+
+with the SwiGLU expert ``FFN_e(x) = (silu(x @ w_gate[e]) * (x @ w_up[e])) @ w_down[e]``, through one
+of two backends:
+
+- ``"capacity"`` (GShard/Switch): every expert has a fixed buffer of C slots per group; the
+  assignments that do not fit are dropped (they contribute nothing). Dense einsums with one-hot
+  dispatch/combine tensors, static shapes, cheap to shard over experts; wastes compute on empty
+  slots and loses tokens when routing is unbalanced.
+- ``"dropless"``: sort all assignments by expert and run a grouped matmul
+  (:mod:`moejax.model.grouped_matmul`) over the variable-size groups. Never drops; compute is
+  proportional to the real assignments (plus tile padding on CPU).
+
+Dimension letters: g groups (one per sequence), t tokens per group, d model dim, f expert ffn dim,
+e experts, k experts per token, c capacity slots, q assignments of a group in priority order
+(k * t, choice-major), s flattened tokens (g * t), a flattened assignments in (g, t, k) order,
+m the same assignments sorted by expert.
+"""
+
+from __future__ import annotations
+
+import fractions
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from moejax.model.grouped_matmul import (
+    DEFAULT_TILE_SIZE,
+    check_tile_size,
+    grouped_ffn,
+    resolve_impl,
+)
+
+BACKENDS = ("capacity", "dropless")
+
+
+def expert_capacity(
+    tokens_per_group: int, num_experts: int, top_k: int, capacity_factor: float
+) -> int:
+    """Slots per expert and group: ``C = ceil(capacity_factor * T * k / E)``, at least 1.
+
+    ``capacity_factor = 1`` gives exactly enough slots for perfectly balanced routing;
+    ``capacity_factor >= E / k`` gives C >= T, so nothing can be dropped. The product is taken on
+    the factor's decimal value, so 1.1 * 10 tokens gives 11 slots, not 12 from float rounding.
+    """
+    exact = fractions.Fraction(str(capacity_factor)) * tokens_per_group * top_k / num_experts
+    return max(1, math.ceil(exact))
+
+
+def _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd):
+    gate_gecf = jnp.einsum("gecd,edf->gecf", x_gecd, w_gate_edf)
+    up_gecf = jnp.einsum("gecd,edf->gecf", x_gecd, w_up_edf)
+    return jnp.einsum("gecf,efd->gecd", jax.nn.silu(gate_gecf) * up_gecf, w_down_efd)
+
+
+def _capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor):
+    g, t, k = idx_gtk.shape
+    e = w_gate_edf.shape[0]
+    c = expert_capacity(t, e, k, capacity_factor)
+
+    expert_gtke = jax.nn.one_hot(idx_gtk, e, dtype=jnp.int32)
+    # Priority is choice-major: every token's first choice, in token order, claims a slot before
+    # any second choice. An assignment's slot is the number of earlier assignments to its expert.
+    expert_gqe = jnp.swapaxes(expert_gtke, 1, 2).reshape(g, k * t, e)
+    earlier_gqe = jnp.cumsum(expert_gqe, axis=1) - expert_gqe
+    slot_gkt = jnp.sum(earlier_gqe * expert_gqe, axis=-1).reshape(g, k, t)
+    slot_gtk = jnp.swapaxes(slot_gkt, 1, 2)
+    kept_gtk = slot_gtk < c
+
+    # one_hot of an out-of-range slot is all zeros: a dropped assignment has no slot.
+    slot_gtkc = jax.nn.one_hot(slot_gtk, c, dtype=jnp.float32)
+    expert_f32_gtke = expert_gtke.astype(jnp.float32)
+    dispatch_gtec = jnp.einsum("gtke,gtkc->gtec", expert_f32_gtke, slot_gtkc).astype(x_gtd.dtype)
+    combine_gtec = jnp.einsum("gtke,gtkc,gtk->gtec", expert_f32_gtke, slot_gtkc, w_gtk)
+
+    x_gecd = jnp.einsum("gtec,gtd->gecd", dispatch_gtec, x_gtd)
+    y_gecd = _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd)
+    y_gtd = jnp.einsum("gtec,gecd->gtd", combine_gtec.astype(y_gecd.dtype), y_gecd)
+    stats = dict(
+        drop_rate=1.0 - jnp.mean(kept_gtk, dtype=jnp.float32),
+        tokens_per_expert_e=jnp.sum(expert_f32_gtke, axis=(0, 1, 2)),
+    )
+    return y_gtd, stats
+
+
+def _dropless_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, impl, tile_size):
+    g, t, k = idx_gtk.shape
+    e = w_gate_edf.shape[0]
+    d = x_gtd.shape[-1]
+
+    expert_a = idx_gtk.reshape(g * t * k)
+    order_m = jnp.argsort(expert_a, stable=True)
+    x_md = x_gtd.reshape(g * t, d)[order_m // k]
+    group_sizes_e = jnp.bincount(expert_a, length=e).astype(jnp.int32)
+
+    y_md = grouped_ffn(
+        x_md, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e, impl=impl, tile_size=tile_size
+    )
+    # Unsort by gathering with the inverse permutation: assignment a sits at row rank_a[a].
+    rank_a = jnp.zeros_like(order_m).at[order_m].set(jnp.arange(g * t * k, dtype=order_m.dtype))
+    y_gtkd = y_md[rank_a].reshape(g, t, k, d)
+    y_gtd = jnp.einsum("gtk,gtkd->gtd", w_gtk.astype(y_gtkd.dtype), y_gtkd)
+    stats = dict(
+        drop_rate=jnp.zeros((), jnp.float32),
+        tokens_per_expert_e=group_sizes_e.astype(jnp.float32),
+    )
+    return y_gtd, stats
+
+
+def _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd):
+    if x_gtd.ndim != 3:
+        raise ValueError(f"x_gtd must be 3-D [groups, tokens, d_model], got shape {x_gtd.shape}")
+    g, t, d = x_gtd.shape
+    if idx_gtk.ndim != 3 or idx_gtk.shape[:2] != (g, t):
+        raise ValueError(f"idx_gtk must have shape ({g}, {t}, k), got {idx_gtk.shape}")
+    if not jnp.issubdtype(idx_gtk.dtype, jnp.integer):
+        raise ValueError(f"idx_gtk must hold integer expert ids, got dtype {idx_gtk.dtype}")
+    if w_gtk.shape != idx_gtk.shape:
+        raise ValueError(f"w_gtk must have the shape of idx_gtk {idx_gtk.shape}, got {w_gtk.shape}")
+    if w_gate_edf.ndim != 3 or w_gate_edf.shape[1] != d:
+        raise ValueError(f"w_gate_edf must have shape (e, {d}, f), got {w_gate_edf.shape}")
+    e, _, f = w_gate_edf.shape
+    if w_up_edf.shape != (e, d, f):
+        raise ValueError(f"w_up_edf must have shape {(e, d, f)}, got {w_up_edf.shape}")
+    if w_down_efd.shape != (e, f, d):
+        raise ValueError(f"w_down_efd must have shape {(e, f, d)}, got {w_down_efd.shape}")
+    if idx_gtk.shape[2] > e:
+        raise ValueError(f"top-k ({idx_gtk.shape[2]}) must be at most the number of experts ({e})")
+
+
+def dispatch(
+    x_gtd: jax.Array,
+    idx_gtk: jax.Array,
+    w_gtk: jax.Array,
+    w_gate_edf: jax.Array,
+    w_up_edf: jax.Array,
+    w_down_efd: jax.Array,
+    *,
+    backend: str,
+    capacity_factor: float = 1.25,
+    impl: str = "auto",
+    tile_size: int = DEFAULT_TILE_SIZE,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Run every token through its selected experts and combine: the MoE layer after the router.
+
+    Args:
+      x_gtd: [g, t, d] tokens, one group per sequence (capacity is allotted per group).
+      idx_gtk: int [g, t, k] selected experts, each in [0, e), distinct within a token.
+      w_gtk: [g, t, k] combine weights, float32; cast to x's dtype only at the combine.
+      w_gate_edf, w_up_edf: [e, d, f] expert weights, in compute dtype.
+      w_down_efd: [e, f, d] expert weights, in compute dtype.
+      backend: ``"capacity"`` or ``"dropless"`` (see the module docstring).
+      capacity_factor: ``"capacity"`` only; slots per expert and group are
+        ``max(1, ceil(capacity_factor * t * k / e))`` (:func:`expert_capacity`).
+      impl: ``"dropless"`` only; grouped matmul implementation, ``"auto"``, ``"ragged"`` or
+        ``"tiled"`` (:func:`moejax.model.grouped_matmul.grouped_matmul`).
+      tile_size: ``"dropless"`` with ``"tiled"`` only; rows per tile.
+
+    Returns:
+      y_gtd: [g, t, d] in x's dtype.
+      stats: ``drop_rate``, float32 scalar, the fraction of (token, choice) assignments dropped
+        (0 for dropless); ``tokens_per_expert_e``, float32 [e], assignments per expert before
+        dropping, summed over groups.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    impl = resolve_impl(impl)
+    check_tile_size(tile_size)
+    if not (isinstance(capacity_factor, numbers.Real) and 0 < capacity_factor < math.inf):
+        raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
+    _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
+
+    if backend == "capacity":
+        y_gtd, stats = _capacity_dispatch(
+            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor
+        )
+    else:
+        y_gtd, stats = _dropless_dispatch(
+            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, impl, tile_size
+        )
+    return y_gtd.astype(x_gtd.dtype), stats
