@@ -54,6 +54,26 @@ def evaluate(eval_step, params, eval_batches: dict[str, list], sharding_) -> dic
     return out
 
 
+def step_record(metrics, step_time: float, tokens_per_step: int, flops_tok: float, peak: float) -> dict:
+    """The logged training metrics of one step, with throughput and routing health."""
+    tokens_per_sec = tokens_per_step / step_time
+    record = {
+        key: float(metrics[key]) for key in ("loss", "total_loss", "balance_loss", "lr", "grad_norm")
+    }
+    record.update(
+        step_time_s=step_time,
+        tokens_per_sec=tokens_per_sec,
+        flops_per_token=flops_tok,
+        achieved_flops=flops_tok * tokens_per_sec,
+        mfu=flops_tok * tokens_per_sec / peak if peak else "n/a",
+    )
+    if "load_le" in metrics:
+        record["expert_load"] = metrics["load_le"]
+        record["drop_rate"] = metrics["drop_rate_l"]
+        record.update(routing_summary(np.asarray(metrics["load_le"])))
+    return record
+
+
 def train(cfg, workdir: str) -> dict[str, Any]:
     """Trains ``cfg`` into ``workdir``, resuming from its latest checkpoint. Returns a summary."""
     mesh_shape = check_config(cfg)
@@ -121,36 +141,21 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                 summary["compile_and_first_step_s"] = time.perf_counter() - interval_start
                 interval_start, interval_steps = time.perf_counter(), 0
             logger.advance()
+            record = {}
             if step % t.log_every == 0 or step == t.steps:
-                metrics = jax.device_get(metrics)
-                elapsed = time.perf_counter() - interval_start
-                step_time = elapsed / interval_steps if interval_steps else float("nan")
-                tokens_per_sec = tokens_per_step / step_time
-                record = {
-                    "loss": float(metrics["loss"]),
-                    "total_loss": float(metrics["total_loss"]),
-                    "balance_loss": float(metrics["balance_loss"]),
-                    "lr": float(metrics["lr"]),
-                    "grad_norm": float(metrics["grad_norm"]),
-                    "step_time_s": step_time,
-                    "tokens_per_sec": tokens_per_sec,
-                    "flops_per_token": flops_tok,
-                    "achieved_flops": flops_tok * tokens_per_sec,
-                    "mfu": flops_tok * tokens_per_sec / peak if peak else "n/a",
-                    **{f"tokens/{d}": int(n) for d, n in zip(DOMAINS, domain_tokens)},
-                }
-                if "load_le" in metrics:
-                    record["expert_load"] = metrics["load_le"]
-                    record["drop_rate"] = metrics["drop_rate_l"]
-                    record.update(routing_summary(np.asarray(metrics["load_le"])))
-                if step % t.eval_every == 0 or step == t.steps:
-                    record.update(evaluate(eval_step, state["params"], eval_batches, eval_sharding))
-                logger.log(step, record)
+                step_time = (  # right after the first step, its time (with compilation) is all there is
+                    (time.perf_counter() - interval_start) / interval_steps if interval_steps
+                    else summary["compile_and_first_step_s"]
+                )
+                record = step_record(jax.device_get(metrics), step_time, tokens_per_step, flops_tok, peak)
+                record.update({f"tokens/{d}": int(n) for d, n in zip(DOMAINS, domain_tokens)})
                 logger.advance(0, loss=record["loss"])
+            if step % t.eval_every == 0 or step == t.steps:
+                record.update(evaluate(eval_step, state["params"], eval_batches, eval_sharding))
+            if record:  # evaluation and logging are not training time: restart the clock after them
+                logger.log(step, record)
                 summary.update(record)
                 interval_start, interval_steps = time.perf_counter(), 0
-            elif step % t.eval_every == 0:
-                logger.log(step, evaluate(eval_step, state["params"], eval_batches, eval_sharding))
             if step % cfg.checkpoint.every_steps == 0 or step == t.steps:
                 data_state = {"iterator": data_iter.get_state(), "tokens_per_domain": domain_tokens.tolist()}
                 checkpointer.save(step, state, data_state, meta)
