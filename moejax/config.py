@@ -38,6 +38,7 @@ def default_config() -> ConfigDict:
     c.train.compute_dtype = "float32"  # activations/matmuls: float32 | bfloat16 (router stays float32)
     c.train.param_dtype = "float32"  # stored parameters and optimizer moments: float32 | bfloat16
     c.train.peak_flops_per_device = 0.0  # FLOP/s peak for MFU; 0 means unknown (MFU reported n/a)
+    c.train.max_bad_steps = 10  # stop after this many consecutive non-finite steps (each is skipped)
 
     c.optim = ConfigDict()
     c.optim.lr = 3e-3  # peak learning rate
@@ -54,6 +55,12 @@ def default_config() -> ConfigDict:
     c.checkpoint = ConfigDict()
     c.checkpoint.every_steps = 200  # save interval (a final checkpoint is always written)
     c.checkpoint.max_to_keep = 3  # most recent checkpoints kept
+    c.checkpoint.keep_period = 0  # also keep every checkpoint whose step is a multiple of this; 0: off
+    c.checkpoint.grace_seconds = 60.0  # on SIGTERM/SIGINT: save, but exit anyway after this long
+    # Start from these parameters (a workdir, its checkpoints/ dir, or one step's dir) with a fresh
+    # optimizer and data stream; ignored when the workdir has its own checkpoint to resume from.
+    c.checkpoint.init_from = ""
+    c.checkpoint.init_step = -1  # which step of init_from; -1: its latest
 
     c.data = ConfigDict()
     # Sampling weight per domain of the built-in corpus (code, prose, math, knowledge);
@@ -213,7 +220,8 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
     _positive(
         cfg, "train.steps", "train.global_batch_size", "train.seq_len", "train.grad_accum_steps",
         "train.log_every", "train.eval_every", "train.eval_batches", "checkpoint.every_steps",
-        "checkpoint.max_to_keep", "optim.lr", "model.vocab_size", "model.d_model",
+        "checkpoint.max_to_keep", "checkpoint.grace_seconds", "train.max_bad_steps", "optim.lr",
+        "model.vocab_size", "model.d_model",
         "model.num_layers", "model.num_heads", "model.num_kv_heads", "model.head_dim",
         "model.mlp_dim", "model.rope_theta", "model.norm_eps", "model.init_std",
         "model.moe_every", "model.moe.num_experts", "model.moe.experts_per_token",
@@ -221,7 +229,7 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         "model.moe.routed_scaling",
     )
     _non_negative(
-        cfg, "train.seed", "train.peak_flops_per_device", "optim.warmup_steps",
+        cfg, "train.seed", "train.peak_flops_per_device", "checkpoint.keep_period", "optim.warmup_steps",
         "optim.weight_decay", "optim.clip_norm", "optim.eps", "model.logits_z_loss",
         "model.first_k_dense", "model.moe.num_shared_experts", "model.moe.shared_expert_dim",
         "model.moe.aux_loss_weight", "model.moe.router_z_loss_weight",

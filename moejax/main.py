@@ -62,12 +62,19 @@ def maybe_initialize_distributed() -> None:
 def main(argv: list[str] | None = None) -> None:
     _parse(sys.argv if argv is None else argv)
     maybe_initialize_distributed()
-    from moejax.train.loop import train
+    from moejax.train.loop import Diverged, train
+    from moejax.train.preemption import Preempted
 
     try:
         summary = train(_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:
         _die(f"{e}")
+    except Preempted as e:
+        sys.stderr.write(f"moejax: {e}; checkpoint saved. Rerun the same command to resume.\n")
+        sys.exit(128 + e.signum)
+    except Diverged as e:
+        sys.stderr.write(f"moejax: {e}\n")
+        sys.exit(3)
     if "eval_loss" in summary:
         print(
             f"done: step {summary['final_step']}, eval_loss {summary.get('initial_eval_loss', float('nan')):.3f}"

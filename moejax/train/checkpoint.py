@@ -1,29 +1,97 @@
-"""Orbax checkpoints of the train state, the data-iterator state and run metadata."""
+"""Orbax checkpoints: train state, data-iterator state and run metadata, with safe recovery.
+
+Layout: ``WORKDIR/checkpoints/<step>/{state,data,meta}``. ``state`` is the sharded train-state
+pytree (parameters, optimizer state, balancing state, step), restored straight into the shardings
+of the current mesh, so a run saved on 8 devices resumes on 4 or under another fsdp/expert split.
+``data`` is the grain iterator state and per-domain token counts; ``meta`` holds the resolved
+config, the tokenizer id and the code version (all JSON).
+
+Saves are asynchronous (orbax writes in a background thread and commits a checkpoint atomically,
+by renaming a temporary directory, only once every item is on disk), so a kill mid-save leaves
+the previous checkpoints untouched. A checkpoint that fails to read (truncated file, missing
+item) is reported and moved to ``WORKDIR/checkpoints_corrupt/`` (never deleted) and the previous
+one is used. Retention: the last ``max_to_keep`` plus every ``keep_period``-th step.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import sys
+import time
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
+
+from moejax.config import ConfigError
+
+
+class CheckpointMismatch(ConfigError):
+    """The checkpoint's parameters do not fit the configured model (different shapes or tree)."""
+
+
+@dataclasses.dataclass
+class Restored:
+    step: int
+    state: Any
+    data: dict
+    meta: dict
+
+
+def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """'blocks/0/attn/w_q_dnh' -> shape, for a pytree of arrays or orbax array metadata."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path): tuple(leaf.shape)
+        for path, leaf in flat
+    }
+
+
+def describe_mismatch(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
+    """Human-readable differences between two {parameter path: shape} tables."""
+    lines = []
+    for name in sorted(set(saved) | set(wanted)):
+        if name not in wanted:
+            lines.append(f"{name}: in the checkpoint {saved[name]}, not in the model")
+        elif name not in saved:
+            lines.append(f"{name}: in the model {wanted[name]}, not in the checkpoint")
+        elif saved[name] != wanted[name]:
+            lines.append(f"{name}: checkpoint {saved[name]} vs model {wanted[name]}")
+    return lines
+
+
+def _handlers() -> dict[str, ocp.CheckpointHandler]:
+    """Item handlers, so metadata can be read before (or without) a restore."""
+    return {
+        "state": ocp.StandardCheckpointHandler(),
+        "data": ocp.JsonCheckpointHandler(),
+        "meta": ocp.JsonCheckpointHandler(),
+    }
 
 
 class Checkpointer:
-    """Saves ``{state, data, meta}`` under ``directory/<step>``; restores the latest onto shardings.
+    """Saves ``{state, data, meta}`` per step; restores the newest readable checkpoint."""
 
-    ``state`` is the sharded train-state pytree (restored into the shardings of the abstract target,
-    so a checkpoint can be loaded onto another mesh); ``data`` is the grain iterator state and
-    ``meta`` the resolved config and tokenizer id, both JSON.
-    """
+    def __init__(self, directory: str, *, max_to_keep: int, keep_period: int = 0):
+        self.directory = os.path.abspath(directory)
+        self.corrupt_dir = self.directory.rstrip("/") + "_corrupt"
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, keep_period=keep_period or None, create=True
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
 
-    def __init__(self, directory: str, *, max_to_keep: int):
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
-        self.manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
+        """Starts an asynchronous save (a no-op if ``step`` is already saved)."""
+        if step in self.manager.all_steps():
+            return
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data_state),
@@ -31,15 +99,98 @@ class Checkpointer:
         )
         self.manager.save(step, args=args, force=True)
 
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
+    def check_compatible(self, step: int, abstract_state: Any) -> None:
+        """Raises CheckpointMismatch naming every parameter whose shape or presence differs."""
+        saved = self.manager.item_metadata(step)["state"]
+        saved_params = _flat_shapes(getattr(saved, "tree", saved)["params"])
+        wanted_params = _flat_shapes(abstract_state["params"])
+        problems = describe_mismatch(saved_params, wanted_params)
+        if problems:
+            shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
+            raise CheckpointMismatch(
+                f"checkpoint {self.directory}/{step} does not fit the configured model "
+                f"({len(problems)} parameter(s) differ):\n  {shown}\n"
+                "Use the config the checkpoint was trained with (its meta/ item holds it), or start "
+                "from its parameters only with checkpoint.init_from."
+            )
+
+    def restore(self, step: int, abstract_state: Any) -> Restored:
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data=ocp.args.JsonRestore(),
             meta=ocp.args.JsonRestore(),
         )
         restored = self.manager.restore(step, args=args)
-        return restored.state, restored.data, restored.meta
+        return Restored(step, restored.state, restored.data, restored.meta)
+
+    def restore_latest(self, abstract_state: Any) -> Restored | None:
+        """The newest checkpoint that reads back; unreadable ones are reported and set aside."""
+        for step in reversed(self.steps()):
+            try:
+                self.check_compatible(step, abstract_state)
+                return self.restore(step, abstract_state)
+            except CheckpointMismatch:
+                raise
+            except Exception as error:  # noqa: BLE001 - any read failure means a damaged checkpoint
+                self._quarantine(step, error)
+        return None
+
+    def _quarantine(self, step: int, error: Exception) -> None:
+        source = os.path.join(self.directory, str(step))
+        target = os.path.join(self.corrupt_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+        if jax.process_index() == 0:
+            os.makedirs(self.corrupt_dir, exist_ok=True)
+            shutil.move(source, target)
+            print(
+                f"moejax: checkpoint {source} is unreadable ({reason}); moved it to {target} and "
+                "falling back to the previous checkpoint.",
+                file=sys.stderr,
+            )
+        self.manager.reload()
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def load_params(path: str, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+    """Parameters only from a checkpoint (a workdir, its checkpoints/ dir, or one step's dir).
+
+    For continued training with a fresh optimizer and data mixture, and for MergeMix experts.
+    Checks shapes first and names every mismatched parameter.
+    """
+    path = os.path.abspath(path)
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        path = os.path.join(path, "checkpoints")
+    if os.path.basename(path).isdigit() and step is None:
+        path, step = os.path.dirname(path), int(os.path.basename(path))
+    if not os.path.isdir(path):
+        raise ConfigError(f"config key 'checkpoint.init_from' has value {path!r}; no such directory.")
+    manager = ocp.CheckpointManager(
+        path, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_handlers()
+    )
+    step = manager.latest_step() if step is None else step
+    if step is None or step not in manager.all_steps():
+        raise ConfigError(
+            f"config key 'checkpoint.init_from' has value {path!r}; it holds no checkpoint"
+            + (f" at step {step}" if step is not None else "") + f" (steps: {sorted(manager.all_steps())})."
+        )
+    saved = manager.item_metadata(step)["state"]
+    problems = describe_mismatch(_flat_shapes(getattr(saved, "tree", saved)["params"]), _flat_shapes(abstract_params))
+    if problems:
+        raise CheckpointMismatch(
+            f"checkpoint {path}/{step} does not fit the configured model:\n  " + "\n  ".join(problems[:20])
+        )
+    # Restore only the params subtree: a partial restore of the state item.
+    target = {"params": abstract_params}
+    restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True,
+        ))
+    )
+    manager.close()
+    return restored.state["params"], step

@@ -16,8 +16,10 @@ from moejax.data.corpus import DOMAINS
 from moejax.data.pipeline import make_eval_batches, make_train_iterator
 from moejax.data.tokenizer import ByteTokenizer
 from moejax.model.transformer import flops_per_token, param_counts
-from moejax.train.checkpoint import Checkpointer
-from moejax.train.metrics import MetricsLogger, routing_summary
+from moejax import code_version
+from moejax.train.checkpoint import Checkpointer, load_params
+from moejax.train.preemption import Preempted, PreemptionGuard
+from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
 from moejax.train.state import Run, init_state, setup, to_global
 from moejax.train.step import make_eval_step, make_train_step
 
@@ -74,6 +76,30 @@ def step_record(metrics, step_time: float, tokens_per_step: int, flops_tok: floa
     return record
 
 
+class Diverged(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+def restore_or_init(cfg, run: Run, checkpointer: Checkpointer, tokenizer_name: str):
+    """(state, data state or None): the latest readable checkpoint, else a fresh (or warm) start."""
+    restored = checkpointer.restore_latest(run.abstract_state)
+    if restored is not None:
+        saved_tokenizer = restored.meta.get("tokenizer")
+        if saved_tokenizer != tokenizer_name:
+            raise config_lib.ConfigError(
+                f"checkpoint {checkpointer.directory}/{restored.step} was trained with tokenizer "
+                f"{saved_tokenizer!r}, but this run's data uses {tokenizer_name!r}. Use the data it "
+                "was trained on, or a fresh --workdir."
+            )
+        return restored.state, restored.data
+    state = init_state(cfg, run)
+    if cfg.checkpoint.init_from:
+        init_step = None if cfg.checkpoint.init_step < 0 else cfg.checkpoint.init_step
+        state["params"], step = load_params(cfg.checkpoint.init_from, run.abstract_state["params"], init_step)
+        print(f"moejax: parameters from {cfg.checkpoint.init_from} (step {step}); fresh optimizer and data")
+    return state, None
+
+
 def train(cfg, workdir: str) -> dict[str, Any]:
     """Trains ``cfg`` into ``workdir``, resuming from its latest checkpoint. Returns a summary."""
     mesh_shape = check_config(cfg)
@@ -93,17 +119,18 @@ def train(cfg, workdir: str) -> dict[str, Any]:
         batches_per_domain=t.eval_batches, cache_dir=cache_dir,
     )
 
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
-    meta = {"config": config_lib.to_dict(cfg), "tokenizer": TOKENIZER.name}
-    latest = checkpointer.latest_step()
+    c = cfg.checkpoint
+    checkpointer = Checkpointer(
+        os.path.join(workdir, "checkpoints"), max_to_keep=c.max_to_keep, keep_period=c.keep_period
+    )
+    meta = {"config": config_lib.to_dict(cfg), "tokenizer": TOKENIZER.name, "code_version": code_version()}
+    state, data_state = restore_or_init(cfg, run, checkpointer, TOKENIZER.name)
     domain_tokens = np.zeros(len(DOMAINS), np.int64)  # tokens trained on, per domain, cumulative
-    if latest is not None:
-        state, data_state, _ = checkpointer.restore(latest, run.abstract_state)
+    if data_state is not None:
         data_iter.set_state(data_state["iterator"])
         domain_tokens[:] = data_state["tokens_per_domain"]
-    else:
-        state = init_state(cfg, run)
     step = int(state["step"])
+    resumed = data_state is not None
     if is_main:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             json.dump(meta["config"], f, indent=2)
@@ -112,54 +139,84 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     flops_tok = flops_per_token(cfg.model, t.seq_len)
     peak = t.peak_flops_per_device * jax.device_count()
     tokens_per_step = t.global_batch_size * t.seq_len
+    if is_main:
+        truncate_metrics(workdir, step)  # records past the checkpoint are redone after a resume
     logger = MetricsLogger(workdir, total_steps=t.steps, start_step=step, enabled=is_main)
     if is_main:
         logger.bar.write(
             f"moejax: {counts['total'] / 1e6:.2f}M params ({counts['active'] / 1e6:.2f}M active), "
             f"mesh {mesh_shape}, {jax.device_count()} {jax.default_backend()} device(s), "
-            f"{'resuming from step ' + str(step) if latest is not None else 'fresh start'}"
+            f"{'resuming from step ' + str(step) if resumed else 'fresh start'}"
         )
 
     train_step = make_train_step(cfg, run)
     eval_step = make_eval_step(cfg, run)
     train_sharding, eval_sharding = run.batch_sharding(accum=True), run.batch_sharding(accum=False)
     summary: dict[str, Any] = {"start_step": step}
-    with jax.set_mesh(mesh):
-        if step == 0:
-            first_eval = evaluate(eval_step, state["params"], eval_batches, eval_sharding)
-            logger.log(0, first_eval)
-            summary["initial_eval_loss"] = first_eval["eval_loss"]
-        interval_start, interval_steps = time.perf_counter(), 0
-        while step < t.steps:
-            batch = next(data_iter)
-            domain_tokens += np.bincount(batch["domain"], minlength=len(DOMAINS)) * t.seq_len
-            state, metrics = train_step(state, to_global(batch, train_sharding, t.grad_accum_steps))
-            step += 1
-            interval_steps += 1
-            if step == summary["start_step"] + 1:  # the first step includes compilation
-                jax.block_until_ready(state)
-                summary["compile_and_first_step_s"] = time.perf_counter() - interval_start
-                interval_start, interval_steps = time.perf_counter(), 0
-            logger.advance()
-            record = {}
-            if step % t.log_every == 0 or step == t.steps:
-                step_time = (  # right after the first step, its time (with compilation) is all there is
-                    (time.perf_counter() - interval_start) / interval_steps if interval_steps
-                    else summary["compile_and_first_step_s"]
-                )
-                record = step_record(jax.device_get(metrics), step_time, tokens_per_step, flops_tok, peak)
-                record.update({f"tokens/{d}": int(n) for d, n in zip(DOMAINS, domain_tokens)})
-                logger.advance(0, loss=record["loss"])
-            if step % t.eval_every == 0 or step == t.steps:
-                record.update(evaluate(eval_step, state["params"], eval_batches, eval_sharding))
-            if record:  # evaluation and logging are not training time: restart the clock after them
-                logger.log(step, record)
-                summary.update(record)
-                interval_start, interval_steps = time.perf_counter(), 0
-            if step % cfg.checkpoint.every_steps == 0 or step == t.steps:
-                data_state = {"iterator": data_iter.get_state(), "tokens_per_domain": domain_tokens.tolist()}
-                checkpointer.save(step, state, data_state, meta)
-    checkpointer.close()
-    logger.close()
+    bad_streak = 0
+    skipped_steps = data_state.get("skipped_steps", 0) if data_state else 0
+
+    def save() -> None:
+        data = {"iterator": data_iter.get_state(), "tokens_per_domain": domain_tokens.tolist(),
+                "skipped_steps": skipped_steps}
+        checkpointer.save(step, state, data, meta)
+
+    try:
+        with jax.set_mesh(mesh), PreemptionGuard(c.grace_seconds) as preemption:
+            if step == 0:
+                first_eval = evaluate(eval_step, state["params"], eval_batches, eval_sharding)
+                logger.log(0, first_eval)
+                summary["initial_eval_loss"] = first_eval["eval_loss"]
+            interval_start, interval_steps = time.perf_counter(), 0
+            while step < t.steps:
+                batch = next(data_iter)
+                domain_tokens += np.bincount(batch["domain"], minlength=len(DOMAINS)) * t.seq_len
+                state, metrics = train_step(state, to_global(batch, train_sharding, t.grad_accum_steps))
+                step += 1
+                interval_steps += 1
+                if step == summary["start_step"] + 1:  # the first step includes compilation
+                    jax.block_until_ready(state)
+                    summary["compile_and_first_step_s"] = time.perf_counter() - interval_start
+                    interval_start, interval_steps = time.perf_counter(), 0
+                # A skipped (non-finite) step left the state unchanged; too many in a row end the run.
+                if bool(metrics["skipped"]):
+                    bad_streak, skipped_steps = bad_streak + 1, skipped_steps + 1
+                else:
+                    bad_streak = 0
+                diverged = bad_streak >= t.max_bad_steps
+                logger.advance()
+                record = {}
+                if step % t.log_every == 0 or step == t.steps or diverged:
+                    step_time = (  # right after the first step, its time (with compilation) is all there is
+                        (time.perf_counter() - interval_start) / interval_steps if interval_steps
+                        else summary["compile_and_first_step_s"]
+                    )
+                    record = step_record(jax.device_get(metrics), step_time, tokens_per_step, flops_tok, peak)
+                    record.update({f"tokens/{d}": int(n) for d, n in zip(DOMAINS, domain_tokens)})
+                    record["skipped_steps"] = skipped_steps
+                    logger.advance(0, loss=record["loss"])
+                if step % t.eval_every == 0 or step == t.steps:
+                    record.update(evaluate(eval_step, state["params"], eval_batches, eval_sharding))
+                if record:  # evaluation and logging are not training time: restart the clock after them
+                    logger.log(step, record)
+                    summary.update(record)
+                    interval_start, interval_steps = time.perf_counter(), 0
+                if diverged:
+                    raise Diverged(
+                        f"{bad_streak} consecutive steps (up to step {step}) had a non-finite loss or "
+                        "gradient; each was skipped and the run stops here. The newest checkpoint "
+                        f"(step {checkpointer.latest_step()}) is from before the trouble. Lower "
+                        "optim.lr, lengthen optim.warmup_steps or check the data, then rerun to "
+                        "resume from it."
+                    )
+                # No checkpoint during a streak of bad steps: the newest stays one from before it.
+                if bad_streak == 0 and (step % c.every_steps == 0 or step == t.steps or preemption.requested):
+                    save()
+                if preemption.requested:
+                    checkpointer.wait()
+                    raise Preempted(preemption.signum, step)
+    finally:
+        checkpointer.close()
+        logger.close()
     summary["final_step"] = step
     return summary

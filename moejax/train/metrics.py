@@ -69,3 +69,22 @@ def _plain(value: Any) -> Any:
 
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def truncate_metrics(workdir: str, step: int) -> None:
+    """Drops metrics.jsonl records after ``step`` (atomically), so a resumed run reads as one curve."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return
+
+    def keep(line: str) -> bool:
+        try:
+            return json.loads(line)["step"] <= step
+        except (json.JSONDecodeError, KeyError):  # a line cut short by a kill
+            return False
+
+    with open(path) as f:
+        lines = [line for line in f if keep(line)]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(lines)
+    os.replace(path + ".tmp", path)

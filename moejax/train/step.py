@@ -50,13 +50,17 @@ def make_train_step(cfg, run: Run) -> Callable:
         num_micro = jax.tree.leaves(batch)[0].shape[0]
         grads, stats = jax.tree.map(lambda x: x / num_micro, (grads, stats))
 
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = run.optimizer.update(grads, state["opt_state"], params)
+        # A non-finite loss or gradient skips the update: parameters and optimizer state stay.
+        finite = jnp.isfinite(stats["total_loss"]) & jnp.isfinite(grad_norm)
+        keep_if_bad = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         new_state = {
-            "params": optax.apply_updates(params, updates),
-            "opt_state": opt_state,
+            "params": keep_if_bad(optax.apply_updates(params, updates), params),
+            "opt_state": keep_if_bad(opt_state, state["opt_state"]),
             "step": state["step"] + 1,
         }
-        metrics = {**stats, "grad_norm": optax.tree.norm(grads), "lr": run.schedule(state["step"])}
+        metrics = {**stats, "grad_norm": grad_norm, "lr": run.schedule(state["step"]), "skipped": ~finite}
         return new_state, metrics
 
     return jax.jit(

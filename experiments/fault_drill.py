@@ -1,0 +1,149 @@
+"""Fault drill: kill a tiny training run at random steps, resume it, and compare with an uninterrupted run.
+
+    python -m experiments.fault_drill --kills 20 [--steps 60] [--signal KILL|TERM] [--seed 0]
+
+Each kill sends SIGKILL (or SIGTERM) to the training process once its metrics show a randomly
+chosen step; the same command is then rerun, which resumes from the newest checkpoint. At the end,
+every logged step's loss and grad norm are compared with an uninterrupted run of the same config,
+and a summary line such as ``20 kills, 0 divergent steps`` is printed (exit code 1 if any step
+differs). The run trains on one CPU device, so results must match bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIG_TEMPLATE = '''
+from moejax.config import default_config
+
+def get_config():
+    c = default_config()
+    c.train.steps, c.train.global_batch_size, c.train.seq_len = {steps}, 8, 64
+    c.train.log_every, c.train.eval_every, c.train.eval_batches = 1, 1000, 1
+    c.checkpoint.every_steps, c.checkpoint.max_to_keep = {every}, 2
+    c.optim.warmup_steps = 5
+    m = c.model
+    m.d_model, m.num_layers, m.mlp_dim, m.first_k_dense = 32, 2, 64, 1
+    m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
+    m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
+    c.data.cache_dir = {cache_dir!r}
+    return c
+'''
+
+
+def write_config(directory: str, *, steps: int, every: int, cache_dir: str) -> str:
+    path = os.path.join(directory, "drill_config.py")
+    with open(path, "w") as f:
+        f.write(CONFIG_TEMPLATE.format(steps=steps, every=every, cache_dir=cache_dir))
+    return path
+
+
+def logged_steps(workdir: str) -> dict[int, dict]:
+    """step -> record of the training lines in metrics.jsonl (a line cut short by a kill is skipped)."""
+    out = {}
+    path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if "loss" in record:
+                    out[record["step"]] = record
+    return out
+
+
+def launch(config: str, workdir: str) -> subprocess.Popen:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "moejax.main", "--config", config, "--workdir", workdir],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def run_to_end(config: str, workdir: str, timeout: float = 600) -> None:
+    proc = launch(config, workdir)
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training failed (exit {proc.returncode}):\n{err[-3000:]}")
+
+
+def run_and_kill(config: str, workdir: str, at_step: int, sig: int, timeout: float = 600) -> int:
+    """Starts (or resumes) the run and sends ``sig`` once metrics show ``at_step``; returns the exit code."""
+    proc = launch(config, workdir)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if max(logged_steps(workdir), default=0) >= at_step:
+            proc.send_signal(sig)
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"step {at_step} not reached in {timeout} s")
+        time.sleep(0.02)
+    proc.communicate(timeout=timeout)
+    return proc.returncode
+
+
+def divergent_steps(reference: dict[int, dict], resumed: dict[int, dict]) -> list[int]:
+    """Steps whose loss or grad norm differ at all (or that are missing) in the resumed run."""
+    return [
+        step for step, ref in reference.items()
+        if step not in resumed
+        or resumed[step]["loss"] != ref["loss"]
+        or resumed[step]["grad_norm"] != ref["grad_norm"]
+    ]
+
+
+def drill(kills: int, steps: int, every: int, sig: int, seed: int, root: str) -> tuple[int, list[int]]:
+    """Runs the reference and the killed run under ``root``; returns (kills done, divergent steps)."""
+    cache_dir = os.path.join(root, "cache")
+    config = write_config(root, steps=steps, every=every, cache_dir=cache_dir)
+    reference_dir, drill_dir = os.path.join(root, "reference"), os.path.join(root, "drill")
+    run_to_end(config, reference_dir)
+    rng = np.random.default_rng(seed)
+    kill_steps = np.sort(rng.integers(1, steps, size=kills))
+    done = 0
+    for at_step in kill_steps:
+        if max(logged_steps(drill_dir), default=0) >= steps:
+            break
+        run_and_kill(config, drill_dir, int(at_step), sig)
+        done += 1
+    run_to_end(config, drill_dir)
+    return done, divergent_steps(logged_steps(reference_dir), logged_steps(drill_dir))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=4, help="checkpoint interval (steps)")
+    parser.add_argument("--signal", choices=("KILL", "TERM"), default="KILL")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results/fault_drill.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        start = time.perf_counter()
+        done, divergent = drill(args.kills, args.steps, args.every, getattr(signal, f"SIG{args.signal}"), args.seed, root)
+        elapsed = time.perf_counter() - start
+    print(f"{done} kills, {len(divergent)} divergent steps" + (f": {divergent}" if divergent else ""))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"kills": done, "divergent_steps": divergent, "steps": args.steps, "signal": args.signal,
+                   "seconds": elapsed}, f, indent=2)
+    sys.exit(1 if divergent else 0)
+
+
+if __name__ == "__main__":
+    main()

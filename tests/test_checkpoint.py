@@ -1,0 +1,158 @@
+"""Checkpointing and fault tolerance: retention, resharding, kills, preemption, corruption, NaNs,
+mismatches and warm starts."""
+
+import glob
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import fault_drill
+from moejax import sharding
+from moejax.train.checkpoint import Checkpointer, CheckpointMismatch
+from moejax.train.loop import Diverged, train
+from moejax.train.state import init_state, setup, to_global
+from moejax.train.step import make_train_step
+from tests.test_sharding import batches, tiny_cfg
+from tests.test_train import read_metrics, small_run_cfg
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("corpus"))
+
+
+def test_retention_keeps_last_n_and_every_mth(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "c"), max_to_keep=1, keep_period=2)
+    state = {"w": jnp.ones(3)}
+    for step in range(1, 6):
+        ckpt.save(step, state, {}, {})
+        ckpt.wait()
+    assert ckpt.steps() == [2, 4, 5]
+    ckpt.close()
+
+
+def test_restore_onto_another_mesh(tmp_path):
+    cfg = tiny_cfg()
+    mesh8 = sharding.make_mesh({"data": 2, "fsdp": 2, "expert": 2, "tensor": 1}, jax.devices())
+    run8 = setup(cfg, mesh8)
+    state = init_state(cfg, run8)
+    with jax.set_mesh(mesh8):
+        state, _ = make_train_step(cfg, run8)(state, to_global(batches(cfg, 1)[0], run8.batch_sharding(True), 1))
+    saved = jax.device_get(state)
+    ckpt = Checkpointer(str(tmp_path / "c"), max_to_keep=2)
+    ckpt.save(1, state, {"iterator": {}}, {"tokenizer": "byte"})
+    ckpt.close()
+
+    mesh4 = sharding.make_mesh({"data": 1, "fsdp": 2, "expert": 1, "tensor": 2}, jax.devices()[:4])
+    run4 = setup(cfg, mesh4)
+    restored = Checkpointer(str(tmp_path / "c"), max_to_keep=2).restore_latest(run4.abstract_state)
+    w = restored.state["params"]["blocks"][1]["mlp"]["w_gate_edf"]
+    assert w.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
+    assert len(w.sharding.device_set) == 4
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.state), saved)
+
+
+def test_sigkill_at_several_steps_resumes_bit_for_bit(tmp_path):
+    done, divergent = fault_drill.drill(
+        kills=3, steps=14, every=3, sig=signal.SIGKILL, seed=1, root=str(tmp_path)
+    )
+    assert done >= 2
+    assert divergent == []
+
+
+def test_sigterm_saves_at_the_current_step_and_resumes(tmp_path):
+    config = fault_drill.write_config(str(tmp_path), steps=12, every=100, cache_dir=str(tmp_path / "cache"))
+    workdir = str(tmp_path / "run")
+    code = fault_drill.run_and_kill(config, workdir, at_step=4, sig=signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM
+    saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
+    assert len(saved) == 1 and saved[0] >= 4  # saved on the signal, not on the (100-step) interval
+    fault_drill.run_to_end(config, workdir)
+    reference = str(tmp_path / "reference")
+    fault_drill.run_to_end(config, reference)
+    assert fault_drill.divergent_steps(fault_drill.logged_steps(reference), fault_drill.logged_steps(workdir)) == []
+
+
+def _largest_file(directory):
+    files = [f for f in glob.glob(os.path.join(directory, "**", "*"), recursive=True) if os.path.isfile(f)]
+    return max(files, key=os.path.getsize)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "missing_item"])
+def test_corrupt_latest_checkpoint_is_set_aside_and_previous_used(tmp_path, cache_dir, damage, capfd):
+    cfg = small_run_cfg(cache_dir)
+    workdir = str(tmp_path / "run")
+    train(cfg, workdir)  # checkpoints at 3 and 6
+    latest = os.path.join(workdir, "checkpoints", "6")
+    if damage == "truncate":
+        path = _largest_file(os.path.join(latest, "state"))
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    else:
+        os.rename(os.path.join(latest, "data"), os.path.join(latest, "data_gone"))
+    summary = train(cfg, workdir)
+    assert summary["start_step"] == 3 and summary["final_step"] == 6
+    assert "is unreadable" in capfd.readouterr().err
+    kept = glob.glob(os.path.join(workdir, "checkpoints_corrupt", "6-*"))
+    assert len(kept) == 1 and os.listdir(kept[0])  # moved aside, not deleted
+
+
+def test_non_finite_step_is_skipped_and_leaves_state_unchanged():
+    cfg = tiny_cfg()
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}, jax.devices()[:1])
+    run = setup(cfg, mesh)
+    state = init_state(cfg, run)
+    before = jax.device_get(state)
+    batch = batches(cfg, 1)[0]
+    batch["loss_mask"] = batch["loss_mask"].copy()
+    batch["loss_mask"][0, 0] = np.nan
+    with jax.set_mesh(mesh):
+        after, metrics = make_train_step(cfg, run)(state, to_global(batch, run.batch_sharding(True), 1))
+    assert bool(metrics["skipped"])
+    assert int(after["step"]) == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(after["params"]), before["params"])
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(after["opt_state"]), before["opt_state"])
+
+
+def test_consecutive_bad_steps_stop_the_run_keeping_a_good_checkpoint(tmp_path, cache_dir):
+    cfg = small_run_cfg(cache_dir)
+    cfg.train.steps, cfg.train.max_bad_steps, cfg.checkpoint.every_steps = 12, 3, 1
+    cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.clip_norm = 1e30, 0, 0.0  # blows up after one step
+    workdir = str(tmp_path / "run")
+    with pytest.raises(Diverged, match=r"3 consecutive steps .* non-finite .* newest checkpoint \(step (\d+)\)"):
+        train(cfg, workdir)
+    records = [r for r in read_metrics(workdir) if "skipped_steps" in r]
+    saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
+    # Checkpoints stop at the last good step; every later step was skipped.
+    assert saved and all(s < records[-1]["step"] for s in saved)
+    assert records[-1]["skipped_steps"] == 3
+
+
+def test_incompatible_config_names_the_mismatched_parameters(tmp_path, cache_dir):
+    cfg = small_run_cfg(cache_dir)
+    cfg.train.steps, cfg.checkpoint.every_steps = 1, 1
+    workdir = str(tmp_path / "run")
+    train(cfg, workdir)
+    cfg.model.mlp_dim = 48
+    with pytest.raises(CheckpointMismatch, match=r"blocks/0/mlp/w_gate_df: checkpoint \(32, 64\) vs model \(32, 48\)"):
+        train(cfg, workdir)
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]  # nothing moved or deleted
+
+
+def test_init_from_takes_parameters_only(tmp_path, cache_dir):
+    cfg = small_run_cfg(cache_dir)
+    cfg.train.steps, cfg.checkpoint.every_steps = 4, 4
+    source = str(tmp_path / "source")
+    first = train(cfg, source)
+
+    cfg.checkpoint.init_from = source
+    cfg.data.mixture = {"code": 1.0, "prose": 0.0, "math": 0.0, "knowledge": 0.0}
+    warm = train(cfg, str(tmp_path / "warm"))
+    assert warm["start_step"] == 0
+    assert warm["initial_eval_loss"] == pytest.approx(first["eval_loss"], rel=1e-6)  # same params
+    records = read_metrics(str(tmp_path / "warm"))
+    assert records[-1]["tokens/prose"] == 0  # the new mixture, from a fresh data stream
