@@ -73,11 +73,13 @@ def launch(config: str, workdir: str) -> subprocess.Popen:
     )
 
 
-def run_to_end(config: str, workdir: str, timeout: float = 600) -> None:
+def run_to_end(config: str, workdir: str, timeout: float = 600) -> str:
+    """Runs (or resumes) the training to its last step; returns what it wrote to stderr."""
     proc = launch(config, workdir)
     _, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"training failed (exit {proc.returncode}):\n{err[-3000:]}")
+    return err
 
 
 def run_and_kill(config: str, workdir: str, at_step: int, sig: int, timeout: float = 600) -> int:

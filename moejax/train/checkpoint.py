@@ -170,8 +170,9 @@ def load_params(path: str, abstract_params: Any, step: int | None = None) -> tup
         path, step = os.path.dirname(path), int(os.path.basename(path))
     if not os.path.isdir(path):
         raise ConfigError(f"config key 'checkpoint.init_from' has value {path!r}; no such directory.")
-    manager = ocp.CheckpointManager(
-        path, options=ocp.CheckpointManagerOptions(read_only=True), item_handlers=_handlers()
+    manager = ocp.CheckpointManager(  # a PyTree handler: it can restore a subtree (the params)
+        path, options=ocp.CheckpointManagerOptions(read_only=True),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler()},
     )
     step = manager.latest_step() if step is None else step
     if step is None or step not in manager.all_steps():
