@@ -1,24 +1,35 @@
-"""Tests for moejax.data: tokenizer, built-in corpus and cache, packing, grain pipeline."""
+"""Tests for moejax.data on the built-in corpus: tokenizer, corpus and cache, benchmarks, packing,
+grain pipeline (mixtures, schedules, resumption, per-process rows), and make_data from a config.
+
+Prepared (user) datasets and BPE are tested in test_data_prepare.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import time
+import warnings
 
 import numpy as np
 import pytest
 
+from moejax.config import ConfigError, default_config
 from moejax.data import corpus as corpus_lib
+from moejax.data.benchmarks import ITEMS_PER_DOMAIN, build_benchmarks, load_benchmarks
 from moejax.data.corpus import DOMAINS, build_corpus, build_domain, load_tokenized_corpus
+from moejax.data.errors import DataError
+from moejax.data.from_config import make_data
+from moejax.data.mixture import MixtureWarning, Stage, normalize_mixture
 from moejax.data.packing import FIELDS, WindowPacker, num_windows, pack_window
-from moejax.data.pipeline import make_eval_batches, make_train_iterator, normalize_mixture
+from moejax.data.pipeline import DataStateWarning, make_eval_batches, make_train_iterator
 from moejax.data.streams import tokenize_documents
-from moejax.data.synthetic_knowledge import build_world
+from moejax.data.synthetic_knowledge import _TEMPLATES, build_world
 from moejax.data.tokenizer import ByteTokenizer, get_tokenizer
 
 TOK = ByteTokenizer()
-UNIFORM = {domain: 1.0 for domain in DOMAINS}
+UNIFORM = {domain: 0.25 for domain in DOMAINS}
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +230,17 @@ def _assert_packing_invariants(batch: dict[str, np.ndarray]) -> None:
 # --- train pipeline -----------------------------------------------------------------------------
 
 
+def _hashes(batches: list[dict]) -> list[str]:
+    """One sha256 per batch over every field, to compare runs."""
+    out = []
+    for batch in batches:
+        h = hashlib.sha256()
+        for field in sorted(batch):
+            h.update(np.ascontiguousarray(batch[field]).tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
 def test_train_batches_have_the_documented_fields(cache_dir):
     it = make_train_iterator(UNIFORM, seq_len=64, global_batch_size=8, seed=0, cache_dir=cache_dir)
     for batch in _take(it, 4):
@@ -228,13 +250,15 @@ def test_train_batches_have_the_documented_fields(cache_dir):
         _assert_packing_invariants(batch)
 
 
-def test_realised_mixture_matches_weights(cache_dir):
-    mixture = {"code": 5.0, "prose": 2.0, "math": 3.0, "knowledge": 0.0}
-    it = make_train_iterator(mixture, seq_len=32, global_batch_size=16, seed=3, cache_dir=cache_dir)
-    domains = np.concatenate([batch["domain"] for batch in _take(it, 125)])  # 2,000 sequences.
+def test_realised_mixture_matches_weights_over_10k_sequences(cache_dir):
+    mixture = {"code": 0.45, "prose": 0.2, "math": 0.3, "knowledge": 0.05}
+    it = make_train_iterator(mixture, seq_len=16, global_batch_size=50, seed=3, cache_dir=cache_dir)
+    domains = np.concatenate([batch["domain"] for batch in _take(it, 200)])  # 10,000 sequences.
     shares = np.bincount(domains, minlength=len(DOMAINS)) / domains.size
-    expected = [0.5, 0.2, 0.3, 0.0]
-    np.testing.assert_allclose(shares, expected, atol=0.02)
+    np.testing.assert_allclose(shares, [0.45, 0.2, 0.3, 0.05], atol=0.01)
+    # Grain interleaves deterministically, so every batch is already close to the weights.
+    per_batch = np.stack([np.bincount(b, minlength=4) for b in domains.reshape(200, 50)]) / 50
+    assert np.abs(per_batch - [0.45, 0.2, 0.3, 0.05]).max() <= 0.04
 
 
 def test_same_seed_same_batches_different_seed_different(cache_dir):
@@ -270,10 +294,98 @@ def test_each_epoch_covers_every_window_in_a_new_order(cache_dir, tokenized):
     assert epoch_1 != epoch_2
 
 
+# A schedule: math alone for 3 steps, then math and code, then code and knowledge.
+SCHEDULE = (Stage(0, {"math": 1.0}), Stage(3, {"code": 0.5, "math": 0.5}),
+            Stage(6, {"code": 0.25, "knowledge": 0.75}))
+
+
+def _scheduled(cache_dir, **kwargs):
+    return make_train_iterator(SCHEDULE, seq_len=32, global_batch_size=8, seed=5,
+                               cache_dir=cache_dir, **kwargs)
+
+
+def test_schedule_switches_weights_at_stage_boundaries(cache_dir):
+    batches = _take(_scheduled(cache_dir), 9)
+    counts = [np.bincount(b["domain"], minlength=4).tolist() for b in batches]  # code prose math know
+    assert counts[:3] == [[0, 0, 8, 0]] * 3
+    assert counts[3:6] == [[4, 0, 4, 0]] * 3
+    assert counts[6:] == [[2, 0, 0, 6]] * 3
+
+
+def test_a_domain_continues_its_stream_across_stages(cache_dir):
+    """Math in stage 2 picks up where stage 1 left it: the same windows as a math-only run."""
+    math_rows = [row for b in _take(_scheduled(cache_dir), 6)
+                 for row, d in zip(b["inputs"], b["domain"]) if d == DOMAINS.index("math")]
+    only_math = make_train_iterator({"math": 1.0}, seq_len=32, global_batch_size=8, seed=5,
+                                    cache_dir=cache_dir)
+    expected = np.concatenate([b["inputs"] for b in _take(only_math, 5)])[: len(math_rows)]
+    assert len(math_rows) == 36
+    np.testing.assert_array_equal(np.stack(math_rows), expected)
+
+
+@pytest.mark.parametrize("save_at", [0, 2, 3, 4, 6, 8])
+def test_resume_gives_the_batches_of_an_uninterrupted_run(cache_dir, save_at):
+    """Batch hashes agree after a save/restore before, at and after stage boundaries."""
+    expected = _hashes(_take(_scheduled(cache_dir), 10))
+    first = _scheduled(cache_dir)
+    seen = _take(first, save_at)
+    state = json.loads(json.dumps(first.get_state()))
+    resumed = _scheduled(cache_dir)
+    resumed.set_state(state)
+    assert _hashes(seen + _take(resumed, 10 - save_at)) == expected
+
+
+def test_resume_refuses_a_different_data_setup(cache_dir):
+    it = _scheduled(cache_dir)
+    _take(it, 4)
+    state = it.get_state()
+    other_len = make_train_iterator(SCHEDULE, seq_len=64, global_batch_size=8, seed=5,
+                                    cache_dir=cache_dir)
+    with pytest.raises(DataError, match=r"made with seq_len=32, this run has 64.*fresh workdir"):
+        other_len.set_state(state)
+    changed = (SCHEDULE[0], Stage(3, {"code": 0.9, "math": 0.1}))
+    with pytest.raises(DataError, match=r"schedule changed at or before step 4.*stage from step 3"):
+        make_train_iterator(changed, seq_len=32, global_batch_size=8, seed=5,
+                            cache_dir=cache_dir).set_state(state)
+    with pytest.raises(DataError, match=r"another moejax data pipeline version"):
+        _scheduled(cache_dir).set_state({"parents": {}})
+    # Stages after the resume step may change: here the last stage is replaced.
+    later = (*SCHEDULE[:2], Stage(8, {"prose": 1.0}))
+    resumed = make_train_iterator(later, seq_len=32, global_batch_size=8, seed=5, cache_dir=cache_dir)
+    resumed.set_state(state)
+    assert [int(b["domain"][0]) for b in _take(resumed, 5)][-1] == DOMAINS.index("prose")
+    # Other data content (e.g. another interpreter's stdlib) resumes, with a warning.
+    tampered = json.loads(json.dumps(state))
+    tampered["made_with"]["data"] = "0" * 64
+    with pytest.warns(DataStateWarning, match="differs from the data"):
+        _scheduled(cache_dir).set_state(tampered)
+
+
+def test_process_slices_tile_the_global_batch(cache_dir):
+    global_batches = _take(_scheduled(cache_dir), 5)
+    halves = [_take(_scheduled(cache_dir, process_index=i, process_count=2), 5) for i in range(2)]
+    for b, (first, second) in enumerate(zip(*halves)):
+        for field in FIELDS:
+            np.testing.assert_array_equal(
+                np.concatenate([first[field], second[field]]), global_batches[b][field])
+    # A state saved by one process restores on any process count.
+    it = _scheduled(cache_dir, process_index=1, process_count=4)
+    _take(it, 4)
+    full = _scheduled(cache_dir)
+    full.set_state(json.loads(json.dumps(it.get_state())))
+    np.testing.assert_array_equal(next(full)["inputs"][2:4], next(it)["inputs"])
+    with pytest.raises(DataError, match="global_batch_size 8 is not divisible by process_count 3"):
+        _scheduled(cache_dir, process_index=0, process_count=3)
+    with pytest.raises(DataError, match=r"process_index must be an int in \[0, 2\), got 2"):
+        _scheduled(cache_dir, process_index=2, process_count=2)
+
+
 @pytest.mark.parametrize(
     ("mixture", "message"),
     [
-        ({"code": 1.0, "poetry": 1.0}, r"unknown mixture domain 'poetry'; allowed domains: \("),
+        ({"code": 1.0, "poetry": 1.0},
+         r"mixture names domain 'poetry', which the built-in corpus does not have; its domains "
+         r"are: code, prose, math, knowledge"),
         ({"code": -0.5, "math": 1.0}, r"weight for 'code' must be a finite number >= 0"),
         ({"code": float("nan")}, r"weight for 'code' must be a finite number >= 0, got nan"),
         ({"math": float("inf")}, r"weight for 'math' must be a finite number >= 0"),
@@ -283,22 +395,28 @@ def test_each_epoch_covers_every_window_in_a_new_order(cache_dir, tokenized):
     ],
 )
 def test_bad_mixture_is_rejected_with_a_clear_error(mixture, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DataError, match=message):
         make_train_iterator(mixture, seq_len=32, global_batch_size=4, seed=0)
 
 
-def test_mixture_is_normalised_in_domain_order():
-    assert normalize_mixture({"math": 3, "code": 1, "prose": 0}) == {"code": 0.25, "math": 0.75}
+def test_mixture_not_summing_to_one_is_normalised_with_a_warning():
+    normalised = r"weights sum to 4, not 1; normalised to \{code: 0.25, math: 0.75\}"
+    with pytest.warns(MixtureWarning, match=normalised):
+        assert normalize_mixture({"math": 3, "code": 1, "prose": 0}) == {"code": 0.25, "math": 0.75}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert normalize_mixture({"math": 0.6, "code": 0.4}) == {"code": 0.4, "math": 0.6}
 
 
 def test_bad_shapes_and_seed_are_rejected(cache_dir):
-    with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):
+    with pytest.raises(DataError, match="seq_len must be a positive int, got 0"):
         make_train_iterator(UNIFORM, seq_len=0, global_batch_size=4, seed=0)
-    with pytest.raises(ValueError, match="global_batch_size must be a positive int, got 2.0"):
+    with pytest.raises(DataError, match="global_batch_size must be a positive int, got 2.0"):
         make_train_iterator(UNIFORM, seq_len=8, global_batch_size=2.0, seed=0)
-    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\), got -1"):
+    with pytest.raises(DataError, match=r"seed must be an int in \[0, 2\*\*32\), got -1"):
         make_train_iterator(UNIFORM, seq_len=8, global_batch_size=2, seed=-1)
-    with pytest.raises(ValueError, match="train split of domain 'math' has no window"):
+    with pytest.raises(DataError, match="train split of domain 'math' in the built-in corpus has no "
+                                        "window of 100000001 tokens"):
         make_train_iterator({"math": 1}, seq_len=10**8, global_batch_size=2, seed=0,
                             cache_dir=cache_dir)
 
@@ -337,12 +455,143 @@ def test_eval_batches_shrink_and_pad_to_the_heldout_size(cache_dir, tokenized):
 
 
 def test_eval_batches_reject_bad_input(cache_dir):
-    with pytest.raises(ValueError, match=r"unknown domain 'poetry'; allowed domains"):
+    with pytest.raises(DataError, match=r"the evaluation names domain 'poetry', which the built-in "
+                                        r"corpus does not have"):
         make_eval_batches(["poetry"], seq_len=8, batch_size=2, batches_per_domain=1,
                           cache_dir=cache_dir)
-    with pytest.raises(ValueError, match="held-out split of domain 'code' has no window"):
+    with pytest.raises(DataError, match="held-out split of domain 'code' in the built-in corpus has "
+                                        "no window"):
         make_eval_batches(["code"], seq_len=10**8, batch_size=2, batches_per_domain=1,
                           cache_dir=cache_dir)
-    with pytest.raises(ValueError, match="batches_per_domain must be a positive int"):
+    with pytest.raises(DataError, match="batches_per_domain must be a positive int"):
         make_eval_batches(["code"], seq_len=8, batch_size=2, batches_per_domain=0,
                           cache_dir=cache_dir)
+
+
+# --- benchmarks ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def benchmarks(cache_dir):
+    return load_benchmarks(0, cache_dir)
+
+
+def test_benchmarks_have_the_documented_sizes_formats_and_hash(benchmarks, tokenized, cache_dir):
+    manifest = benchmarks.manifest
+    assert set(benchmarks.items) == set(DOMAINS)
+    for domain, items in benchmarks.items.items():
+        assert len(items) == ITEMS_PER_DOMAIN == manifest["domains"][domain]["items"]
+        assert [item["id"] for item in items] == [f"{domain}/{i}" for i in range(len(items))]
+        data = benchmarks.path(domain).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == manifest["domains"][domain]["sha256"]
+        if manifest["domains"][domain]["kind"] == "exact_match":
+            assert all(set(item) == {"id", "prompt", "answer"} for item in items)
+        else:
+            for item in items:
+                assert set(item) == {"id", "context", "choices", "gold"}
+                assert len(item["choices"]) == 4 == len(set(item["choices"]))
+                assert 0 <= item["gold"] < 4
+            golds = np.bincount([item["gold"] for item in items], minlength=4)
+            assert golds.min() > 60, golds  # The right answer is not always in one place.
+        assert len({json.dumps(item, sort_keys=True) for item in items}) == len(items)
+    corpus_hash = tokenized.manifest["domains"]["knowledge"]["train"]["sha256"]
+    assert manifest["corpus"]["knowledge"]["train"] == corpus_hash
+    rebuilt = build_benchmarks(load_tokenized_corpus(0, cache_dir), 0)
+    assert rebuilt == benchmarks.items  # Deterministic.
+
+
+def test_math_benchmark_answers_are_correct(benchmarks):
+    for item in benchmarks.items["math"]:
+        expression = re.fullmatch(r"Q: (?:What is (.+)\?|Calculate (\d+) times (\d+)\.)\nA:", item["prompt"])
+        assert expression, item
+        a = expression.group(1) or f"{expression.group(2)} * {expression.group(3)}"
+        assert item["answer"] == f" {int(eval(a.replace('/', '//')))}"  # noqa: S307 - digits only
+
+
+def test_knowledge_benchmark_asks_facts_seen_in_training(benchmarks, tokenized):
+    train = "\n".join(tokenized.documents("knowledge", "train"))
+    world = build_world(0)
+    for item in benchmarks.items["knowledge"]:
+        gold = item["choices"][item["gold"]].strip()
+        entity = max((e for e in world if e.name in item["context"]), key=lambda e: len(e.name))
+        attribute = next(a for a, v in entity.facts.items() if v == gold)
+        wordings = [t.format(name=entity.name, value=gold) for t in _TEMPLATES[entity.kind][attribute]]
+        assert f"{item['context']} {gold}." in wordings
+        assert any(w in train for w in wordings), item["id"]
+        assert all(c.strip() != gold for i, c in enumerate(item["choices"]) if i != item["gold"])
+
+
+def test_code_and_prose_benchmarks_come_from_heldout_documents(benchmarks, tokenized):
+    for domain in ("code", "prose"):
+        heldout = "\x00".join(tokenized.documents(domain, "heldout"))
+        for item in benchmarks.items[domain]:
+            assert item["context"] + item["choices"][item["gold"]] in heldout, item["id"]
+
+
+# --- make_data from a config --------------------------------------------------------------------
+
+
+def _cfg(cache_dir, **data):
+    cfg = default_config()
+    cfg.train.seq_len, cfg.train.global_batch_size, cfg.train.eval_batches = 32, 8, 1
+    cfg.data.cache_dir = cache_dir
+    for key, value in data.items():
+        cfg.data[key] = value
+    return cfg
+
+
+def test_make_data_builds_the_run_data_from_the_config(cache_dir, tmp_path):
+    data = make_data(_cfg(cache_dir))
+    assert data.domains == DOMAINS and data.tokenizer.name == "byte"
+    assert list(data.eval_batches) == list(DOMAINS)
+    assert next(data.train_iter)["inputs"].shape == (8, 32)
+    mixture_file = tmp_path / "mixture.json"
+    mixture_file.write_text(json.dumps({"weights": {"math": 0.75, "code": 0.25}, "law": "camel"}))
+    data = make_data(_cfg(cache_dir, mixture_file=str(mixture_file)))
+    assert data.schedule == (Stage(0, {"code": 0.25, "math": 0.75}),)
+    schedule = '[[0, {"math": 1}], [2, {"prose": 1}]]'
+    data = make_data(_cfg(cache_dir, schedule=schedule))
+    assert [int(next(data.train_iter)["domain"][0]) for _ in range(3)] == [2, 2, 1]
+    schedule_file = tmp_path / "schedule.json"
+    schedule_file.write_text(schedule)
+    assert make_data(_cfg(cache_dir, schedule=str(schedule_file))).schedule == data.schedule
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"mixture": {"code": 1.0, "web": 1.0}},
+         r"data.mixture names domain 'web', which the built-in corpus does not have; its domains "
+         r"are: code, prose, math, knowledge\. Use those names, or prepare data for 'web'"),
+        ({"mixture_file": "/nonexistent/mix.json"},
+         r"data.mixture_file file '/nonexistent/mix.json' does not exist"),
+        ({"schedule": "[[5, {\"code\": 1}]]"}, r"first stage must start at step 0, not 5"),
+        ({"schedule": "[[0, {\"code\": 1}], [0, {\"math\": 1}]]"}, r"start steps must increase"),
+        ({"schedule": "[[0, {\"code\": -1}]]"}, r"data.schedule: weight for 'code' must be a finite"),
+        ({"schedule": "[[0, {\"code\": 1}"}, r"data.schedule is not valid JSON"),
+        ({"schedule": "[0, 1]"}, r"data.schedule stage 0 is 0; each stage must be \[start_step"),
+        ({"path": "/nonexistent/dataset"},
+         r"data.path '/nonexistent/dataset' does not exist. Prepare it first: python -m "
+         r"moejax.data.prepare"),
+    ],
+)
+def test_bad_data_config_fails_before_training_with_a_clear_error(cache_dir, data, message):
+    with pytest.raises(DataError, match=message):
+        make_data(_cfg(cache_dir, **data))
+
+
+def test_bad_mixture_file_and_config_conflicts(cache_dir, tmp_path):
+    bad = tmp_path / "mix.json"
+    bad.write_text('{"code": 0.5}')
+    with pytest.raises(DataError, match=r"must hold a JSON object with a \"weights\" object"):
+        make_data(_cfg(cache_dir, mixture_file=str(bad)))
+    cfg = _cfg(cache_dir, mixture_file=str(bad), schedule='[[0, {"code": 1}]]')
+    with pytest.raises(ConfigError, match=r"'data.schedule' has value .* while data.mixture_file is set"):
+        from moejax.config import validate
+
+        validate(cfg, 8)
+    cfg = _cfg(cache_dir)
+    cfg.model.vocab_size = 200
+    with pytest.raises(DataError, match=r"'model.vocab_size' has value 200; allowed: at least the "
+                                        r"vocabulary of the tokenizer of the built-in corpus \(byte: 259\)"):
+        make_data(cfg)

@@ -1,36 +1,62 @@
-"""Data for moejax: tokenizer, the built-in multi-domain corpus, and the grain pipeline.
+"""Data for moejax: tokenizers, the built-in corpus and benchmarks, prepared datasets, grain pipeline.
 
 Modules, in the order data flows through them:
 
-- ``tokenizer``: ``ByteTokenizer`` and ``get_tokenizer(name)``.
-- ``stdlib_text``, ``synthetic_math``, ``synthetic_knowledge``: the four domains' raw documents.
+- ``tokenizer``: the ``Tokenizer`` protocol, ``ByteTokenizer``, ``load_tokenizer`` and
+  ``check_tokenizer_matches``; ``bpe``: the byte-level BPE trained on the user's corpus.
+- ``stdlib_text``, ``synthetic_math``, ``synthetic_knowledge``: the built-in domains' documents.
 - ``corpus``: ``DOMAINS``, ``build_corpus`` (split + manifest of content hashes) and
-  ``load_tokenized_corpus`` (atomic on-disk ``.npy`` cache).
-- ``streams``: documents -> ``TokenStream`` (one EOS-separated stream + document offsets).
-- ``packing``: windows of a stream -> packed examples (segment ids, positions, loss mask).
-- ``pipeline``: ``make_train_iterator`` (grain mixture of domains, resumable) and
-  ``make_eval_batches`` (fixed held-out batches).
+  ``load_tokenized_corpus`` (atomic on-disk ``.npy`` cache); ``benchmarks``: the built-in
+  downstream benchmarks (JSONL); ``export``: the built-in corpus as text files.
+- ``sources`` (which files a ``DOMAIN=PATH`` names, and their documents), ``layout`` (where a
+  prepared dataset keeps its files) and ``prepare`` (``python -m moejax.data.prepare``).
+- ``dataset``: ``open_dataset(path)``, one view of the built-in corpus or a prepared dataset.
+- ``streams``: documents -> ``TokenStream``; ``packing``: windows -> packed examples.
+- ``mixture``: weights and schedules; ``pipeline``: ``MixtureIterator`` (grain mixture of
+  domains, staged, resumable, per-process rows) and ``make_eval_batches``.
+- ``from_config``: ``make_data(cfg)``, what the training loop calls.
+
+Every bad input raises ``errors.DataError`` (a ``ConfigError``) naming the source and the fix.
 """
 
-from moejax.data.corpus import (
-    DOMAINS,
-    Corpus,
-    TokenizedCorpus,
-    build_corpus,
-    load_tokenized_corpus,
-)
-from moejax.data.pipeline import make_eval_batches, make_train_iterator, normalize_mixture
-from moejax.data.tokenizer import ByteTokenizer, get_tokenizer
+import importlib
+from typing import Any
 
-__all__ = [
-    "DOMAINS",
-    "ByteTokenizer",
-    "Corpus",
-    "TokenizedCorpus",
-    "build_corpus",
-    "get_tokenizer",
-    "load_tokenized_corpus",
-    "make_eval_batches",
-    "make_train_iterator",
-    "normalize_mixture",
-]
+# Names exported here, and the module each lives in. They are imported on first access (PEP 562),
+# so ``python -m moejax.data.prepare`` and its worker processes do not pay for grain and jax.
+_EXPORTS = {
+    "DOMAINS": "corpus",
+    "build_corpus": "corpus",
+    "load_tokenized_corpus": "corpus",
+    "TokenDataset": "dataset",
+    "describe_dataset": "dataset",
+    "open_dataset": "dataset",
+    "DataError": "errors",
+    "TrainData": "from_config",
+    "check_data_config": "from_config",
+    "make_data": "from_config",
+    "MixtureWarning": "mixture",
+    "Schedule": "mixture",
+    "Stage": "mixture",
+    "normalize_mixture": "mixture",
+    "MixtureIterator": "pipeline",
+    "make_eval_batches": "pipeline",
+    "make_train_iterator": "pipeline",
+    "ByteTokenizer": "tokenizer",
+    "Tokenizer": "tokenizer",
+    "check_tokenizer_matches": "tokenizer",
+    "load_tokenizer": "tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'moejax.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"moejax.data.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -81,6 +81,15 @@ class TokenizedCorpus:
             raise ValueError(f"unknown split {split!r}; allowed splits: {SPLITS}")
         return self.streams[(domain, split)]
 
+    def documents(self, domain: str, split: str) -> list[str]:
+        """The text of one domain split's documents, decoded from the byte tokens."""
+        stream = self.stream(domain, split)
+        if not stream.num_documents:
+            return []
+        ends = np.append(stream.doc_starts[1:], stream.num_tokens) - 1  # Each EOS.
+        data = np.asarray(stream.tokens).astype(np.uint8).tobytes()  # EOS (257) wraps; cut below.
+        return [data[s:e].decode("utf-8") for s, e in zip(stream.doc_starts.tolist(), ends.tolist())]
+
 
 def check_domain(domain: str) -> None:
     """Raise a ValueError naming ``domain`` unless it is one of ``DOMAINS``."""

@@ -14,7 +14,7 @@ field           dtype     meaning, shape ``[seq_len]`` (``domain`` is a scalar)
 ``positions``   int32     position of each input within its document
 ``loss_mask``   float32   0.0 where the target starts a new document (predicting it from the
                           previous document's EOS is impossible), else 1.0
-``domain``      int32     index of the example's domain in ``corpus.DOMAINS``
+``domain``      int32     index of the example's domain in the run's domain list
 ==============  ========  =============================================================
 
 Positions restart at 0 at every document start *and at the window start*: a document that began
@@ -26,6 +26,7 @@ Padding examples (``padding_example``) have segment id 0 and an all-zero loss ma
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -112,3 +113,25 @@ class WindowPacker:
         window = self.stream.tokens[start : start + length]
         starts = window_starts_mask(self.stream.doc_starts, start, length)
         return pack_window(window, starts, self.domain)
+
+
+class ShardedPacker:
+    """Window index -> packed example, over a domain split stored as several shards.
+
+    Windows are numbered shard after shard; a window never spans two shards (each shard's last
+    partial window is dropped, at most ``seq_len`` tokens per shard).
+    """
+
+    def __init__(self, shards: Sequence[TokenStream], seq_len: int, domain: int):
+        self.packers = [WindowPacker(stream, seq_len, domain) for stream in shards]
+        self.seq_len = seq_len
+        self.domain = domain
+        self._first = np.cumsum([0] + [p.num_windows for p in self.packers], dtype=np.int64)
+        self.num_windows = int(self._first[-1])
+        self.num_tokens = sum(stream.num_tokens for stream in shards)
+
+    def __call__(self, index: int) -> Example:
+        if not 0 <= index < self.num_windows:
+            raise IndexError(f"window {index} out of range [0, {self.num_windows})")
+        shard = int(np.searchsorted(self._first, index, side="right")) - 1
+        return self.packers[shard](int(index - self._first[shard]))

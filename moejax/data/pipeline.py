@@ -1,97 +1,241 @@
-"""Grain pipeline: built-in corpus -> per-domain windows -> weighted mixture -> global batches.
+"""Grain pipeline: a dataset's domains -> weighted mixture (by stage) -> global or per-process batches.
 
-Each domain with a positive weight becomes its own grain dataset::
+Each domain with a positive weight in the current stage is its own grain dataset of *window
+picks*::
 
-    MapDataset.range(num_windows)   # window indices into the domain's train stream
+    MapDataset.range(num_windows)   # window indices into the domain's train shards
       .shuffle(seed)                # a fresh order every epoch (``repeat`` reseeds)
-      .repeat()                     # infinite
-      .map(WindowPacker(...))       # index -> packed example (see ``packing``)
+      .repeat()                     # endless
+      [offset:]                     # continue where earlier stages left this domain
+      .map(pick)                    # -> {"domain": int32, "window": int64}
       .to_iter_dataset()
 
-The domains are combined with ``grain.IterDataset.mix`` keyed by domain name, so each component
-keeps its own position and a checkpointed iterator state names its components; then the mixture
-is batched. Grain interleaves components deterministically in proportion to the weights, so every
-batch's domain counts track the weights closely.
+The stage's domains are combined with ``grain.IterDataset.mix`` keyed by domain name (each
+component keeps its own position, and the iterator state names them), then batched into the
+*global* batch of picks. ``MixtureIterator`` slices this process's rows
+``[i * B / P, (i + 1) * B / P)`` out of it and packs only those (see ``packing``), so every
+process agrees on the global batch whatever the process count.
 
-Weights are normalised to sum to 1; domains with weight 0 are left out. Batches are dicts of
-numpy arrays with the fields of ``packing.FIELDS`` and a leading batch axis. This first version
-is single-process: the iterator yields the *global* batch.
+Stages (``mixture.Schedule``): at a stage's start step the iterator builds that stage's mixture,
+starting every domain at the number of its windows drawn so far, so a domain's data is read as
+one continuous shuffled stream across stages, never restarting. The state
+(``get_state``/``set_state``) is JSON: the step, the stage, per-domain counts and the grain
+state of the current stage, plus what it was made with, so resuming with other data shapes is
+refused instead of silently giving other batches.
 
-Windows come from the built-in corpus built with ``CORPUS_SEED``; the ``seed`` argument of
-``make_train_iterator`` only orders them, so train and eval always use the same split.
+Batches are dicts of numpy arrays with the fields of ``packing.FIELDS``; ``domain`` indexes the
+dataset's domain list (``dataset.domains``).
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
 import numbers
 import os
+import warnings
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 import grain
 import numpy as np
 
-from moejax.data.corpus import DOMAINS, TokenizedCorpus, check_domain, load_tokenized_corpus
-from moejax.data.packing import Example, WindowPacker, padding_example, stack_examples
-from moejax.data.tokenizer import get_tokenizer
+from moejax.data.dataset import TokenDataset, describe_dataset, open_dataset
+from moejax.data.errors import DataError
+from moejax.data.mixture import Schedule, Stage, make_schedule, stage_index
+from moejax.data.packing import Example, ShardedPacker, padding_example, stack_examples
 
-CORPUS_SEED: Final = 0
-# The corpus is memory-mapped and packing is cheap numpy: reading in the calling thread is
-# faster than prefetch threads contending for the GIL (grain's advice for in-memory data).
+STATE_VERSION: Final = 2
+# Picks are tiny and packing happens in the calling thread: no prefetch threads contending for
+# the GIL (grain's advice for in-memory data).
 _READ_OPTIONS: Final = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 
 
-def normalize_mixture(mixture: Mapping[str, float]) -> dict[str, float]:
-    """Validate ``mixture`` and return its positive weights, scaled to sum to 1, in DOMAINS order.
+class DataStateWarning(UserWarning):
+    """A restored iterator state was saved with different data content."""
 
-    Keys must be domain names; weights must be finite, non-negative real numbers, not all zero.
+
+class _Pick:
+    """Window index -> ``{"domain", "window"}`` for one domain (a picklable grain map)."""
+
+    def __init__(self, domain_index: int):
+        self.domain = np.int32(domain_index)
+
+    def __call__(self, window: int) -> dict[str, np.ndarray]:
+        return {"domain": self.domain, "window": np.int64(window)}
+
+
+class MixtureIterator:
+    """Endless batches mixing a dataset's domains by a schedule of weights; resumable.
+
+    ``get_state()`` is JSON-serialisable; ``set_state(state)`` on an iterator made with the same
+    arguments (any ``process_index``/``process_count``) continues with exactly the batches the
+    original would have produced.
     """
-    if not isinstance(mixture, Mapping) or not mixture:
-        raise ValueError(f"mixture must be a non-empty mapping domain -> weight, got {mixture!r}")
-    for domain, weight in mixture.items():
-        if domain not in DOMAINS:
-            raise ValueError(f"unknown mixture domain {domain!r}; allowed domains: {DOMAINS}")
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, numbers.Real)
-            or not math.isfinite(weight)
-            or weight < 0
-        ):
-            raise ValueError(
-                f"mixture weight for {domain!r} must be a finite number >= 0, got {weight!r}"
+
+    def __init__(
+        self,
+        dataset: TokenDataset,
+        schedule: Schedule,
+        *,
+        seq_len: int,
+        global_batch_size: int,
+        seed: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        _check_positive_int("seq_len", seq_len)
+        _check_positive_int("global_batch_size", global_batch_size)
+        _check_seed(seed)
+        _check_positive_int("process_count", process_count)
+        if isinstance(process_index, bool) or not isinstance(process_index, numbers.Integral) \
+                or not 0 <= process_index < process_count:
+            raise DataError(f"process_index must be an int in [0, {process_count}), got {process_index!r}")
+        if global_batch_size % process_count:
+            raise DataError(f"global_batch_size {global_batch_size} is not divisible by "
+                            f"process_count {process_count}; every process takes an equal slice.")
+        self.dataset = dataset
+        self.schedule = schedule
+        self.seq_len, self.global_batch_size, self.seed = seq_len, global_batch_size, int(seed)
+        rows = global_batch_size // process_count
+        self.rows = slice(process_index * rows, (process_index + 1) * rows)
+        used = [d for d in dataset.domains if any(d in stage.weights for stage in schedule)]
+        self._packers = {d: _train_packer(dataset, d, seq_len) for d in used}
+        self._made_with = {
+            "data": dataset.content_hash,
+            "domains": list(dataset.domains),
+            "seq_len": seq_len,
+            "global_batch_size": global_batch_size,
+            "seed": self.seed,
+        }
+        self._step = 0
+        self._consumed = dict.fromkeys(used, 0)
+        self._start_stage(0, self._consumed)
+
+    def __iter__(self) -> MixtureIterator:
+        return self
+
+    def __next__(self) -> Example:
+        picks = next(self._picks)
+        domains, counts = np.unique(picks["domain"], return_counts=True)
+        for d, n in zip(domains.tolist(), counts.tolist()):
+            self._consumed[self.dataset.domains[d]] += n
+        self._step += 1
+        index = stage_index(self.schedule, self._step)
+        if index != self._stage:  # The next batch is the first of a new stage.
+            self._start_stage(index, self._consumed)
+        return stack_examples([
+            self._packers[self.dataset.domains[d]](w)
+            for d, w in zip(picks["domain"][self.rows].tolist(), picks["window"][self.rows].tolist())
+        ])
+
+    @property
+    def step(self) -> int:
+        """Batches drawn so far."""
+        return self._step
+
+    def get_state(self) -> dict[str, Any]:
+        """The position, as JSON-serialisable data."""
+        stage = self.schedule[self._stage]
+        return {
+            "version": STATE_VERSION,
+            "made_with": self._made_with,
+            "step": self._step,
+            "stage": self._stage,
+            "stage_start": stage.start_step,
+            "stage_weights": dict(stage.weights),
+            "stage_offsets": dict(self._stage_offsets),
+            "consumed": dict(self._consumed),
+            "grain": self._picks.get_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a state returned by ``get_state`` (possibly after a JSON round trip)."""
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise DataError(
+                "the saved data-iterator state comes from another moejax data pipeline version "
+                f"(state version {state.get('version') if isinstance(state, Mapping) else None!r}, "
+                f"expected {STATE_VERSION}); resume with the code that wrote it or start a fresh workdir."
             )
-    total = math.fsum(float(w) for w in mixture.values())
-    if total <= 0:
-        raise ValueError(f"mixture weights must not all be zero, got {dict(mixture)}")
-    return {d: float(mixture[d]) / total for d in DOMAINS if mixture.get(d, 0) > 0}
+        saved = state["made_with"]
+        for key in ("domains", "seq_len", "global_batch_size", "seed"):
+            if saved[key] != self._made_with[key]:
+                raise DataError(
+                    f"the saved data-iterator state was made with {key}={saved[key]!r}, this run "
+                    f"has {self._made_with[key]!r}; batches could not continue exactly. Resume "
+                    "with the same data and train.seq_len/global_batch_size/seed, or start a fresh workdir."
+                )
+        if saved["data"] != self._made_with["data"]:
+            warnings.warn(
+                f"{self.dataset.info.description} differs from the data the saved iterator state "
+                "was made with (content hash); continuing from the same position, but batches "
+                "differ from an uninterrupted run.", DataStateWarning, stacklevel=2)
+        step = int(state["step"])
+        index = stage_index(self.schedule, step)
+        if self.schedule[index] != Stage(state["stage_start"], state["stage_weights"]):
+            raise DataError(
+                f"the data schedule changed at or before step {step}: the saved state is in the "
+                f"stage from step {state['stage_start']} with weights {state['stage_weights']}, "
+                f"this run's stage there starts at step {self.schedule[index].start_step} with "
+                f"weights {dict(self.schedule[index].weights)}. Only stages after the resume step "
+                "may change."
+            )
+        # Domains new to later stages start at 0; domains no longer used are dropped.
+        self._consumed = {d: int(state["consumed"].get(d, 0)) for d in self._consumed}
+        self._start_stage(index, {**self._consumed, **state["stage_offsets"]})
+        self._picks.set_state(state["grain"])
+        self._step = step
+
+    def _start_stage(self, index: int, offsets: Mapping[str, int]) -> None:
+        """Build stage ``index``'s mixture; each domain starts ``offsets[domain]`` windows in."""
+        stage = self.schedule[index]
+        components = {
+            domain: (
+                grain.MapDataset.range(self._packers[domain].num_windows)
+                .shuffle(seed=shuffle_seed(self.seed, domain))
+                .repeat()[int(offsets[domain]):]
+                .map(_Pick(self.dataset.domains.index(domain)))
+                .to_iter_dataset(_READ_OPTIONS)
+            )
+            for domain in stage.weights
+        }
+        mixed = grain.IterDataset.mix(components, dict(stage.weights))
+        self._picks = iter(mixed.batch(self.global_batch_size, drop_remainder=True))
+        self._stage = index
+        self._stage_offsets = {d: int(offsets[d]) for d in stage.weights}
 
 
 def make_train_iterator(
-    mixture: Mapping[str, float],
+    weights: Mapping[str, float] | Schedule,
     *,
     seq_len: int,
     global_batch_size: int,
     seed: int,
+    dataset: TokenDataset | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-) -> grain.DatasetIterator:
-    """An endless iterator of training batches drawn from the domains in ``mixture``.
+    process_index: int = 0,
+    process_count: int = 1,
+) -> MixtureIterator:
+    """An endless iterator of training batches mixing ``dataset``'s domains by ``weights``.
 
-    ``it.get_state()`` is JSON-serialisable; ``it.set_state(state)`` on an iterator made with the
-    same arguments continues with exactly the batches the original would have produced.
+    ``weights`` is a mapping domain -> weight (one stage) or a ``Schedule``. Without ``dataset``
+    the built-in corpus (cached in ``cache_dir``) is used. With ``process_count > 1`` every
+    process gets its rows of the global batch.
     """
-    weights = normalize_mixture(mixture)
+    info = dataset.info if dataset is not None else describe_dataset("")
+    if isinstance(weights, Mapping):
+        schedule = make_schedule([(0, weights)], info.domains, source="mixture",
+                                 dataset=info.description)
+    else:
+        schedule = tuple(weights)
+        for stage in schedule:
+            for domain in stage.weights:
+                info.check_domain(domain, f"the schedule stage at step {stage.start_step}")
     _check_positive_int("seq_len", seq_len)
     _check_positive_int("global_batch_size", global_batch_size)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
-    corpus = load_tokenized_corpus(CORPUS_SEED, cache_dir)
-    components = {
-        domain: _domain_dataset(corpus, domain, seq_len, _shuffle_seed(int(seed), domain))
-        for domain in weights
-    }
-    mixed = grain.IterDataset.mix(components, weights)
-    return iter(mixed.batch(global_batch_size, drop_remainder=True))
+    _check_seed(seed)
+    dataset = dataset if dataset is not None else open_dataset("", cache_dir)
+    return MixtureIterator(dataset, schedule, seq_len=seq_len, global_batch_size=global_batch_size,
+                           seed=seed, process_index=process_index, process_count=process_count)
 
 
 def make_eval_batches(
@@ -100,6 +244,7 @@ def make_eval_batches(
     seq_len: int,
     batch_size: int,
     batches_per_domain: int,
+    dataset: TokenDataset | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, list[Example]]:
     """Fixed held-out batches per domain: consecutive windows of the heldout split, unshuffled.
@@ -110,20 +255,23 @@ def make_eval_batches(
     """
     domains = list(domains)
     if not domains:
-        raise ValueError("domains must name at least one domain")
+        raise DataError("domains must name at least one domain")
+    info = dataset.info if dataset is not None else describe_dataset("")
     for domain in domains:
-        check_domain(domain)
+        info.check_domain(domain, "the evaluation")
     _check_positive_int("seq_len", seq_len)
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("batches_per_domain", batches_per_domain)
-    corpus = load_tokenized_corpus(CORPUS_SEED, cache_dir)
-    pad_id = get_tokenizer(corpus.manifest["tokenizer"]).pad_id
+    dataset = dataset if dataset is not None else open_dataset("", cache_dir)
+    pad_id = dataset.tokenizer.pad_id
     batches = {}
     for domain in domains:
-        packer = WindowPacker(corpus.stream(domain, "heldout"), seq_len, DOMAINS.index(domain))
+        packer = ShardedPacker(dataset.streams(domain, "heldout"), seq_len, dataset.domains.index(domain))
         if packer.num_windows == 0:
-            raise ValueError(
-                f"held-out split of domain {domain!r} has no window of {seq_len + 1} tokens"
+            raise DataError(
+                f"held-out split of domain {domain!r} in {info.description} has no window of "
+                f"{seq_len + 1} tokens ({packer.num_tokens} tokens in {len(packer.packers)} "
+                "shard(s)); use a shorter train.seq_len or prepare it with a larger --heldout-fraction."
             )
         num_batches = min(batches_per_domain, max(1, packer.num_windows // batch_size))
         examples = [
@@ -137,27 +285,29 @@ def make_eval_batches(
     return batches
 
 
-def _domain_dataset(
-    corpus: TokenizedCorpus, domain: str, seq_len: int, seed: int
-) -> grain.IterDataset:
-    """Endless, per-epoch reshuffled packed examples from one domain's train windows."""
-    packer = WindowPacker(corpus.stream(domain, "train"), seq_len, DOMAINS.index(domain))
+def shuffle_seed(seed: int, domain: str) -> int:
+    """A 32-bit shuffle seed for one domain, from the run seed and the domain *name* (stable when
+    a dataset gains domains)."""
+    name = int.from_bytes(hashlib.sha256(domain.encode()).digest()[:8], "little")
+    return int(np.random.SeedSequence([seed, name]).generate_state(1)[0])
+
+
+def _train_packer(dataset: TokenDataset, domain: str, seq_len: int) -> ShardedPacker:
+    packer = ShardedPacker(dataset.streams(domain, "train"), seq_len, dataset.domains.index(domain))
     if packer.num_windows == 0:
-        raise ValueError(f"train split of domain {domain!r} has no window of {seq_len + 1} tokens")
-    return (
-        grain.MapDataset.range(packer.num_windows)
-        .shuffle(seed=seed)
-        .repeat()
-        .map(packer)
-        .to_iter_dataset(_READ_OPTIONS)
-    )
-
-
-def _shuffle_seed(seed: int, domain: str) -> int:
-    """A 32-bit shuffle seed for one domain, derived from the run seed."""
-    return int(np.random.SeedSequence([seed, DOMAINS.index(domain)]).generate_state(1)[0])
+        raise DataError(
+            f"train split of domain {domain!r} in {dataset.info.description} has no window of "
+            f"{seq_len + 1} tokens ({packer.num_tokens} tokens in {len(packer.packers)} shard(s)); "
+            "give it more text, use a shorter train.seq_len, or weight it 0."
+        )
+    return packer
 
 
 def _check_positive_int(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise DataError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
+        raise DataError(f"seed must be an int in [0, 2**32), got {seed!r}")

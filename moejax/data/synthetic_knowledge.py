@@ -159,7 +159,7 @@ def build_world(seed: int) -> list[Entity]:
 
     birth_years = rng.integers(1700, 1981, NUM_PEOPLE)
     people = []
-    for i, person in enumerate(people_names):
+    for i in range(NUM_PEOPLE):
         people.append({
             "birthplace": city_names[rng.integers(NUM_CITIES)],
             "birth_year": str(birth_years[i]),

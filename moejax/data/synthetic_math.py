@@ -160,3 +160,23 @@ def math_documents(seed: int, target_chars: int) -> list[str]:
         documents.append("\n\n".join(problems))
         total += len(documents[-1])
     return documents
+
+
+# Problem kinds whose whole answer is one number right after "A: " (for exact-match scoring).
+_EXACT_ANSWER_KINDS: Final = (_sum_or_difference, _product, _quotient)
+
+
+def exact_answer_problems(seed: int, count: int) -> list[tuple[str, str]]:
+    """``count`` distinct ``(prompt, answer)`` pairs in the training format, for evaluation.
+
+    The prompt ends with ``"A:"`` and the answer is ``" <number>"``. Drawn from a generator
+    stream separate from ``math_documents``, so the problems are fresh draws of the kinds seen
+    in training (a few short sums recur by chance).
+    """
+    rows = uniform_rows(np.random.default_rng([seed, 0x6D617468, 0x6576616C]), _DRAWS_PER_ROW)
+    problems: dict[str, str] = {}
+    while len(problems) < count:
+        row = next(rows)
+        question, answer = _pick(row[0], _EXACT_ANSWER_KINDS)(row[1:]).split("\nA: ")
+        problems.setdefault(f"{question}\nA:", f" {answer}")
+    return list(problems.items())

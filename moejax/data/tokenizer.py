@@ -1,20 +1,35 @@
-"""Tokenizers, looked up by the string name recorded in checkpoints and cache manifests.
+"""Tokenizers, named by the id recorded in dataset manifests and checkpoints.
 
-The only tokenizer so far is ``ByteTokenizer``: UTF-8 bytes are ids 0..255, followed by three
-special ids. It needs no training and no vocabulary file, so a run's data is fully described by
-the corpus manifest plus the tokenizer name.
+Two kinds:
+
+- ``ByteTokenizer`` (id ``byte``, the default): UTF-8 bytes are ids 0..255, followed by three
+  special ids. Nothing to train and no file, so the id alone describes it.
+- ``BPETokenizer`` (id ``bpe-<vocab>-<sha>``, see ``bpe``): trained on the user's corpus by
+  ``moejax.data.prepare`` and saved as ``tokenizer.json`` beside the data. The id ends with a
+  hash of that file, so two BPEs with the same id are the same tokenizer.
+
+``load_tokenizer`` turns any of ``"byte"``, a ``tokenizer.json`` path or a prepared dataset
+directory into a tokenizer; ``check_tokenizer_matches`` is the guard a resumed or evaluated
+checkpoint goes through: the model only makes sense with the tokenizer it was trained with.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from moejax.data import layout
+from moejax.data.errors import DataError
+
 
 class Tokenizer(Protocol):
-    """What the data pipeline needs from a tokenizer."""
+    """What the data pipeline needs from a tokenizer. ``name`` is its id."""
 
     name: str
     eos_id: int
@@ -22,6 +37,8 @@ class Tokenizer(Protocol):
     vocab_size: int
 
     def encode(self, text: str) -> npt.NDArray[np.int32]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]]: ...
 
     def decode(self, ids: npt.ArrayLike) -> str: ...
 
@@ -39,6 +56,10 @@ class ByteTokenizer:
         """Return the UTF-8 bytes of ``text`` as int32 ids; no special ids are added."""
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]]:
+        """``encode`` of each text."""
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids: npt.ArrayLike) -> str:
         """Return the text of ``ids``, skipping special ids; invalid UTF-8 becomes U+FFFD."""
         ids_n = np.asarray(ids).reshape(-1)
@@ -51,11 +72,84 @@ class ByteTokenizer:
         return ids_n[ids_n < 256].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
-_TOKENIZERS: Final = {ByteTokenizer.name: ByteTokenizer}
-
-
 def get_tokenizer(name: str) -> Tokenizer:
-    """Return the tokenizer registered under ``name`` (e.g. the name stored in a checkpoint)."""
-    if name not in _TOKENIZERS:
-        raise ValueError(f"unknown tokenizer name {name!r}; allowed names: {sorted(_TOKENIZERS)}")
-    return _TOKENIZERS[name]()
+    """The tokenizer with id ``name`` among those that need no file (only ``"byte"``)."""
+    if name != ByteTokenizer.name:
+        raise ValueError(
+            f"unknown tokenizer name {name!r}; allowed names: ['byte'] (a BPE is loaded from its "
+            "tokenizer.json with load_tokenizer)"
+        )
+    return ByteTokenizer()
+
+
+def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer named by ``spec``: ``"byte"``, a ``tokenizer.json`` or a prepared dataset dir.
+
+    A dataset directory yields the tokenizer its ``dataset.json`` records; for a BPE, the
+    ``tokenizer.json`` beside it must hash to the recorded id.
+    """
+    from moejax.data.bpe import BPETokenizer  # Imports HF tokenizers: only when a BPE is asked for.
+
+    if str(spec) == ByteTokenizer.name:
+        return ByteTokenizer()
+    path = Path(spec)
+    if path.is_file():
+        return BPETokenizer.from_file(path)
+    if path.is_dir():
+        recorded = dataset_tokenizer_id(path)
+        if recorded == ByteTokenizer.name:
+            return ByteTokenizer()
+        tokenizer = BPETokenizer.from_file(path / layout.TOKENIZER_FILE)
+        if tokenizer.name != recorded:
+            raise DataError(
+                f"{path / layout.TOKENIZER_FILE} is tokenizer {tokenizer.name!r}, but "
+                f"{path / layout.DATASET_FILE} says the data was tokenized with {recorded!r}: the "
+                "file was replaced after preparing. Restore the original tokenizer.json, or "
+                "prepare the sources again into a new directory."
+            )
+        return tokenizer
+    if str(spec).startswith("bpe-"):
+        raise DataError(
+            f"tokenizer {str(spec)!r} is a trained BPE: load it from the tokenizer.json beside its "
+            "data, e.g. load_tokenizer('<dataset dir>') or load_tokenizer('<dataset dir>/tokenizer.json')."
+        )
+    raise DataError(
+        f"tokenizer {str(spec)!r} is neither 'byte' nor an existing tokenizer.json or prepared "
+        "dataset directory. Pass 'byte', a tokenizer.json path or a directory written by "
+        "python -m moejax.data.prepare."
+    )
+
+
+def dataset_tokenizer_id(dataset_dir: str | os.PathLike[str]) -> str:
+    """The tokenizer id a prepared dataset's ``dataset.json`` records."""
+    path = Path(dataset_dir) / layout.DATASET_FILE
+    if not path.is_file():
+        raise DataError(
+            f"{dataset_dir} is not a prepared dataset: it has no {layout.DATASET_FILE}. Create it "
+            f"with: python -m moejax.data.prepare --source DOMAIN=PATH --out {dataset_dir}"
+        )
+    with open(path, encoding="utf-8") as f:
+        return str(json.load(f)["tokenizer"])
+
+
+def check_tokenizer_matches(
+    data_tokenizer_id: str,
+    checkpoint_tokenizer_id: str,
+    *,
+    data_source: str = "the data",
+    checkpoint: str = "the checkpoint",
+) -> None:
+    """Raise a ``DataError`` unless the data and the checkpoint use the same tokenizer.
+
+    Call it before resuming or evaluating a checkpoint: token ids from another tokenizer would
+    index the wrong embedding rows and produce meaningless losses without any other error.
+    ``data_source`` and ``checkpoint`` (e.g. a path) make the message name both sides.
+    """
+    if data_tokenizer_id == checkpoint_tokenizer_id:
+        return
+    raise DataError(
+        f"tokenizer mismatch: {data_source} is tokenized with {data_tokenizer_id!r}, but "
+        f"{checkpoint} was trained with {checkpoint_tokenizer_id!r}. Use the data the checkpoint "
+        "was trained on (the data.path recorded in its config.json, tokenized with the same "
+        "tokenizer), or train from scratch in a fresh --workdir."
+    )

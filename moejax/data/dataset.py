@@ -1,0 +1,196 @@
+"""One view of the data a run trains on: the built-in corpus or a prepared dataset directory.
+
+``describe_dataset(path)`` reads only what a config check needs (domains, tokenizer), in
+milliseconds and without building anything; ``open_dataset(path)`` memory-maps every shard.
+``path == ""`` means the built-in corpus (cached under ``cache_dir``, built on first use);
+anything else is a directory written by ``python -m moejax.data.prepare``.
+
+Either way a domain split is a tuple of ``TokenStream`` shards (the built-in corpus has one per
+split) and the dataset carries a content hash, so runs on different machines can tell whether
+they trained on the same data. Domains are listed in ``corpus.DOMAINS`` order for the built-in
+corpus and in name order for a prepared dataset, so batch ``domain`` ids never depend on the
+order sources were given to ``prepare``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moejax.data import corpus as corpus_lib
+from moejax.data import layout
+from moejax.data.errors import DataError
+from moejax.data.streams import TokenStream
+from moejax.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+
+BUILTIN_CORPUS_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What a dataset is, without its tokens: where, which domains, which tokenizer."""
+
+    path: str  # "" for the built-in corpus
+    description: str  # for messages, e.g. "prepared dataset datasets/mine"
+    domains: tuple[str, ...]
+    tokenizer: Tokenizer
+
+    def check_domain(self, domain: str, what: str) -> None:
+        """Raise a ``DataError`` naming ``what`` (e.g. a config key) unless ``domain`` exists."""
+        if domain not in self.domains:
+            raise DataError(
+                f"{what} names domain {domain!r}, which {self.description} does not have; its "
+                f"domains are: {', '.join(self.domains)}. Use those names, or prepare a source "
+                f"for {domain!r} (python -m moejax.data.prepare --source {domain}=PATH ...)."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDataset:
+    """A dataset's token streams: ``shards[(domain, split)]`` is a tuple of ``TokenStream``."""
+
+    info: DatasetInfo
+    manifest: dict[str, Any]
+    content_hash: str
+    shards: Mapping[tuple[str, str], tuple[TokenStream, ...]]
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return self.info.domains
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.info.tokenizer
+
+    def streams(self, domain: str, split: str) -> tuple[TokenStream, ...]:
+        """The shards of one domain split."""
+        self.info.check_domain(domain, "a data request")
+        if split not in layout.SPLITS:
+            raise ValueError(f"unknown split {split!r}; allowed splits: {layout.SPLITS}")
+        return self.shards[(domain, split)]
+
+
+def describe_dataset(path: str | os.PathLike[str] = "") -> DatasetInfo:
+    """Domains and tokenizer of the dataset at ``path`` ("" = built-in corpus); cheap."""
+    if not str(path):
+        return DatasetInfo("", "the built-in corpus", corpus_lib.DOMAINS, ByteTokenizer())
+    directory = Path(path)
+    if not directory.exists():
+        raise DataError(
+            f"data.path {str(path)!r} does not exist. Prepare it first: python -m "
+            f"moejax.data.prepare --source DOMAIN=PATH --out {path}; or set data.path='' for the "
+            "built-in corpus."
+        )
+    dataset = _read_json(directory / layout.DATASET_FILE, f"data.path {str(path)!r}")
+    if dataset.get("format") != layout.FORMAT:
+        raise DataError(f"{directory / layout.DATASET_FILE} has format {dataset.get('format')!r}, "
+                        f"expected {layout.FORMAT!r}; prepare the sources again.")
+    if not dataset.get("domains"):
+        raise DataError(f"prepared dataset {path} has no finished domain: its prepare run was "
+                        "interrupted. Rerun the same prepare command to finish it.")
+    return DatasetInfo(str(path), f"prepared dataset {path}", tuple(sorted(dataset["domains"])),
+                       load_tokenizer(directory))
+
+
+def open_dataset(
+    path: str | os.PathLike[str] = "", cache_dir: str | os.PathLike[str] | None = None
+) -> TokenDataset:
+    """The token streams of the dataset at ``path`` ("" = built-in corpus, cached in ``cache_dir``)."""
+    info = describe_dataset(path)
+    if not info.path:
+        corpus = corpus_lib.load_tokenized_corpus(BUILTIN_CORPUS_SEED, cache_dir)
+        shards = {key: (stream,) for key, stream in corpus.streams.items()}
+        hashes = (corpus.manifest["domains"][d][s]["sha256"] for d in info.domains for s in layout.SPLITS)
+        return TokenDataset(info, corpus.manifest, combined_hash(hashes), shards)
+    directory = Path(path)
+    dataset = _read_json(directory / layout.DATASET_FILE, f"data.path {str(path)!r}")
+    shards = {}
+    manifests = {}
+    for domain in info.domains:
+        manifest = _domain_manifest(directory, domain)
+        manifests[domain] = manifest
+        for split in layout.SPLITS:
+            shards[(domain, split)] = tuple(
+                _open_shard(directory / domain, shard["splits"][split], manifest["dtype"])
+                for shard in manifest["shards"]
+            )
+    return TokenDataset(info, {**dataset, "domain_manifests": manifests}, dataset["sha256"], shards)
+
+
+def verify_dataset(path: str | os.PathLike[str]) -> int:
+    """Recompute the sha256 of every shard file of a prepared dataset; returns the file count.
+
+    Raises a ``DataError`` naming the first file that differs from its manifest.
+    """
+    info = describe_dataset(path)
+    if not info.path:
+        raise DataError("verify_dataset checks prepared datasets; the built-in corpus is rebuilt "
+                        "from its seed (compare manifest hashes instead).")
+    checked = 0
+    for domain in info.domains:
+        manifest = _domain_manifest(Path(path), domain)
+        for shard in manifest["shards"]:
+            for split in layout.SPLITS:
+                for file in shard["splits"][split]["files"].values():
+                    file_path = Path(path) / domain / file["name"]
+                    h = hashlib.sha256()
+                    with open(file_path, "rb") as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+                    if h.hexdigest() != file["sha256"]:
+                        raise DataError(f"{file_path} does not match the checksum in its "
+                                        "manifest: the file is corrupt. Delete it and its shard "
+                                        "record (shard-NNNNN.json) and rerun prepare.")
+                    checked += 1
+    return checked
+
+
+def combined_hash(hashes) -> str:
+    """sha256 over a sequence of hex digests, in order."""
+    h = hashlib.sha256()
+    for item in hashes:
+        h.update(item.encode())
+    return h.hexdigest()
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise DataError(
+            f"{what} is not a prepared dataset: {path} is missing. Prepare it with: python -m "
+            f"moejax.data.prepare --source DOMAIN=PATH --out {path.parent}"
+        )
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _domain_manifest(directory: Path, domain: str) -> dict[str, Any]:
+    path = directory / domain / layout.MANIFEST_FILE
+    if not path.is_file():
+        raise DataError(f"prepared dataset {directory} lists domain {domain!r} but {path} is "
+                        "missing: a prepare run was interrupted. Rerun the same prepare command.")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _open_shard(directory: Path, entry: Mapping[str, Any], dtype: str) -> TokenStream:
+    """Memory-map one shard split, checking it against its manifest entry."""
+    arrays = {}
+    for name, expected_dtype, length in (("tokens", dtype, entry["tokens"]),
+                                         ("doc_starts", "int32", entry["documents"])):
+        path = directory / entry["files"][name]["name"]
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read {path} ({e}); rerun the prepare command to rewrite it.") from None
+        if array.dtype != np.dtype(expected_dtype) or array.shape != (length,):
+            raise DataError(f"{path} holds {array.dtype}[{array.shape}], but its manifest says "
+                            f"{expected_dtype}[{length}]; rerun the prepare command to rewrite it.")
+        arrays[name] = array
+    return TokenStream(tokens=arrays["tokens"], doc_starts=arrays["doc_starts"])

@@ -1,0 +1,67 @@
+"""The data of a training run, from its config: the one call the training loop makes.
+
+``check_data_config(cfg)`` runs with the config checks, before anything is built or compiled:
+it reads the dataset's description (no tokens), resolves the mixture or schedule against the
+dataset's domains and checks ``model.vocab_size`` against the tokenizer. ``make_data(cfg)``
+then opens the dataset and returns the train iterator, the fixed eval batches, the domain list
+(batch ``domain`` ids index it) and the tokenizer, whose id goes into checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from moejax.data.dataset import DatasetInfo, TokenDataset, describe_dataset, open_dataset
+from moejax.data.errors import DataError
+from moejax.data.mixture import Schedule, schedule_from_config
+from moejax.data.packing import Example
+from moejax.data.pipeline import MixtureIterator, make_eval_batches
+from moejax.data.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainData:
+    """Everything the loop needs from the data package."""
+
+    train_iter: MixtureIterator  # get_state()/set_state() go into checkpoints
+    eval_batches: dict[str, list[Example]]  # every domain of the dataset, held-out split
+    domains: tuple[str, ...]  # batch["domain"] indexes this
+    tokenizer: Tokenizer  # tokenizer.name is the id recorded in checkpoints
+    schedule: Schedule
+    dataset: TokenDataset
+
+
+def check_data_config(cfg: Any) -> tuple[DatasetInfo, Schedule]:
+    """Check ``cfg.data`` against the dataset it names, cheaply; raises ``DataError``."""
+    info = describe_dataset(cfg.data.path)
+    schedule = schedule_from_config(cfg.data, info.domains, info.description)
+    vocab = info.tokenizer.vocab_size
+    if cfg.model.vocab_size < vocab:
+        raise DataError(
+            f"config key 'model.vocab_size' has value {cfg.model.vocab_size}; allowed: at least "
+            f"the vocabulary of the tokenizer of {info.description} ({info.tokenizer.name}: "
+            f"{vocab}). Set --config.model.vocab_size={_round_up(vocab)}."
+        )
+    return info, schedule
+
+
+def make_data(cfg: Any, *, process_index: int = 0, process_count: int = 1) -> TrainData:
+    """The run's data: train iterator (this process's rows), eval batches, domains, tokenizer."""
+    _, schedule = check_data_config(cfg)
+    t = cfg.train
+    dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
+    train_iter = MixtureIterator(
+        dataset, schedule, seq_len=t.seq_len, global_batch_size=t.global_batch_size, seed=t.seed,
+        process_index=process_index, process_count=process_count,
+    )
+    eval_batches = make_eval_batches(
+        dataset.domains, seq_len=t.seq_len, batch_size=t.global_batch_size,
+        batches_per_domain=t.eval_batches, dataset=dataset,
+    )
+    return TrainData(train_iter, eval_batches, dataset.domains, dataset.tokenizer, schedule, dataset)
+
+
+def _round_up(n: int, multiple: int = 128) -> int:
+    """Embedding tables shard and tile better at a multiple of 128."""
+    return -(-n // multiple) * multiple
