@@ -44,7 +44,7 @@ def get_config():
     m.moe.shared_expert_dim = 1408
     m.moe.renormalize = False
     m.moe.routed_scaling = 1.0
-    m.moe.aux_loss_weight = 3e-3
+    m.moe.balancing = (("switch", {"weight": 3e-3}), ("z_loss", {"weight": 1e-3}))
     m.moe.tile_size = 128
     c.mesh.data = 1
     c.mesh.fsdp = -1

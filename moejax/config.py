@@ -63,9 +63,18 @@ def default_config() -> ConfigDict:
     c.checkpoint.init_step = -1  # which step of init_from; -1: its latest
 
     c.data = ConfigDict()
-    # Sampling weight per domain of the built-in corpus (code, prose, math, knowledge);
-    # weights are normalised to sum to 1, a weight of 0 leaves the domain out.
+    # "" trains on the built-in corpus (domains code, prose, math, knowledge); otherwise a dataset
+    # directory written by `python -m moejax.data.prepare` (its domains are its --source names).
+    c.data.path = ""
+    # Sampling weight per domain; weights that do not sum to 1 are normalised (with a warning),
+    # a weight of 0 leaves the domain out of training (it is still evaluated).
     c.data.mixture = ConfigDict({"code": 0.25, "prose": 0.25, "math": 0.25, "knowledge": 0.25})
+    # A mixture JSON file {"weights": {domain: weight}, ...} (what data_mixture writes); when set
+    # it replaces data.mixture.
+    c.data.mixture_file = ""
+    # Weights by training stage, replacing data.mixture and data.mixture_file: JSON text or the
+    # path of a JSON file, [[start_step, {domain: weight}], ...], first stage at step 0.
+    c.data.schedule = ""
     c.data.cache_dir = ""  # where the built-in corpus is cached; "" means $MOEJAX_CACHE or ~/.cache/moejax
 
     c.model = ConfigDict()
@@ -97,8 +106,11 @@ def default_config() -> ConfigDict:
     c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
     c.model.moe.grouped_matmul = "auto"  # dropless matmul: auto (ragged on GPU/TPU, tiled on CPU) | ragged | tiled
     c.model.moe.tile_size = 64  # tiled grouped matmul: rows per tile
-    c.model.moe.aux_loss_weight = 1e-2  # Switch load-balancing loss alpha * E * sum_i f_i P_i
-    c.model.moe.router_z_loss_weight = 1e-3  # mean(logsumexp(router_logits)^2)
+    # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
+    # (name, {hyperparameter: value}) pairs. Names: none | switch | global_batch | seq_aux | z_loss
+    # | loss_free | phi | dpsl; formulas, hyperparameters and how to choose: docs/balancing.md.
+    # Command line: --config.model.moe.balancing="(('phi', {'alpha': 0.01}), ('z_loss', {'weight': 0.001}))"
+    c.model.moe.balancing = (("switch", {"weight": 1e-2}), ("z_loss", {"weight": 1e-3}))
 
     # Device mesh: a size per axis, -1 fills the rest (at most one -1). The batch is split over
     # data x fsdp x expert; parameters over fsdp (model dim), expert (experts) and tensor (heads/ffn).
@@ -232,7 +244,6 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         cfg, "train.seed", "train.peak_flops_per_device", "checkpoint.keep_period", "optim.warmup_steps",
         "optim.weight_decay", "optim.clip_norm", "optim.eps", "model.logits_z_loss",
         "model.first_k_dense", "model.moe.num_shared_experts", "model.moe.shared_expert_dim",
-        "model.moe.aux_loss_weight", "model.moe.router_z_loss_weight",
     )
     for path in ("optim.min_lr_ratio", "optim.decay_fraction", "optim.b1", "optim.b2"):
         if not 0.0 <= _get(cfg, path) <= 1.0:
@@ -259,6 +270,9 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
             _fail(f"data.mixture.{domain}", weight, "a finite weight >= 0")
     if not sum(mixture.values()) > 0:
         _fail("data.mixture", dict(mixture), "weights that are not all zero")
+    if cfg.data.schedule and cfg.data.mixture_file:
+        _fail("data.schedule", cfg.data.schedule, "'' while data.mixture_file is set",
+              "Set one: a schedule with one stage [[0, weights]] is a plain mixture.")
 
     mesh = resolve_mesh_shape(cfg.mesh, num_devices)
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
@@ -271,7 +285,18 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         )
     if moe.num_experts % mesh["expert"]:
         _fail("model.moe.num_experts", moe.num_experts, f"a multiple of mesh.expert={mesh['expert']}")
+    _check_balancing(cfg)
     return mesh
+
+
+def _check_balancing(cfg: ConfigDict) -> None:
+    """Builds the balancing objectives once: names, hyperparameters and fit to the model/backend."""
+    from moejax.model.balancing import BalancingError, balancer_from_config  # the model imports config
+
+    try:
+        balancer_from_config(cfg)
+    except BalancingError as e:
+        raise ConfigError(f"config key 'model.moe.balancing': {e}") from None
 
 
 def to_dict(cfg: ConfigDict) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from flax import nnx
 
 from moejax.config import default_config
 from moejax.model.layers import Attention, rope
-from moejax.model.router import Router, switch_aux_loss
+from moejax.model.balancing.switch import grouped_switch_loss
+from moejax.model.router import Router, Routing
 from moejax.model.transformer import Transformer, param_counts
 
 
@@ -75,14 +76,13 @@ def test_router_topk_renormalised_and_scaled(score_func):
 
 
 def test_switch_loss_is_one_when_uniform_and_larger_when_collapsed():
-    from moejax.model.router import Routing
     e, k = 4, 2
     idx = jnp.array([[[0, 1], [2, 3]]], jnp.int32)
     uniform = Routing(idx, jnp.ones((1, 2, k)), jnp.full((1, 2, e), 1 / e), jnp.zeros((1, 2, e)))
-    assert float(switch_aux_loss(uniform)) == pytest.approx(1.0)
+    assert float(grouped_switch_loss(uniform, None)) == pytest.approx(1.0)
     collapsed = Routing(jnp.zeros((1, 2, k), jnp.int32), jnp.ones((1, 2, k)),
                         jnp.array([[[1.0, 0, 0, 0]] * 2]), jnp.zeros((1, 2, e)))
-    assert float(switch_aux_loss(collapsed)) == pytest.approx(4.0)
+    assert float(grouped_switch_loss(collapsed, None)) == pytest.approx(4.0)
 
 
 def test_layer_pattern_first_dense_then_every_other():

@@ -19,6 +19,7 @@ l     MoE layers
 ====  ==========================================
 
 Modules: ``layers`` (RMSNorm, RoPE, attention, SwiGLU MLP), ``router`` (float32 scores, top-k,
-balancing losses), ``grouped_matmul`` and ``dispatch`` (capacity and dropless backends), ``moe``
-(the MoE block), ``transformer`` (the decoder).
+routing statistics), ``balancing`` (pluggable load-balancing objectives and their state),
+``grouped_matmul`` and ``dispatch`` (capacity and dropless backends), ``moe`` (the MoE block),
+``transformer`` (the decoder).
 """

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.model.balancing import Balancer, BalanceState
 from moejax.model.dispatch import dispatch
 from moejax.model.layers import MLP, param
-from moejax.model.router import Router, expert_load, switch_aux_loss, z_loss
+from moejax.model.router import Router, expert_load, routing_entropy
 
 
 class MoE(nnx.Module):
@@ -16,8 +17,12 @@ class MoE(nnx.Module):
 
     Each sequence is one dispatch group (capacity is counted per sequence). The shared experts are
     fused into one SwiGLU of width ``num_shared_experts * shared_expert_dim`` (as DeepSeek does).
-    Returns the output and per-layer statistics: expert load, drop rate and the weighted balancing
-    losses (Switch auxiliary loss and router z-loss).
+
+    With a ``balancer`` and this layer's ``balance_state`` (leaves [E]), the objectives' selection
+    bias moves the top-k choice and their losses are returned. Returns the output and float32
+    per-layer statistics: ``load_e`` (assignment fractions), ``pbar_e`` (mean routing
+    probabilities), ``drop_rate``, ``entropy`` (mean per-token routing entropy) and ``losses``
+    (objective name -> weighted loss).
     """
 
     def __init__(self, cfg, *, out_std: float, rngs: nnx.Rngs, dtype, param_dtype):
@@ -37,13 +42,15 @@ class MoE(nnx.Module):
         self.capacity_factor = moe.capacity_factor
         self.impl = moe.grouped_matmul
         self.tile_size = moe.tile_size
-        self.aux_loss_weight = moe.aux_loss_weight
-        self.router_z_loss_weight = moe.router_z_loss_weight
         self.dtype = dtype
 
-    def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(
+        self, x_btd: jax.Array, balancer: Balancer | None = None, balance_state: BalanceState | None = None
+    ) -> tuple[jax.Array, dict]:
         dt = self.dtype
-        routing = self.router(x_btd)
+        balancer = balancer or Balancer()
+        balance_state = balance_state or {}
+        routing = self.router(x_btd, balancer.selection_bias(balance_state))
         y_btd, stats = dispatch(
             x_btd, routing.idx_btk, routing.weight_btk,
             self.w_gate_edf[...].astype(dt), self.w_up_edf[...].astype(dt), self.w_down_efd[...].astype(dt),
@@ -54,8 +61,9 @@ class MoE(nnx.Module):
             y_btd = y_btd + self.shared(x_btd)
         aux = {
             "load_e": expert_load(routing.idx_btk, self.num_experts),
+            "pbar_e": jax.lax.stop_gradient(jnp.mean(routing.probs_bte, axis=(0, 1))),
             "drop_rate": stats["drop_rate"],
-            "balance_loss": self.aux_loss_weight * switch_aux_loss(routing)
-            + self.router_z_loss_weight * z_loss(routing.logits_bte),
+            "entropy": jax.lax.stop_gradient(routing_entropy(routing.probs_bte)),
+            "losses": balancer.losses(routing, balance_state),
         }
         return y_btd, aux

@@ -1,4 +1,8 @@
-"""Token-choice top-k router, in float32 whatever the compute dtype, and its balancing losses."""
+"""Token-choice top-k router, in float32 whatever the compute dtype, and routing statistics.
+
+The balancing objectives that act on the routing live in :mod:`moejax.model.balancing`; the router
+only accepts their optional *selection bias*, which moves the top-k choice and nothing else.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,11 @@ class Router(nnx.Module):
     """Scores = softmax or sigmoid of x W_r (float32); top-k; optional renormalisation; scaling.
 
     For sigmoid scores (DeepSeek-V3), ``probs_bte`` is the scores normalised to sum to 1, which is
-    what the balancing losses use.
+    what the balancing objectives use.
+
+    ``bias_e`` (float32 [E], e.g. the loss-free balancing bias) is added to the scores for the
+    top-k *selection only*: the combine weights are the unbiased scores of the selected experts,
+    and no gradient flows into the bias.
     """
 
     def __init__(self, d: int, moe_cfg, *, std: float, rngs: nnx.Rngs):
@@ -32,7 +40,7 @@ class Router(nnx.Module):
         self.renormalize = moe_cfg.renormalize
         self.scaling = moe_cfg.routed_scaling
 
-    def __call__(self, x_btd: jax.Array) -> Routing:
+    def __call__(self, x_btd: jax.Array, bias_e: jax.Array | None = None) -> Routing:
         logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32), self.w_de[...].astype(jnp.float32))
         if self.score_func == "softmax":
             scores_bte = jax.nn.softmax(logits_bte, axis=-1)
@@ -40,27 +48,34 @@ class Router(nnx.Module):
         else:
             scores_bte = jax.nn.sigmoid(logits_bte)
             probs_bte = scores_bte / jnp.sum(scores_bte, axis=-1, keepdims=True)
-        weight_btk, idx_btk = jax.lax.top_k(scores_bte, self.k)
+        if bias_e is None:
+            weight_btk, idx_btk = jax.lax.top_k(scores_bte, self.k)
+        else:
+            biased_bte = scores_bte + jax.lax.stop_gradient(bias_e.astype(jnp.float32))
+            _, idx_btk = jax.lax.top_k(biased_bte, self.k)
+            weight_btk = jnp.take_along_axis(scores_bte, idx_btk, axis=-1)
         if self.renormalize:
             weight_btk = weight_btk / jnp.sum(weight_btk, axis=-1, keepdims=True)
         return Routing(idx_btk.astype(jnp.int32), weight_btk * self.scaling, probs_bte, logits_bte)
 
 
 def expert_load(idx_btk: jax.Array, num_experts: int) -> jax.Array:
-    """Fraction of (token, choice) assignments that go to each expert, float32 [E]."""
+    """Fraction of (token, choice) assignments that go to each expert, float32 [E] (sums to 1)."""
     counts_e = jnp.zeros((num_experts,), jnp.float32).at[idx_btk.reshape(-1)].add(1.0)
     return counts_e / idx_btk.size
 
 
-def switch_aux_loss(routing: Routing) -> jax.Array:
-    """Switch Transformer balance loss E * sum_i f_i P_i (Fedus et al. 2021), f = load, P = mean prob.
+def sequence_counts(idx_btk: jax.Array, num_experts: int) -> jax.Array:
+    """Assignments per sequence and expert, float32 [B, E] (each row sums to T * k)."""
+    return jnp.sum(jax.nn.one_hot(idx_btk, num_experts, dtype=jnp.float32), axis=(1, 2))
 
-    Equals 1 when routing is perfectly uniform; the configured weight (alpha) is applied by the caller.
+
+def routing_entropy(probs_bte: jax.Array) -> jax.Array:
+    """Mean over tokens of the entropy (nats) of the routing distribution, float32 scalar.
+
+    log(E) for uniform routing, 0 for one-hot routing: how confident the router is.
     """
-    num_experts = routing.probs_bte.shape[-1]
-    load_e = expert_load(routing.idx_btk, num_experts)
-    mean_prob_e = jnp.mean(routing.probs_bte, axis=(0, 1))
-    return num_experts * jnp.sum(load_e * mean_prob_e)
+    return jnp.mean(jnp.sum(jax.scipy.special.entr(probs_bte), axis=-1))
 
 
 def z_loss(logits: jax.Array) -> jax.Array:

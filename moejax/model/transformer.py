@@ -33,11 +33,11 @@ class Block(nnx.Module):
         else:
             self.mlp = MLP(cfg.d_model, cfg.mlp_dim, std=cfg.init_std, out_std=out_std, **kw)
 
-    def __call__(self, x_btd, positions_bt, segment_ids_bt):
+    def __call__(self, x_btd, positions_bt, segment_ids_bt, balancer=None, balance_state=None):
         x_btd = x_btd + self.attn(self.attn_norm(x_btd), positions_bt, segment_ids_bt)
         h_btd = self.mlp_norm(x_btd)
         if self.is_moe:
-            y_btd, aux = self.mlp(h_btd)
+            y_btd, aux = self.mlp(h_btd, balancer, balance_state)
         else:
             y_btd, aux = self.mlp(h_btd), None
         x_btd = constrain(x_btd + y_btd, ("batch", "seq", "act_embed"))
@@ -45,8 +45,14 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """Returns float32 logits [B, T, V] and auxiliary outputs stacked over MoE layers:
-    ``load_le`` (expert load fractions), ``drop_rate_l`` and the summed ``balance_loss``."""
+    """Returns float32 logits [B, T, V] and auxiliary outputs stacked over the L MoE layers.
+
+    ``balancer`` (static) and ``balance_state`` (its state, leaves [L, E]) apply the balancing
+    objectives: layer l gets ``balance_state`` sliced at l. Without them, no objective applies.
+    Auxiliary outputs (float32): ``load_le`` (assignment fractions), ``pbar_le`` (mean routing
+    probabilities), ``drop_rate_l``, ``entropy_l`` (mean per-token routing entropy),
+    ``balance_losses`` (objective -> loss summed over layers) and their sum ``balance_loss``.
+    """
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32", param_dtype: str = "float32"):
         dtype, pdtype = DTYPES[compute_dtype], DTYPES[param_dtype]
@@ -59,28 +65,41 @@ class Transformer(nnx.Module):
             None if cfg.tie_embeddings
             else param(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.init_std, pdtype)
         )
+        self.num_experts = cfg.moe.num_experts
         self.dtype = dtype
 
-    def __call__(self, tokens_bt, positions_bt, segment_ids_bt):
+    def __call__(self, tokens_bt, positions_bt, segment_ids_bt, *, balancer=None, balance_state=None):
         embed_vd = self.embed_vd[...]
         x_btd = constrain(embed_vd.astype(self.dtype)[tokens_bt], ("batch", "seq", "act_embed"))
         auxes = []
         for block in self.blocks:
-            x_btd, aux = block(x_btd, positions_bt, segment_ids_bt)
+            layer_state = None
+            if block.is_moe and balance_state:
+                layer_state = jax.tree.map(lambda s, l=len(auxes): s[l], balance_state)
+            x_btd, aux = block(x_btd, positions_bt, segment_ids_bt, balancer, layer_state)
             if aux is not None:
                 auxes.append(aux)
         x_btd = self.final_norm(x_btd)
         head_dv = embed_vd.T if self.head_dv is None else self.head_dv[...]
         logits_btv = jnp.einsum("btd,dv->btv", x_btd, head_dv.astype(self.dtype)).astype(jnp.float32)
-        if auxes:
-            aux = {
-                "load_le": jnp.stack([a["load_e"] for a in auxes]),
-                "drop_rate_l": jnp.stack([a["drop_rate"] for a in auxes]),
-                "balance_loss": sum(a["balance_loss"] for a in auxes),
-            }
-        else:
-            aux = {"balance_loss": jnp.zeros((), jnp.float32)}
-        return constrain(logits_btv, ("batch", "seq", "vocab")), aux
+        return constrain(logits_btv, ("batch", "seq", "vocab")), self._stack(auxes)
+
+    def _stack(self, auxes: list[dict]) -> dict:
+        e = self.num_experts
+        stack = lambda key, shape: (
+            jnp.stack([a[key] for a in auxes]) if auxes else jnp.zeros((0, *shape), jnp.float32)
+        )
+        balance_losses = {
+            name: sum(a["losses"][name] for a in auxes) for name in (auxes[0]["losses"] if auxes else {})
+        }
+        return {
+            "load_le": stack("load_e", (e,)),
+            "pbar_le": stack("pbar_e", (e,)),
+            "drop_rate_l": stack("drop_rate", ()),
+            "entropy_l": stack("entropy", ()),
+            "balance_losses": balance_losses,
+            "balance_loss": sum(balance_losses.values(), jnp.zeros((), jnp.float32)),
+        }
 
 
 def param_counts(cfg) -> dict[str, int]:

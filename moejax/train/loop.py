@@ -10,36 +10,21 @@ from typing import Any
 import jax
 import numpy as np
 
+from moejax import code_version, sharding
 from moejax import config as config_lib
-from moejax import sharding
-from moejax.data.corpus import DOMAINS
-from moejax.data.pipeline import make_eval_batches, make_train_iterator
-from moejax.data.tokenizer import ByteTokenizer
+from moejax.data.from_config import check_data_config, make_data
+from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.model.transformer import flops_per_token, param_counts
-from moejax import code_version
 from moejax.train.checkpoint import Checkpointer, load_params
 from moejax.train.preemption import Preempted, PreemptionGuard
 from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
 from moejax.train.state import Run, init_state, setup, to_global
 from moejax.train.step import make_eval_step, make_train_step
 
-TOKENIZER = ByteTokenizer()
-
-
 def check_config(cfg) -> dict[str, int]:
     """Everything that can be checked before compiling; returns the resolved mesh shape."""
     mesh_shape = config_lib.validate(cfg, jax.device_count())
-    if cfg.model.vocab_size < TOKENIZER.vocab_size:
-        raise config_lib.ConfigError(
-            f"config key 'model.vocab_size' has value {cfg.model.vocab_size}; allowed: at least the "
-            f"tokenizer's vocabulary ({TOKENIZER.name}: {TOKENIZER.vocab_size})."
-        )
-    unknown = [d for d in cfg.data.mixture if d not in DOMAINS]
-    if unknown:
-        raise config_lib.ConfigError(
-            f"config key 'data.mixture.{unknown[0]}' names no domain of the built-in corpus; "
-            f"allowed domains: {', '.join(DOMAINS)}."
-        )
+    check_data_config(cfg)  # dataset, mixture/schedule domains and weights, vocab vs tokenizer
     return mesh_shape
 
 
@@ -69,10 +54,7 @@ def step_record(metrics, step_time: float, tokens_per_step: int, flops_tok: floa
         achieved_flops=flops_tok * tokens_per_sec,
         mfu=flops_tok * tokens_per_sec / peak if peak else "n/a",
     )
-    if "load_le" in metrics:
-        record["expert_load"] = metrics["load_le"]
-        record["drop_rate"] = metrics["drop_rate_l"]
-        record.update(routing_summary(np.asarray(metrics["load_le"])))
+    record.update(routing_summary(metrics))  # per-layer loads, MaxVio, Gini, entropy, objective metrics
     return record
 
 
@@ -84,13 +66,10 @@ def restore_or_init(cfg, run: Run, checkpointer: Checkpointer, tokenizer_name: s
     """(state, data state or None): the latest readable checkpoint, else a fresh (or warm) start."""
     restored = checkpointer.restore_latest(run.abstract_state)
     if restored is not None:
-        saved_tokenizer = restored.meta.get("tokenizer")
-        if saved_tokenizer != tokenizer_name:
-            raise config_lib.ConfigError(
-                f"checkpoint {checkpointer.directory}/{restored.step} was trained with tokenizer "
-                f"{saved_tokenizer!r}, but this run's data uses {tokenizer_name!r}. Use the data it "
-                "was trained on, or a fresh --workdir."
-            )
+        check_tokenizer_matches(
+            tokenizer_name, restored.meta.get("tokenizer"), data_source=f"data.path={cfg.data.path!r}",
+            checkpoint=f"{checkpointer.directory}/{restored.step}",
+        )
         return restored.state, restored.data
     state = init_state(cfg, run)
     if cfg.checkpoint.init_from:
@@ -109,23 +88,18 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     run: Run = setup(cfg, mesh)
     is_main = jax.process_index() == 0
 
-    mixture = {k: float(v) for k, v in cfg.data.mixture.items()}
-    cache_dir = cfg.data.cache_dir or None
-    data_iter = make_train_iterator(
-        mixture, seq_len=t.seq_len, global_batch_size=t.global_batch_size, seed=t.seed, cache_dir=cache_dir
-    )
-    eval_batches = make_eval_batches(
-        DOMAINS, seq_len=t.seq_len, batch_size=t.global_batch_size,
-        batches_per_domain=t.eval_batches, cache_dir=cache_dir,
-    )
+    train_data = make_data(cfg)  # train iterator, eval batches, the run's domains, tokenizer
+    data_iter, eval_batches = train_data.train_iter, train_data.eval_batches
 
     c = cfg.checkpoint
     checkpointer = Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=c.max_to_keep, keep_period=c.keep_period
     )
-    meta = {"config": config_lib.to_dict(cfg), "tokenizer": TOKENIZER.name, "code_version": code_version()}
-    state, data_state = restore_or_init(cfg, run, checkpointer, TOKENIZER.name)
-    domain_tokens = np.zeros(len(DOMAINS), np.int64)  # tokens trained on, per domain, cumulative
+    meta = {
+        "config": config_lib.to_dict(cfg), "tokenizer": train_data.tokenizer.name, "code_version": code_version()
+    }
+    state, data_state = restore_or_init(cfg, run, checkpointer, train_data.tokenizer.name)
+    domain_tokens = np.zeros(len(train_data.domains), np.int64)  # tokens trained on, per domain, cumulative
     if data_state is not None:
         data_iter.set_state(data_state["iterator"])
         domain_tokens[:] = data_state["tokens_per_domain"]
@@ -170,7 +144,7 @@ def train(cfg, workdir: str) -> dict[str, Any]:
             interval_start, interval_steps = time.perf_counter(), 0
             while step < t.steps:
                 batch = next(data_iter)
-                domain_tokens += np.bincount(batch["domain"], minlength=len(DOMAINS)) * t.seq_len
+                domain_tokens += np.bincount(batch["domain"], minlength=len(train_data.domains)) * t.seq_len
                 state, metrics = train_step(state, to_global(batch, train_sharding, t.grad_accum_steps))
                 step += 1
                 interval_steps += 1
@@ -192,7 +166,7 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                         else summary["compile_and_first_step_s"]
                     )
                     record = step_record(jax.device_get(metrics), step_time, tokens_per_step, flops_tok, peak)
-                    record.update({f"tokens/{d}": int(n) for d, n in zip(DOMAINS, domain_tokens)})
+                    record.update({f"tokens/{d}": int(n) for d, n in zip(train_data.domains, domain_tokens)})
                     record["skipped_steps"] = skipped_steps
                     logger.advance(0, loss=record["loss"])
                 if step % t.eval_every == 0 or step == t.steps:

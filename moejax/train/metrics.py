@@ -6,16 +6,81 @@ import json
 import os
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 from tensorboardX import SummaryWriter
 
 
-def routing_summary(load_le: np.ndarray) -> dict[str, float]:
-    """MaxVio (max load / mean load - 1) per MoE layer and its maximum over layers."""
-    max_vio_l = load_le.max(axis=-1) * load_le.shape[-1] - 1.0
-    out = {f"max_vio/layer_{i}": float(v) for i, v in enumerate(max_vio_l)}
-    out["max_vio"] = float(max_vio_l.max())
+# Routing health. "Global" routing metrics use the expert loads averaged over about the last
+# HEALTH_WINDOW_STEPS steps (an exponential moving average, normalised for its start), computed on
+# device every step, so they see every step, not only the logged ones, and survive a resume.
+HEALTH_WINDOW_STEPS = 100
+
+
+def init_routing_health(num_layers: int, num_experts: int) -> dict[str, jax.Array]:
+    return {"load_ema_le": jnp.zeros((num_layers, num_experts), jnp.float32), "ema_weight": jnp.zeros((), jnp.float32)}
+
+
+def update_routing_health(health: dict[str, jax.Array], load_le: jax.Array) -> dict[str, jax.Array]:
+    """Folds one step's expert loads [L, E] into the moving average."""
+    rate = 1.0 / HEALTH_WINDOW_STEPS
+    return {
+        "load_ema_le": (1.0 - rate) * health["load_ema_le"] + rate * load_le.astype(jnp.float32),
+        "ema_weight": (1.0 - rate) * health["ema_weight"] + rate,
+    }
+
+
+def global_load(health: dict[str, jax.Array]) -> jax.Array:
+    """Expert loads [L, E] over the recent window: the moving average over the weight it has."""
+    return health["load_ema_le"] / jnp.maximum(health["ema_weight"], jnp.finfo(jnp.float32).tiny)
+
+
+def max_vio(load_le: np.ndarray) -> np.ndarray:
+    """MaxVio per layer: max_e load_e / mean_e load_e - 1 (0 when perfectly balanced)."""
+    return load_le.max(axis=-1) / load_le.mean(axis=-1) - 1.0
+
+
+def gini(load_le: np.ndarray) -> np.ndarray:
+    """Gini coefficient of the loads per layer: 0 when equal, 1 - 1/E when one expert takes all.
+
+    G = sum_i sum_j |x_i - x_j| / (2 E sum_i x_i), computed from the sorted loads.
+    """
+    x = np.sort(load_le, axis=-1)
+    e = x.shape[-1]
+    rank = np.arange(1, e + 1)
+    return 2.0 * np.sum(rank * x, axis=-1) / (e * np.sum(x, axis=-1)) - (e + 1.0) / e
+
+
+def routing_summary(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Routing-health fields of one logged step (host-side, from the train step's metrics).
+
+    Per MoE layer (``<name>/layer_<i>``) and summarised over layers: ``max_vio`` (this batch, max
+    over layers), ``max_vio_global`` (recent window, max), ``gini`` and ``gini_global`` (mean),
+    ``router_entropy`` (mean per-token routing entropy, nats; mean), each objective's metrics
+    (e.g. ``loss_free/bias_norm``; max), ``balance_loss/<objective>``; and the lists
+    ``expert_load`` [L][E] and ``drop_rate`` [L].
+    """
+    if "load_le" not in metrics or np.asarray(metrics["load_le"]).shape[0] == 0:
+        return {}
+    load_le = np.asarray(metrics["load_le"], np.float64)
+    out: dict[str, Any] = {"expert_load": load_le, "drop_rate": np.asarray(metrics["drop_rate_l"])}
+    per_layer = {"max_vio": (max_vio(load_le), np.max), "gini": (gini(load_le), np.mean)}
+    if "load_global_le" in metrics:
+        load_global_le = np.asarray(metrics["load_global_le"], np.float64)
+        out["expert_load_global"] = load_global_le
+        per_layer["max_vio_global"] = (max_vio(load_global_le), np.max)
+        per_layer["gini_global"] = (gini(load_global_le), np.mean)
+    if "entropy_l" in metrics:
+        per_layer["router_entropy"] = (np.asarray(metrics["entropy_l"]), np.mean)
+    for key, value_l in metrics.get("balance_metrics", {}).items():
+        per_layer[key] = (np.asarray(value_l), np.max)
+    for key, (value_l, reduce) in per_layer.items():
+        out.update({f"{key}/layer_{i}": float(v) for i, v in enumerate(value_l)})
+        out[key] = float(reduce(value_l))
+    for name, value in metrics.get("balance_losses", {}).items():
+        out[f"balance_loss/{name}"] = float(value)
     return out
 
 

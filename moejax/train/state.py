@@ -1,8 +1,14 @@
-"""The train state (params, optimizer state, step) as a pure pytree, initialised directly sharded.
+"""The train state as a pure pytree, initialised directly sharded.
 
 The model is an NNX module; the state that flows through the jitted step is its parameters as a
 pure dict (``nnx.to_pure_dict``), so optax, orbax and ``jax.jit`` see plain arrays. The graph
 definition (``graphdef``) rebuilds the module inside the step with ``nnx.merge``.
+
+State keys: ``params``; ``opt_state``; ``step``; ``balance``, the balancing objectives' state
+(:mod:`moejax.model.balancing`: objective -> leaves float32 [L, E] over the L MoE layers, not
+parameters, so no optimizer or weight decay touches them); ``routing_health``, the running
+expert loads behind the global routing metrics (:mod:`moejax.train.metrics`). The last two are
+small and replicated on every device; all of it is checkpointed.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from moejax import sharding
-from moejax.model.transformer import Transformer
+from moejax.model.balancing import Balancer, balancer_from_config
+from moejax.model.transformer import Transformer, is_moe_layer
+from moejax.train.metrics import init_routing_health
 from moejax.train.optim import make_optimizer
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
@@ -39,11 +47,26 @@ class Run:
     mesh: Mesh
     state_shardings: Any
     abstract_state: Any  # jax.ShapeDtypeStruct tree with shardings (restore target)
+    balancer: Balancer  # the configured balancing objectives (static)
+    num_moe_layers: int
 
     def batch_sharding(self, accum: bool) -> NamedSharding:
         """[A, B/A, ...] micro-batched training batches, or [B, ...] evaluation batches."""
         batch_axes = sharding.RULES["batch"]
         return NamedSharding(self.mesh, P(None, batch_axes) if accum else P(batch_axes))
+
+
+def routing_state(cfg, balancer: Balancer) -> dict[str, Any]:
+    """The initial ``balance`` and ``routing_health`` entries of the train state."""
+    num_moe = num_moe_layers(cfg.model)
+    return {
+        "balance": balancer.init_state(num_moe),
+        "routing_health": init_routing_health(num_moe, cfg.model.moe.num_experts),
+    }
+
+
+def num_moe_layers(model_cfg) -> int:
+    return sum(is_moe_layer(model_cfg, layer) for layer in range(model_cfg.num_layers))
 
 
 def setup(cfg, mesh: Mesh) -> Run:
@@ -62,20 +85,31 @@ def setup(cfg, mesh: Mesh) -> Run:
         optimizer, lambda _, s: s, opt_shapes, param_shardings,
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding),
     )
-    shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
-    shapes = {"params": param_shapes, "opt_state": opt_shapes, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+    balancer = balancer_from_config(cfg)
+    routing_shapes = jax.eval_shape(lambda: routing_state(cfg, balancer))
+    shardings = {
+        "params": param_shardings, "opt_state": opt_shardings, "step": replicated,
+        **jax.tree.map(lambda _: replicated, routing_shapes),
+    }
+    shapes = {
+        "params": param_shapes, "opt_state": opt_shapes, "step": jax.ShapeDtypeStruct((), jnp.int32),
+        **routing_shapes,
+    }
     abstract_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
     )
-    return Run(graphdef, optimizer, schedule, mesh, shardings, abstract_state)
+    return Run(graphdef, optimizer, schedule, mesh, shardings, abstract_state, balancer, num_moe_layers(cfg.model))
 
 
 def init_state(cfg, run: Run) -> dict[str, Any]:
-    """Initialises parameters and optimizer state directly into their shardings (no host copy)."""
+    """Initialises the whole train state directly into its shardings (no host copy)."""
 
     def init(seed):
         params = nnx.to_pure_dict(nnx.state(make_model(cfg, seed)))
-        return {"params": params, "opt_state": run.optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
+        return {
+            "params": params, "opt_state": run.optimizer.init(params), "step": jnp.zeros((), jnp.int32),
+            **routing_state(cfg, run.balancer),
+        }
 
     with jax.set_mesh(run.mesh):
         return jax.jit(init, static_argnums=0, out_shardings=run.state_shardings)(cfg.train.seed)

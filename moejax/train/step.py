@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from moejax.model.balancing import Balancer, StepStats
 from moejax.model.router import z_loss
+from moejax.train.metrics import global_load, update_routing_health
 from moejax.train.state import Run
 
 
-def forward_loss(graphdef, params, batch: dict[str, jax.Array], logits_z_loss: float):
-    """Masked next-token cross-entropy plus balancing and logit z-losses.
+def forward_loss(params, balance, batch: dict[str, jax.Array], *, graphdef, balancer: Balancer,
+                 logits_z_loss: float):
+    """Masked next-token cross-entropy plus the balancing objectives' losses and the logit z-loss.
 
-    Returns (total loss, (cross-entropy, MoE aux dict)).
+    ``balance`` is the balancing state (its selection biases steer the routing). Returns
+    (total loss, (cross-entropy, MoE aux dict)).
     """
     model = nnx.merge(graphdef, params)
-    logits_btv, aux = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+    logits_btv, aux = model(
+        batch["inputs"], batch["positions"], batch["segment_ids"], balancer=balancer, balance_state=balance
+    )
     ce_bt = optax.softmax_cross_entropy_with_integer_labels(logits_btv, batch["targets"])
     mask_bt = batch["loss_mask"]
     ce = jnp.sum(ce_bt * mask_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
@@ -30,15 +38,22 @@ def forward_loss(graphdef, params, batch: dict[str, jax.Array], logits_z_loss: f
 
 
 def make_train_step(cfg, run: Run) -> Callable:
-    """(state, batch with leaves [A, B/A, ...]) -> (state, metrics); gradients averaged over A."""
-    z_weight = cfg.model.logits_z_loss
+    """(state, batch with leaves [A, B/A, ...]) -> (state, metrics); gradients averaged over A.
+
+    After the optimizer update, the balancing state is updated once from the routing statistics
+    of the whole step (mean over the A micro-batches of global-batch means), and the running
+    loads behind the global routing metrics are advanced; a non-finite step keeps all of it.
+    """
+    loss_fn = functools.partial(
+        forward_loss, graphdef=run.graphdef, balancer=run.balancer, logits_z_loss=cfg.model.logits_z_loss
+    )
 
     def train_step(state, batch):
-        params = state["params"]
-        grad_fn = jax.value_and_grad(forward_loss, argnums=1, has_aux=True)
+        params, balance = state["params"], state["balance"]
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def grads_and_stats(micro_batch):
-            (loss, (ce, aux)), grads = grad_fn(run.graphdef, params, micro_batch, z_weight)
+            (loss, (ce, aux)), grads = grad_fn(params, balance, micro_batch)
             return grads, {"loss": ce, "total_loss": loss, **aux}
 
         def accumulate(acc, micro_batch):
@@ -55,12 +70,21 @@ def make_train_step(cfg, run: Run) -> Callable:
         # A non-finite loss or gradient skips the update: parameters and optimizer state stay.
         finite = jnp.isfinite(stats["total_loss"]) & jnp.isfinite(grad_norm)
         keep_if_bad = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        step_stats = StepStats(pbar_e=stats["pbar_le"], load_e=stats["load_le"])  # leaves [L, E]
         new_state = {
             "params": keep_if_bad(optax.apply_updates(params, updates), params),
             "opt_state": keep_if_bad(opt_state, state["opt_state"]),
             "step": state["step"] + 1,
+            "balance": keep_if_bad(run.balancer.update(balance, step_stats), balance),
+            "routing_health": keep_if_bad(
+                update_routing_health(state["routing_health"], stats["load_le"]), state["routing_health"]
+            ),
         }
-        metrics = {**stats, "grad_norm": grad_norm, "lr": run.schedule(state["step"]), "skipped": ~finite}
+        metrics = {
+            **stats, "grad_norm": grad_norm, "lr": run.schedule(state["step"]), "skipped": ~finite,
+            "load_global_le": global_load(new_state["routing_health"]),
+            "balance_metrics": run.balancer.metrics(new_state["balance"]),
+        }
         return new_state, metrics
 
     return jax.jit(
@@ -72,16 +96,29 @@ def make_train_step(cfg, run: Run) -> Callable:
 
 
 def make_eval_step(cfg, run: Run) -> Callable:
-    """(params, batch [B, ...]) -> (sum of masked cross-entropy, number of target tokens)."""
+    """(params, batch [B, ...], balance=None) -> (sum of masked cross-entropy, target tokens).
 
-    def eval_step(params, batch):
+    Pass the train state's ``balance`` so that the selection biases (``loss_free``) route as in
+    training; without it the model routes with no selection bias.
+    """
+
+    def eval_step(params, balance, batch):
         model = nnx.merge(run.graphdef, params)
-        logits_btv, _ = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+        balancer = run.balancer if balance else None
+        logits_btv, _ = model(
+            batch["inputs"], batch["positions"], batch["segment_ids"], balancer=balancer, balance_state=balance
+        )
         ce_bt = optax.softmax_cross_entropy_with_integer_labels(logits_btv, batch["targets"])
         return jnp.sum(ce_bt * batch["loss_mask"]), jnp.sum(batch["loss_mask"])
 
-    return jax.jit(
+    replicated = NamedSharding(run.mesh, P())
+    jitted = jax.jit(
         eval_step,
-        in_shardings=(run.state_shardings["params"], run.batch_sharding(accum=False)),
+        in_shardings=(run.state_shardings["params"], replicated, run.batch_sharding(accum=False)),
         out_shardings=None,
     )
+
+    def call(params, batch, balance=None):
+        return jitted(params, {} if balance is None else balance, batch)
+
+    return call

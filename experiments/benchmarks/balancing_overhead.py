@@ -1,0 +1,108 @@
+"""Step-time overhead of each balancing objective relative to ``none``, measured side by side.
+
+    python experiments/benchmarks/balancing_overhead.py [--repeats 9] [--steps 8] [--out results/balancing_overhead.json]
+
+One process builds a train step per objective for the same model (the balancing study's: 16
+experts top-2, d_model 128, 4 layers, 16 x 256 tokens) and the same batches, compiles them all,
+then times them interleaved: each repeat runs every objective for ``--steps`` steps, in an order
+rotated from repeat to repeat, so slow drifts of a shared machine hit all of them alike. Reported:
+the median over repeats of the per-step time and its ratio to ``none`` (which still computes the
+routing statistics every run logs). Compilation is excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from experiments.balancing_study import study_config
+from moejax import config as config_lib, sharding
+from moejax.data.pipeline import make_train_iterator
+from moejax.train.state import init_state, setup, to_global
+from moejax.train.step import make_train_step
+
+OBJECTIVES = {
+    "none": (),
+    "switch": (("switch", {"weight": 1e-2}),),
+    "global_batch": (("global_batch", {"weight": 1e-2}),),
+    "seq_aux": (("seq_aux", {"weight": 1e-4}),),
+    "z_loss": (("z_loss", {"weight": 1e-3}),),
+    "loss_free": (("loss_free", {"u": 1e-3}),),
+    "phi": (("phi", {"alpha": 1e-2}),),
+    "dpsl": (("dpsl", {"weight": 1e-3}),),
+    "phi+z_loss": (("phi", {"alpha": 1e-2}), ("z_loss", {"weight": 1e-3})),
+}
+
+
+def build(objectives, batch_size: int):
+    cfg = study_config(objectives, steps=1000, batch=batch_size)
+    mesh = sharding.make_mesh(config_lib.validate(cfg, jax.device_count()))
+    run = setup(cfg, mesh)
+    return cfg, mesh, run, init_state(cfg, run), make_train_step(cfg, run)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--steps", type=int, default=8, help="steps per objective per repeat")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(OBJECTIVES))
+    p.add_argument("--out", default="results/balancing_overhead.json")
+    args = p.parse_args()
+    names = [n for n in args.only.split(",") if n] or list(OBJECTIVES)
+    if "none" not in names:
+        names.insert(0, "none")
+
+    runs = {name: build(OBJECTIVES[name], args.batch) for name in names}
+    cfg, mesh, run, _, _ = runs["none"]
+    data = make_train_iterator(dict(cfg.data.mixture), seq_len=cfg.train.seq_len,
+                               global_batch_size=cfg.train.global_batch_size, seed=0)
+    batches = [to_global(next(data), run.batch_sharding(True), 1) for _ in range(args.steps)]
+    states = {name: r[3] for name, r in runs.items()}
+
+    def timed(name: str) -> float:
+        step = runs[name][4]
+        state = states[name]
+        start = time.perf_counter()
+        for batch in batches:
+            state, metrics = step(state, batch)
+        jax.block_until_ready((state, metrics))
+        states[name] = state
+        return (time.perf_counter() - start) / len(batches)
+
+    with jax.set_mesh(mesh):
+        for name in names:  # compile and warm up
+            timed(name)
+        samples = {name: [] for name in names}
+        for rep in range(args.repeats):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                samples[name].append(timed(name))
+
+    base = float(np.median(samples["none"]))
+    rows = []
+    for name in names:
+        med = float(np.median(samples[name]))
+        q1, q3 = np.percentile(samples[name], [25, 75])
+        # Paired ratios (same repeat): robust to drifts between repeats.
+        paired = float(np.median(np.array(samples[name]) / np.array(samples["none"])))
+        rows.append({"objectives": name, "median_step_s": med, "iqr_step_s": [float(q1), float(q3)],
+                     "ratio_vs_none": med / base, "paired_ratio_vs_none": paired})
+    print(f"{'objectives':<14} {'median step (ms)':>17} {'ratio vs none':>14} {'paired ratio':>13}")
+    for r in rows:
+        print(f"{r['objectives']:<14} {1e3 * r['median_step_s']:>17.1f} {r['ratio_vs_none']:>14.3f} "
+              f"{r['paired_ratio_vs_none']:>13.3f}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "batch": [args.batch, 256],
+                   "repeats": args.repeats, "steps_per_repeat": args.steps, "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
