@@ -1,8 +1,8 @@
 """Balancing study: one small MoE trained with each balancing objective, same seed and data.
 
-    python experiments/balancing_study.py                       # the main comparison
-    python experiments/balancing_study.py --runs phi_alpha0.03,phi_eta0.3 --steps 250
-    python experiments/balancing_study.py --report-only         # rebuild table and plot from runs
+    python -m experiments.balancing_study                       # the main comparison
+    python -m experiments.balancing_study --runs phi_alpha0.03,phi_eta0.3 --steps 250
+    python -m experiments.balancing_study --report-only         # rebuild table and plot from runs
 
 Model: d_model 128, 4 layers, 16 routed experts (width 128) top-2 plus one shared expert, on the
 built-in corpus, 16 x 256 tokens per step, CPU-sized. Every objective is composed with the

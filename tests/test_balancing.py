@@ -293,12 +293,37 @@ def test_stateful_objectives_resume_exactly_and_log_routing_health(tmp_path, cac
                 "phi/ema_max_vio", "balance_loss/phi", "balance_loss/global_batch", "expert_load", "drop_rate"):
         assert key in first[-1], key
     assert first[-1]["loss_free/bias_norm"] > 0
+    _logged_eval_routes_with_the_bias(cfg, workdir, read_metrics(workdir)[-1]["eval_loss"])
     shutil.rmtree(os.path.join(workdir, "checkpoints", "4"))
     train(cfg, workdir)  # resumes from step 2: the balance state must come back exactly
     again = [r for r in read_metrics(workdir) if "loss" in r]
     for original, resumed in zip(first[2:], again[2:]):
         for key in ("loss", "loss_free/bias_norm", "phi/ema_max_vio", "max_vio_global", "balance_loss/global_batch"):
             assert resumed[key] == original[key], key
+
+
+def _logged_eval_routes_with_the_bias(cfg, workdir, logged_eval_loss):
+    """The loop's held-out loss uses the loss-free selection bias; without it the number differs."""
+    import jax
+
+    from moejax import sharding
+    from moejax.data.from_config import make_data
+    from moejax.train.checkpoint import Checkpointer
+    from moejax.train.loop import check_config, evaluate
+    from moejax.train.state import setup
+    from moejax.train.step import make_eval_step
+
+    mesh = sharding.make_mesh(check_config(cfg))
+    run = setup(cfg, mesh)
+    state = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3).restore_latest(run.abstract_state).state
+    eval_batches = make_data(cfg).eval_batches
+    with jax.set_mesh(mesh):
+        eval_step, target = make_eval_step(cfg, run), run.batch_sharding(accum=False)
+        with_bias = evaluate(eval_step, state, eval_batches, target)["eval_loss"]
+        unbiased = {**state, "balance": {}}
+        without_bias = evaluate(eval_step, unbiased, eval_batches, target)["eval_loss"]
+    assert with_bias == pytest.approx(logged_eval_loss, rel=1e-6)
+    assert without_bias != pytest.approx(with_bias, rel=1e-6)
 
 
 # ---- health metrics -----------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """Step-time overhead of each balancing objective relative to ``none``, measured side by side.
 
-    python experiments/benchmarks/balancing_overhead.py [--repeats 9] [--steps 8] [--out results/balancing_overhead.json]
+    python -m experiments.benchmarks.balancing_overhead [--rounds 60] [--out results/balancing_overhead.json]
 
 One process builds a train step per objective for the same model (the balancing study's: 16
 experts top-2, d_model 128, 4 layers, 16 x 256 tokens) and the same batches, compiles them all,
-then times them interleaved: each repeat runs every objective for ``--steps`` steps, in an order
-rotated from repeat to repeat, so slow drifts of a shared machine hit all of them alike. Reported:
-the median over repeats of the per-step time and its ratio to ``none`` (which still computes the
-routing statistics every run logs). Compilation is excluded.
+then times them interleaved step by step: each round runs one step of every objective, in an
+order rotated from round to round, so the load of a shared machine hits all of them alike.
+Reported: the median over rounds of the step time, its ratio to ``none`` (which still computes
+the routing statistics every run logs), and the median of the per-round ratios (paired, the
+more robust number). Compilation is excluded.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ def build(objectives, batch_size: int):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--steps", type=int, default=8, help="steps per objective per repeat")
+    p.add_argument("--rounds", type=int, default=60, help="timed steps per objective, interleaved")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(OBJECTIVES))
     p.add_argument("--out", default="results/balancing_overhead.json")
@@ -62,34 +62,31 @@ def main() -> None:
     cfg, mesh, run, _, _ = runs["none"]
     data = make_train_iterator(dict(cfg.data.mixture), seq_len=cfg.train.seq_len,
                                global_batch_size=cfg.train.global_batch_size, seed=0)
-    batches = [to_global(next(data), run.batch_sharding(True), 1) for _ in range(args.steps)]
+    batches = [to_global(next(data), run.batch_sharding(True), 1) for _ in range(4)]
     states = {name: r[3] for name, r in runs.items()}
 
-    def timed(name: str) -> float:
-        step = runs[name][4]
-        state = states[name]
+    def timed(name: str, batch) -> float:
         start = time.perf_counter()
-        for batch in batches:
-            state, metrics = step(state, batch)
-        jax.block_until_ready((state, metrics))
-        states[name] = state
-        return (time.perf_counter() - start) / len(batches)
+        states[name], metrics = runs[name][4](states[name], batch)
+        jax.block_until_ready((states[name], metrics))
+        return time.perf_counter() - start
 
     with jax.set_mesh(mesh):
         for name in names:  # compile and warm up
-            timed(name)
+            for batch in batches:
+                timed(name, batch)
         samples = {name: [] for name in names}
-        for rep in range(args.repeats):
-            order = names[rep % len(names):] + names[:rep % len(names)]
+        for rnd in range(args.rounds):
+            order = names[rnd % len(names):] + names[:rnd % len(names)]
             for name in order:
-                samples[name].append(timed(name))
+                samples[name].append(timed(name, batches[rnd % len(batches)]))
 
     base = float(np.median(samples["none"]))
     rows = []
     for name in names:
         med = float(np.median(samples[name]))
         q1, q3 = np.percentile(samples[name], [25, 75])
-        # Paired ratios (same repeat): robust to drifts between repeats.
+        # Paired ratios (same round): robust to drifts between rounds.
         paired = float(np.median(np.array(samples[name]) / np.array(samples["none"])))
         rows.append({"objectives": name, "median_step_s": med, "iqr_step_s": [float(q1), float(q3)],
                      "ratio_vs_none": med / base, "paired_ratio_vs_none": paired})
@@ -100,7 +97,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "batch": [args.batch, 256],
-                   "repeats": args.repeats, "steps_per_repeat": args.steps, "rows": rows}, f, indent=1)
+                   "rounds": args.rounds, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
 
 

@@ -28,13 +28,16 @@ def check_config(cfg) -> dict[str, int]:
     return mesh_shape
 
 
-def evaluate(eval_step, params, eval_batches: dict[str, list], sharding_) -> dict[str, float]:
-    """Held-out cross-entropy per domain, and ``eval_loss`` = their unweighted mean."""
+def evaluate(eval_step, state, eval_batches: dict[str, list], sharding_) -> dict[str, float]:
+    """Held-out cross-entropy per domain, and ``eval_loss`` = their unweighted mean.
+
+    Routes with the state's balancing selection biases (loss-free), as training does.
+    """
     out = {}
     for domain, batches in eval_batches.items():
         total = count = 0.0
         for batch in batches:
-            ce_sum, n = eval_step(params, to_global(batch, sharding_, None))
+            ce_sum, n = eval_step(state["params"], to_global(batch, sharding_, None), state["balance"])
             total, count = total + float(ce_sum), count + float(n)
         out[f"eval_loss/{domain}"] = total / max(count, 1.0)
     out["eval_loss"] = float(np.mean(list(out.values())))
@@ -138,7 +141,7 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     try:
         with jax.set_mesh(mesh), PreemptionGuard(c.grace_seconds) as preemption:
             if step == 0:
-                first_eval = evaluate(eval_step, state["params"], eval_batches, eval_sharding)
+                first_eval = evaluate(eval_step, state, eval_batches, eval_sharding)
                 logger.log(0, first_eval)
                 summary["initial_eval_loss"] = first_eval["eval_loss"]
             interval_start, interval_steps = time.perf_counter(), 0
@@ -170,7 +173,7 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                     record["skipped_steps"] = skipped_steps
                     logger.advance(0, loss=record["loss"])
                 if step % t.eval_every == 0 or step == t.steps:
-                    record.update(evaluate(eval_step, state["params"], eval_batches, eval_sharding))
+                    record.update(evaluate(eval_step, state, eval_batches, eval_sharding))
                 if record:  # evaluation and logging are not training time: restart the clock after them
                     logger.log(step, record)
                     summary.update(record)
