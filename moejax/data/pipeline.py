@@ -99,7 +99,11 @@ class MixtureIterator:
         rows = global_batch_size // process_count
         self.rows = slice(process_index * rows, (process_index + 1) * rows)
         used = [d for d in dataset.domains if any(d in stage.weights for stage in schedule)]
-        self._packers = {d: _train_packer(dataset, d, seq_len) for d in used}
+        self._packers = {
+            d: _packer(dataset, d, "train", seq_len,
+                       fix="give it more text, use a shorter train.seq_len, or weight it 0.")
+            for d in used
+        }
         self._made_with = {
             "data": dataset.content_hash,
             "domains": list(dataset.domains),
@@ -266,13 +270,10 @@ def make_eval_batches(
     pad_id = dataset.tokenizer.pad_id
     batches = {}
     for domain in domains:
-        packer = ShardedPacker(dataset.streams(domain, "heldout"), seq_len, dataset.domains.index(domain))
-        if packer.num_windows == 0:
-            raise DataError(
-                f"held-out split of domain {domain!r} in {info.description} has no window of "
-                f"{seq_len + 1} tokens ({packer.num_tokens} tokens in {len(packer.packers)} "
-                "shard(s)); use a shorter train.seq_len or prepare it with a larger --heldout-fraction."
-            )
+        packer = _packer(
+            dataset, domain, "heldout", seq_len,
+            fix="use a shorter train.seq_len or prepare it with a larger --heldout-fraction.",
+        )
         num_batches = min(batches_per_domain, max(1, packer.num_windows // batch_size))
         examples = [
             packer(i) if i < packer.num_windows else padding_example(seq_len, packer.domain, pad_id)
@@ -292,13 +293,14 @@ def shuffle_seed(seed: int, domain: str) -> int:
     return int(np.random.SeedSequence([seed, name]).generate_state(1)[0])
 
 
-def _train_packer(dataset: TokenDataset, domain: str, seq_len: int) -> ShardedPacker:
-    packer = ShardedPacker(dataset.streams(domain, "train"), seq_len, dataset.domains.index(domain))
+def _packer(dataset: TokenDataset, domain: str, split: str, seq_len: int, *, fix: str) -> ShardedPacker:
+    """Windows of one domain split; an error naming the split and ``fix`` if it has none."""
+    packer = ShardedPacker(dataset.streams(domain, split), seq_len, dataset.domains.index(domain))
     if packer.num_windows == 0:
+        name = "held-out" if split == "heldout" else split
         raise DataError(
-            f"train split of domain {domain!r} in {dataset.info.description} has no window of "
-            f"{seq_len + 1} tokens ({packer.num_tokens} tokens in {len(packer.packers)} shard(s)); "
-            "give it more text, use a shorter train.seq_len, or weight it 0."
+            f"{name} split of domain {domain!r} in {dataset.info.description} has no window of "
+            f"{seq_len + 1} tokens ({packer.num_tokens} tokens in {len(packer.packers)} shard(s)); {fix}"
         )
     return packer
 
