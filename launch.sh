@@ -11,8 +11,12 @@
 # ./.venv, created and filled from requirements.txt on first use (and refreshed when that file
 # changes).
 #
-# Multi-host: run the same command on every host with JAX_COORDINATOR_ADDRESS=host0:port,
-# JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i (or MOEJAX_DISTRIBUTED=1 on TPU pods / SLURM).
+# Multi-host (docs/multihost.md): run the same command on every host, one process per host, with
+# JAX_COORDINATOR_ADDRESS=host0:port, JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set on host i (or
+# MOEJAX_DISTRIBUTED=1 on TPU pods and under SLURM, where JAX finds them itself). The workdir
+# must be on a filesystem every host sees. To try it on one machine:
+#   MOEJAX_LOCAL_PROCESSES=2 JAX_NUM_CPU_DEVICES=4 ./launch.sh CONFIG --workdir DIR
+# starts 2 processes on localhost (CPU, 4 devices each) with those variables set.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -24,6 +28,10 @@ python_env() {
   local stamp=.venv/.requirements.sha256
   local want
   want=$(sha256sum requirements.txt | cut -d' ' -f1)
+  # Hosts of a multi-host job sharing this checkout start together: one installs, the others wait.
+  mkdir -p .venv
+  exec 9> .venv/.install.lock
+  if command -v flock > /dev/null; then flock 9; fi
   if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     echo "launch.sh: installing requirements into .venv (first run only)..." >&2
     python3 -m venv .venv
@@ -31,6 +39,7 @@ python_env() {
     .venv/bin/python -m pip install --quiet -r requirements.txt
     echo "$want" > "$stamp"
   fi
+  exec 9>&-
   PY=.venv/bin/python
 }
 

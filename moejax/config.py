@@ -37,6 +37,10 @@ def default_config() -> ConfigDict:
     c.train.eval_batches = 2  # held-out batches per domain at each evaluation
     c.train.compute_dtype = "float32"  # activations/matmuls: float32 | bfloat16 (router stays float32)
     c.train.param_dtype = "float32"  # stored parameters and optimizer moments: float32 | bfloat16
+    # Activation rematerialisation per transformer block: none | full (recompute each block in the
+    # backward pass; least memory) | save_dots (keep weight-matmul outputs, recompute the rest).
+    # Same numbers either way; trades step time for activation memory (see experiments/compile_check.py).
+    c.train.remat = "none"
     c.train.peak_flops_per_device = 0.0  # FLOP/s peak for MFU; 0 means unknown (MFU reported n/a)
     c.train.max_bad_steps = 10  # stop after this many consecutive non-finite steps (each is skipped)
 
@@ -86,6 +90,8 @@ def default_config() -> ConfigDict:
     c.model.head_dim = 32
     c.model.mlp_dim = 512  # hidden width of dense (non-MoE) SwiGLU layers
     c.model.rope_theta = 10_000.0
+    c.model.attn_bias = False  # learned biases on the q/k/v projections (Qwen2-MoE)
+    c.model.qk_norm = False  # RMSNorm of each query and key head over head_dim, before RoPE (Qwen3-MoE)
     c.model.norm_eps = 1e-6
     c.model.init_std = 0.02  # std of the normal init of all matrices (output projections scaled by depth)
     c.model.tie_embeddings = True  # share the input embedding with the output projection
@@ -99,13 +105,25 @@ def default_config() -> ConfigDict:
     c.model.moe.expert_dim = 256  # hidden width of each routed expert (fine-grained: small)
     c.model.moe.num_shared_experts = 1  # always-on experts, fused into one SwiGLU of their total width
     c.model.moe.shared_expert_dim = 256  # hidden width of each shared expert
+    c.model.moe.shared_gate = False  # scale the shared experts' output per token by sigmoid(x . w) (Qwen2-MoE)
     c.model.moe.score_func = "softmax"  # router scores: softmax | sigmoid
     c.model.moe.renormalize = True  # rescale the top-k weights to sum to 1
     c.model.moe.routed_scaling = 1.0  # multiplies the routed experts' output (DeepSeek-V3: 2.5)
-    c.model.moe.backend = "dropless"  # dispatch: dropless (sort + grouped matmul) | capacity (GShard)
+    # A fixed per-expert bias added to the scores for top-k selection only, stored in the router
+    # (float32 [E], no gradient, no decay): an imported DeepSeek-V3 e_score_correction_bias.
+    c.model.moe.router_bias = False
+    c.model.moe.num_groups = 1  # group-limited routing (DeepSeek-V3 n_group): experts in this many equal groups; 1: off
+    c.model.moe.topk_groups = 1  # with num_groups > 1: each token selects only from its best topk_groups groups
+    # dispatch: dropless (sort + grouped matmul) | capacity (GShard) | expert_parallel (tokens travel
+    # to the devices of their experts over mesh.expert; docs/expert_parallel.md)
+    c.model.moe.backend = "dropless"
     c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
     c.model.moe.grouped_matmul = "auto"  # dropless matmul: auto (ragged on GPU/TPU, tiled on CPU) | ragged | tiled
     c.model.moe.tile_size = 64  # tiled grouped matmul: rows per tile
+    c.model.moe.ep_comm = "all_to_all"  # expert_parallel: how tokens travel: all_to_all | all_gather
+    # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its
+    # share under perfect balance); assignments past them are dropped (drop_rate); >= mesh.expert: none
+    c.model.moe.ep_capacity_factor = 2.0
     # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
     # (name, {hyperparameter: value}) pairs. Names: none | switch | global_batch | seq_aux | z_loss
     # | loss_free | phi | dpsl; formulas, hyperparameters and how to choose: docs/balancing.md.
@@ -126,9 +144,11 @@ def default_config() -> ConfigDict:
 CHOICES = {
     "train.compute_dtype": ("float32", "bfloat16"),
     "train.param_dtype": ("float32", "bfloat16"),
+    "train.remat": ("none", "full", "save_dots"),
     "optim.schedule": ("cosine", "wsd"),
     "model.moe.score_func": ("softmax", "sigmoid"),
-    "model.moe.backend": ("dropless", "capacity"),
+    "model.moe.backend": ("dropless", "capacity", "expert_parallel"),
+    "model.moe.ep_comm": ("all_to_all", "all_gather"),
     "model.moe.grouped_matmul": ("auto", "ragged", "tiled"),
 }
 
@@ -238,7 +258,8 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         "model.mlp_dim", "model.rope_theta", "model.norm_eps", "model.init_std",
         "model.moe_every", "model.moe.num_experts", "model.moe.experts_per_token",
         "model.moe.expert_dim", "model.moe.capacity_factor", "model.moe.tile_size",
-        "model.moe.routed_scaling",
+        "model.moe.routed_scaling", "model.moe.ep_capacity_factor", "model.moe.num_groups",
+        "model.moe.topk_groups",
     )
     _non_negative(
         cfg, "train.seed", "train.peak_flops_per_device", "checkpoint.keep_period", "optim.warmup_steps",
@@ -259,6 +280,10 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         _fail("model.first_k_dense", m.first_k_dense, f"at most model.num_layers={m.num_layers}")
     if moe.num_shared_experts and not moe.shared_expert_dim:
         _fail("model.moe.shared_expert_dim", 0, "a positive width when num_shared_experts > 0")
+    if moe.shared_gate and not (moe.num_shared_experts and moe.shared_expert_dim):
+        _fail("model.moe.shared_gate", True, "False when there are no shared experts",
+              "Set model.moe.num_shared_experts and model.moe.shared_expert_dim, or turn the gate off.")
+    _check_groups(moe)
     if cfg.optim.warmup_steps > t.steps:
         _fail("optim.warmup_steps", cfg.optim.warmup_steps, f"at most train.steps={t.steps}")
 
@@ -289,6 +314,23 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
     return mesh
 
 
+def _check_groups(moe: ConfigDict) -> None:
+    """Group-limited routing: equal groups of at least two experts (a group scores its top two)."""
+    if moe.num_experts % moe.num_groups:
+        _fail("model.moe.num_groups", moe.num_groups, f"a divisor of model.moe.num_experts={moe.num_experts}")
+    if moe.topk_groups > moe.num_groups:
+        _fail("model.moe.topk_groups", moe.topk_groups, f"at most model.moe.num_groups={moe.num_groups}")
+    if moe.num_groups == 1:
+        return
+    per_group = moe.num_experts // moe.num_groups
+    if per_group < 2:
+        _fail("model.moe.num_groups", moe.num_groups,
+              f"at most model.moe.num_experts / 2 = {moe.num_experts // 2} (each group needs two experts)")
+    if moe.experts_per_token > moe.topk_groups * per_group:
+        _fail("model.moe.experts_per_token", moe.experts_per_token,
+              f"at most topk_groups * experts per group = {moe.topk_groups * per_group}")
+
+
 def _check_balancing(cfg: ConfigDict) -> None:
     """Builds the balancing objectives once: names, hyperparameters and fit to the model/backend."""
     from moejax.model.balancing import BalancingError, balancer_from_config  # the model imports config
@@ -302,3 +344,23 @@ def _check_balancing(cfg: ConfigDict) -> None:
 def to_dict(cfg: ConfigDict) -> dict[str, Any]:
     """Plain nested dict of the config (for config.json and checkpoint metadata)."""
     return cfg.to_dict()
+
+
+def from_dict(values: dict[str, Any]) -> ConfigDict:
+    """The inverse of :func:`to_dict` (e.g. a workdir's config.json): the defaults, overridden.
+
+    Unknown keys raise (ml_collections' KeyError); run :func:`validate` on the result. The
+    user-keyed groups (:data:`FREE_KEYS`, e.g. the mixture's domains) are replaced, not merged.
+    """
+    cfg = default_config()
+    values = {key: dict(group) if isinstance(group, dict) else group for key, group in values.items()}
+    free = {}
+    for path in FREE_KEYS:
+        section, key = path.split(".")
+        if key in values.get(section, {}):
+            free[path] = values[section].pop(key)
+    cfg.update(values)
+    for path, group in free.items():
+        section, key = path.split(".")
+        cfg[section][key] = ConfigDict(group)
+    return cfg

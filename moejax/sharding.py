@@ -35,6 +35,7 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
     "expert_mlp": "tensor",
     "router_experts": None,
     "norm": None,
+    "layers": None,  # the stacked-layers axis of scanned blocks (moejax.model.transformer)
 }
 
 

@@ -284,7 +284,8 @@ def test_stateful_objectives_resume_exactly_and_log_routing_health(tmp_path, cac
 
     cfg = small_run_cfg(cache_dir)
     cfg.model.moe.balancing = STATEFUL + (("z_loss", {"weight": 1e-3}),)
-    cfg.train.steps, cfg.train.eval_every = 4, 4
+    # An odd step count: the loss-free bias moves by +-u per step, so it cannot end at 0.
+    cfg.train.steps, cfg.train.eval_every = 5, 5
     cfg.checkpoint.every_steps = 2
     workdir = str(tmp_path / "run")
     train(cfg, workdir)
@@ -292,9 +293,10 @@ def test_stateful_objectives_resume_exactly_and_log_routing_health(tmp_path, cac
     for key in ("max_vio", "max_vio_global", "gini", "gini_global", "router_entropy", "loss_free/bias_norm",
                 "phi/ema_max_vio", "balance_loss/phi", "balance_loss/global_batch", "expert_load", "drop_rate"):
         assert key in first[-1], key
-    assert first[-1]["loss_free/bias_norm"] > 0
+    assert any(r["loss_free/bias_norm"] > 0 for r in first)  # +-u per step: it may return to 0
     _logged_eval_routes_with_the_bias(cfg, workdir, read_metrics(workdir)[-1]["eval_loss"])
-    shutil.rmtree(os.path.join(workdir, "checkpoints", "4"))
+    for step in ("4", "5"):
+        shutil.rmtree(os.path.join(workdir, "checkpoints", step))
     train(cfg, workdir)  # resumes from step 2: the balance state must come back exactly
     again = [r for r in read_metrics(workdir) if "loss" in r]
     for original, resumed in zip(first[2:], again[2:]):

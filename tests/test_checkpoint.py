@@ -50,8 +50,8 @@ def test_restore_onto_another_mesh(tmp_path):
     mesh4 = sharding.make_mesh({"data": 1, "fsdp": 2, "expert": 1, "tensor": 2}, jax.devices()[:4])
     run4 = setup(cfg, mesh4)
     restored = Checkpointer(str(tmp_path / "c"), max_to_keep=2).restore_latest(run4.abstract_state)
-    w = restored.state["params"]["blocks"][1]["mlp"]["w_gate_edf"]
-    assert w.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
+    w = restored.state["params"]["layers"][1]["mlp"]["w_gate_edf"]
+    assert w.sharding.spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
     assert len(w.sharding.device_set) == 4
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.state), saved)
 
@@ -139,7 +139,7 @@ def test_incompatible_config_names_the_mismatched_parameters(tmp_path, cache_dir
     workdir = str(tmp_path / "run")
     train(cfg, workdir)
     cfg.model.mlp_dim = 48
-    with pytest.raises(CheckpointMismatch, match=r"blocks/0/mlp/w_gate_df: checkpoint \(32, 64\) vs model \(32, 48\)"):
+    with pytest.raises(CheckpointMismatch, match=r"layers/0/mlp/w_gate_df: checkpoint \(1, 32, 64\) vs model \(1, 32, 48\)"):
         train(cfg, workdir)
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]  # nothing moved or deleted
 

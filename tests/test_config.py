@@ -34,6 +34,9 @@ def test_mesh_fill_and_product():
         ("train.seq_len", 0, r"'train.seq_len' has value 0; allowed: a positive value"),
         ("optim.b2", 1.5, r"'optim.b2' has value 1.5; allowed: a number in \[0, 1\]"),
         ("model.first_k_dense", 7, r"first_k_dense' has value 7; allowed: at most model.num_layers=4"),
+        ("model.moe.num_groups", 3, r"'model.moe.num_groups' has value 3; allowed: a divisor of model.moe.num_experts=8"),
+        ("model.moe.topk_groups", 2, r"'model.moe.topk_groups' has value 2; allowed: at most model.moe.num_groups=1"),
+        ("model.moe.num_groups", 8, r"num_groups' has value 8; allowed: at most model.moe.num_experts / 2 = 4"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(path, value, message):

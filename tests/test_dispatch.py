@@ -309,9 +309,11 @@ def test_auto_impl_is_tiled_on_cpu_where_ragged_dot_is_dense():
 def test_bad_arguments_raise_clear_errors():
     args = (jnp.zeros((G, T, D)), *_routing(0), *_expert_weights(0))
     w_edf, x_md, sizes_e = args[3], jnp.zeros((4, D)), jnp.array([4, 0, 0, 0])
-    assert BACKENDS == ("capacity", "dropless") and IMPLS == ("auto", "ragged", "tiled")
+    assert BACKENDS == ("capacity", "dropless", "expert_parallel")
+    assert IMPLS == ("auto", "ragged", "tiled")
     with pytest.raises(
-        ValueError, match=r"backend must be one of \('capacity', 'dropless'\), got 'sorted'"
+        ValueError,
+        match=r"backend must be one of \('capacity', 'dropless', 'expert_parallel'\), got 'sorted'",
     ):
         dispatch(*args, backend="sorted")
     with pytest.raises(

@@ -10,7 +10,7 @@ from moejax.config import default_config
 from moejax.model.layers import Attention, rope
 from moejax.model.balancing.switch import grouped_switch_loss
 from moejax.model.router import Router, Routing
-from moejax.model.transformer import Transformer, param_counts
+from moejax.model.transformer import Transformer, is_moe_layer, layer_runs, param_counts
 
 
 def small_model_cfg(**moe):
@@ -75,6 +75,18 @@ def test_router_topk_renormalised_and_scaled(score_func):
     np.testing.assert_array_equal(np.sort(top, -1), np.sort(np.asarray(r.idx_btk), -1))
 
 
+def test_router_bias_and_group_limit_move_the_choice_not_the_weights():
+    cfg = small_model_cfg(score_func="sigmoid", router_bias=True, num_groups=2, topk_groups=1)
+    router = Router(32, cfg.moe, std=0.5, rngs=nnx.Rngs(0))
+    router.select_bias_e[...] = jnp.array([0.0, 0.0, 0.0, 2.0])  # group {2, 3} now beats any {0, 1}
+    r = router(jax.random.normal(jax.random.key(0), (2, 5, 32)))
+    np.testing.assert_array_equal(np.sort(np.asarray(r.idx_btk), -1), np.broadcast_to([2, 3], (2, 5, 2)))
+    scores = jax.nn.sigmoid(r.logits_bte)[..., 2:]  # the unbiased scores of the chosen experts
+    np.testing.assert_allclose(
+        np.sort(np.asarray(r.weight_btk), -1), np.sort(scores / scores.sum(-1, keepdims=True), -1), rtol=1e-6
+    )
+
+
 def test_switch_loss_is_one_when_uniform_and_larger_when_collapsed():
     e, k = 4, 2
     idx = jnp.array([[[0, 1], [2, 3]]], jnp.int32)
@@ -88,14 +100,20 @@ def test_switch_loss_is_one_when_uniform_and_larger_when_collapsed():
 def test_layer_pattern_first_dense_then_every_other():
     cfg = small_model_cfg()
     cfg.num_layers, cfg.first_k_dense, cfg.moe_every = 5, 1, 2
+    assert [is_moe_layer(cfg, layer) for layer in range(5)] == [False, True, False, True, False]
+    assert layer_runs(cfg) == [(False, 1), (True, 1), (False, 1), (True, 1), (False, 1)]
+    cfg.moe_every = 1
+    assert layer_runs(cfg) == [(False, 1), (True, 4)]
     model = Transformer(cfg, rngs=nnx.Rngs(0))
-    assert [b.is_moe for b in model.blocks] == [False, True, False, True, False]
+    assert model.layers[1].mlp.w_gate_edf.shape == (4, cfg.moe.num_experts, cfg.d_model, cfg.moe.expert_dim)
 
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_param_counts_match_the_model(tie):
     cfg = small_model_cfg()
     cfg.tie_embeddings, cfg.first_k_dense = tie, 1
+    # The optional parameters (q/k/v biases, qk-norm scales, shared gate, router bias) in one case.
+    cfg.attn_bias = cfg.qk_norm = cfg.moe.shared_gate = cfg.moe.router_bias = not tie
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     actual = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     assert param_counts(cfg)["total"] == actual
@@ -110,4 +128,4 @@ def test_forward_shapes_dtypes_and_aux():
     assert logits.shape == (2, 6, cfg.vocab_size) and logits.dtype == jnp.float32
     assert aux["load_le"].shape == (3, 4)
     np.testing.assert_allclose(aux["load_le"].sum(-1), 1.0, rtol=1e-6)
-    assert model.blocks[1].mlp.router.w_de[...].dtype == jnp.float32
+    assert model.layers[0].mlp.router.w_de[...].dtype == jnp.float32

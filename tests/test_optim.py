@@ -32,18 +32,20 @@ def test_wsd_is_flat_then_decays_linearly_over_the_last_fraction():
 
 
 def test_weight_decay_skips_norms_and_vectors():
-    params = nnx.to_pure_dict(nnx.state(Transformer(small_model_cfg(), rngs=nnx.Rngs(0))))
-    mask = decay_mask(params)
+    cfg = small_model_cfg()
+    cfg.first_k_dense = 1
+    mask = decay_mask(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))))
     assert mask["final_norm"]["scale"] is False
-    assert mask["blocks"][0]["attn_norm"]["scale"] is False
-    assert mask["blocks"][0]["attn"]["w_q_dnh"] is True
-    assert mask["blocks"][1]["mlp"]["w_gate_edf"] is True
+    assert mask["layers"][0]["attn_norm"]["scale"] is False  # [layers, d]: still a vector per layer
+    assert mask["layers"][0]["attn"]["w_q_dnh"] is True
+    assert mask["layers"][1]["mlp"]["w_gate_edf"] is True
+    assert mask["layers"][1]["mlp"]["router"]["w_de"] is True
 
 
 def test_norm_scales_are_not_decayed_by_the_optimizer():
     o = optim_cfg("cosine")
     o.weight_decay, o.lr, o.warmup_steps = 0.5, 1e-2, 0
-    opt, _ = make_optimizer(o, 10)
+    opt, _ = make_optimizer(o, 10, {"scale": False, "w": True})
     params = {"scale": jnp.ones(3), "w": jnp.ones((2, 2))}
     updates, _ = opt.update(jax_zeros(params), opt.init(params), params)
     np.testing.assert_allclose(updates["scale"], 0.0)  # zero gradient, no decay

@@ -87,13 +87,13 @@ def test_parameters_carry_the_planned_shardings():
     cfg = tiny_cfg()
     mesh = sharding.make_mesh(MESHES[1] | {"fsdp": 2}, jax.devices())
     run = setup(cfg, mesh)
-    w = run.state_shardings["params"]["blocks"][1]["mlp"]["w_gate_edf"]
-    assert w.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
+    w = run.state_shardings["params"]["layers"][1]["mlp"]["w_gate_edf"]  # [layers, e, d, f]
+    assert w.spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
 
 
 def test_indivisible_parameter_is_named():
     cfg = tiny_cfg()
     cfg.model.moe.num_experts = 6
     mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}, jax.devices())
-    with pytest.raises(ConfigError, match=r"w_(gate|up|down)_e\w\w'\] has dimension 0 of size 6, which cannot be split 4 ways"):
+    with pytest.raises(ConfigError, match=r"w_(gate|up|down)_e\w\w'\] has dimension 1 of size 6, which cannot be split 4 ways"):
         setup(cfg, mesh)

@@ -10,6 +10,7 @@ then opens the dataset and returns the train iterator, the fixed eval batches, t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from moejax.data.dataset import DatasetInfo, TokenDataset, describe_dataset, open_dataset
@@ -25,7 +26,7 @@ class TrainData:
     """Everything the loop needs from the data package."""
 
     train_iter: MixtureIterator  # get_state()/set_state() go into checkpoints
-    eval_batches: dict[str, list[Example]]  # every domain of the dataset, held-out split
+    eval_batches: dict[str, list[Example]]  # every domain of the dataset, held-out split (eval_rows)
     domains: tuple[str, ...]  # batch["domain"] indexes this
     tokenizer: Tokenizer  # tokenizer.name is the id recorded in checkpoints
     schedule: Schedule
@@ -46,18 +47,25 @@ def check_data_config(cfg: Any) -> tuple[DatasetInfo, Schedule]:
     return info, schedule
 
 
-def make_data(cfg: Any, *, process_index: int = 0, process_count: int = 1) -> TrainData:
-    """The run's data: train iterator (this process's rows), eval batches, domains, tokenizer."""
+def make_data(
+    cfg: Any, *, train_rows: Sequence[int] | None = None, eval_rows: Sequence[int] | None = None
+) -> TrainData:
+    """The run's data: train iterator, eval batches, domains, tokenizer.
+
+    ``train_rows``/``eval_rows``: the rows of the global train/eval batch this process packs
+    (increasing indices in ``[0, train.global_batch_size)``; default all). On several processes
+    each loads only what its devices hold (``moejax.train.state.process_rows``).
+    """
     _, schedule = check_data_config(cfg)
     t = cfg.train
     dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
     train_iter = MixtureIterator(
         dataset, schedule, seq_len=t.seq_len, global_batch_size=t.global_batch_size, seed=t.seed,
-        process_index=process_index, process_count=process_count,
+        rows=train_rows,
     )
     eval_batches = make_eval_batches(
         dataset.domains, seq_len=t.seq_len, batch_size=t.global_batch_size,
-        batches_per_domain=t.eval_batches, dataset=dataset,
+        batches_per_domain=t.eval_batches, dataset=dataset, rows=eval_rows,
     )
     return TrainData(train_iter, eval_batches, dataset.domains, dataset.tokenizer, schedule, dataset)
 

@@ -12,9 +12,11 @@ picks*::
 
 The stage's domains are combined with ``grain.IterDataset.mix`` keyed by domain name (each
 component keeps its own position, and the iterator state names them), then batched into the
-*global* batch of picks. ``MixtureIterator`` slices this process's rows
-``[i * B / P, (i + 1) * B / P)`` out of it and packs only those (see ``packing``), so every
-process agrees on the global batch whatever the process count.
+*global* batch of picks. ``MixtureIterator`` packs only this process's rows of it (see
+``packing``): ``rows`` names them (the training loop derives them from the batch sharding, see
+``moejax.train.state.process_rows``), or ``process_index``/``process_count`` take the i-th of P
+equal blocks ``[i * B / P, (i + 1) * B / P)``. Every process draws the same global batch of
+picks whatever rows it packs, so the iterator state (below) is the same on every process.
 
 Stages (``mixture.Schedule``): at a stage's start step the iterator builds that stage's mixture,
 starting every domain at the number of its windows drawn so far, so a domain's data is read as
@@ -33,7 +35,7 @@ import hashlib
 import numbers
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import grain
@@ -67,9 +69,13 @@ class _Pick:
 class MixtureIterator:
     """Endless batches mixing a dataset's domains by a schedule of weights; resumable.
 
-    ``get_state()`` is JSON-serialisable; ``set_state(state)`` on an iterator made with the same
-    arguments (any ``process_index``/``process_count``) continues with exactly the batches the
-    original would have produced.
+    A batch holds the packed rows ``rows`` (increasing global row indices) of the global batch,
+    or, without ``rows``, the block ``process_index`` of ``process_count`` equal blocks.
+
+    ``get_state()`` is JSON-serialisable and does not depend on the rows packed (every process
+    draws the whole global batch of picks), so one process's state serves all of them:
+    ``set_state(state)`` on an iterator made with the same arguments (any rows or process split)
+    continues with exactly the batches the original would have produced.
     """
 
     def __init__(
@@ -82,22 +88,18 @@ class MixtureIterator:
         seed: int,
         process_index: int = 0,
         process_count: int = 1,
+        rows: Sequence[int] | None = None,
     ):
         _check_positive_int("seq_len", seq_len)
         _check_positive_int("global_batch_size", global_batch_size)
         _check_seed(seed)
-        _check_positive_int("process_count", process_count)
-        if isinstance(process_index, bool) or not isinstance(process_index, numbers.Integral) \
-                or not 0 <= process_index < process_count:
-            raise DataError(f"process_index must be an int in [0, {process_count}), got {process_index!r}")
-        if global_batch_size % process_count:
-            raise DataError(f"global_batch_size {global_batch_size} is not divisible by "
-                            f"process_count {process_count}; every process takes an equal slice.")
         self.dataset = dataset
         self.schedule = schedule
         self.seq_len, self.global_batch_size, self.seed = seq_len, global_batch_size, int(seed)
-        rows = global_batch_size // process_count
-        self.rows = slice(process_index * rows, (process_index + 1) * rows)
+        self.rows = _rows_to_pack(global_batch_size, process_index, process_count, rows)
+        # Domain ids of every row of the last *global* batch (all processes' rows, the same on
+        # every process): per-domain token counts that need no communication.
+        self.global_domains = np.zeros(0, np.int32)
         used = [d for d in dataset.domains if any(d in stage.weights for stage in schedule)]
         self._packers = {
             d: _packer(dataset, d, "train", seq_len,
@@ -120,6 +122,7 @@ class MixtureIterator:
 
     def __next__(self) -> Example:
         picks = next(self._picks)
+        self.global_domains = picks["domain"]
         domains, counts = np.unique(picks["domain"], return_counts=True)
         for d, n in zip(domains.tolist(), counts.tolist()):
             self._consumed[self.dataset.domains[d]] += n
@@ -218,12 +221,13 @@ def make_train_iterator(
     cache_dir: str | os.PathLike[str] | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    rows: Sequence[int] | None = None,
 ) -> MixtureIterator:
     """An endless iterator of training batches mixing ``dataset``'s domains by ``weights``.
 
     ``weights`` is a mapping domain -> weight (one stage) or a ``Schedule``. Without ``dataset``
     the built-in corpus (cached in ``cache_dir``) is used. With ``process_count > 1`` every
-    process gets its rows of the global batch.
+    process gets its block of rows of the global batch; ``rows`` names the rows explicitly.
     """
     info = dataset.info if dataset is not None else describe_dataset("")
     if isinstance(weights, Mapping):
@@ -239,7 +243,7 @@ def make_train_iterator(
     _check_seed(seed)
     dataset = dataset if dataset is not None else open_dataset("", cache_dir)
     return MixtureIterator(dataset, schedule, seq_len=seq_len, global_batch_size=global_batch_size,
-                           seed=seed, process_index=process_index, process_count=process_count)
+                           seed=seed, process_index=process_index, process_count=process_count, rows=rows)
 
 
 def make_eval_batches(
@@ -250,12 +254,14 @@ def make_eval_batches(
     batches_per_domain: int,
     dataset: TokenDataset | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> dict[str, list[Example]]:
     """Fixed held-out batches per domain: consecutive windows of the heldout split, unshuffled.
 
     A domain gets ``batches_per_domain`` batches, or fewer if its held-out split is smaller (at
     least one; if it holds fewer than ``batch_size`` windows, the batch is filled up with padding
-    examples whose loss mask is zero, so batch shapes never change).
+    examples whose loss mask is zero, so batch shapes never change). With ``rows`` (increasing
+    indices into a batch) only those rows of every batch are packed: one process's share.
     """
     domains = list(domains)
     if not domains:
@@ -266,6 +272,7 @@ def make_eval_batches(
     _check_positive_int("seq_len", seq_len)
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("batches_per_domain", batches_per_domain)
+    rows = _rows_to_pack(batch_size, 0, 1, rows)
     dataset = dataset if dataset is not None else open_dataset("", cache_dir)
     pad_id = dataset.tokenizer.pad_id
     batches = {}
@@ -275,12 +282,11 @@ def make_eval_batches(
             fix="use a shorter train.seq_len or prepare it with a larger --heldout-fraction.",
         )
         num_batches = min(batches_per_domain, max(1, packer.num_windows // batch_size))
-        examples = [
-            packer(i) if i < packer.num_windows else padding_example(seq_len, packer.domain, pad_id)
-            for i in range(num_batches * batch_size)
-        ]
         batches[domain] = [
-            stack_examples(examples[b * batch_size : (b + 1) * batch_size])
+            stack_examples([
+                packer(i) if i < packer.num_windows else padding_example(seq_len, packer.domain, pad_id)
+                for i in (b * batch_size + rows).tolist()
+            ])
             for b in range(num_batches)
         ]
     return batches
@@ -303,6 +309,31 @@ def _packer(dataset: TokenDataset, domain: str, split: str, seq_len: int, *, fix
             f"{seq_len + 1} tokens ({packer.num_tokens} tokens in {len(packer.packers)} shard(s)); {fix}"
         )
     return packer
+
+
+def _rows_to_pack(
+    batch_size: int, process_index: int, process_count: int, rows: Sequence[int] | None
+) -> np.ndarray:
+    """The batch rows one process packs: ``rows`` checked, or block ``process_index`` of
+    ``process_count``; an error naming the bad value otherwise."""
+    _check_positive_int("process_count", process_count)
+    if isinstance(process_index, bool) or not isinstance(process_index, numbers.Integral) \
+            or not 0 <= process_index < process_count:
+        raise DataError(f"process_index must be an int in [0, {process_count}), got {process_index!r}")
+    if rows is None:
+        if batch_size % process_count:
+            raise DataError(f"global_batch_size {batch_size} is not divisible by "
+                            f"process_count {process_count}; every process takes an equal slice.")
+        size = batch_size // process_count
+        return np.arange(process_index * size, (process_index + 1) * size)
+    if process_count != 1:
+        raise DataError("pass either rows or process_index/process_count, not both")
+    picked = np.asarray(rows)
+    if picked.ndim != 1 or picked.size == 0 or picked.dtype.kind not in "iu" \
+            or np.any(np.diff(picked) <= 0) or picked[0] < 0 or picked[-1] >= batch_size:
+        raise DataError(f"rows must be increasing row indices in [0, {batch_size}) (the batch size), "
+                        f"at least one; got {rows!r}")
+    return picked.astype(np.int64)
 
 
 def _check_positive_int(name: str, value: int) -> None:

@@ -15,11 +15,13 @@ v     vocabulary
 g     groups of tokens for dispatch (one per sequence)
 c     expert capacity slots (capacity backend)
 m     sorted (token, choice) rows (dropless backend)
-l     MoE layers
+l     layers (MoE layers in routing statistics; all layers in a KV cache)
+p     devices on the expert mesh axis (expert_parallel backend)
 ====  ==========================================
 
 Modules: ``layers`` (RMSNorm, RoPE, attention, SwiGLU MLP), ``router`` (float32 scores, top-k,
 routing statistics), ``balancing`` (pluggable load-balancing objectives and their state),
-``grouped_matmul`` and ``dispatch`` (capacity and dropless backends), ``moe`` (the MoE block),
-``transformer`` (the decoder).
+``grouped_matmul``, ``dispatch`` and ``expert_parallel`` (capacity, dropless and expert-parallel
+backends), ``moe`` (the MoE block), ``transformer`` (the decoder: runs of stacked layers applied
+with ``nnx.scan``, optional rematerialisation), ``decode`` (the KV cache and sampling).
 """

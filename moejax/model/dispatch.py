@@ -6,7 +6,7 @@ The router has already chosen, for every token, k experts (``idx_gtk``) and thei
     y[g, t] = sum_k w_gtk[g, t, k] * FFN_{idx_gtk[g, t, k]}(x_gtd[g, t])
 
 with the SwiGLU expert ``FFN_e(x) = (silu(x @ w_gate[e]) * (x @ w_up[e])) @ w_down[e]``, through one
-of two backends:
+of three backends:
 
 - ``"capacity"`` (GShard/Switch): every expert has a fixed buffer of C slots per group; the
   assignments that do not fit are dropped (they contribute nothing). Dense einsums with one-hot
@@ -15,6 +15,11 @@ of two backends:
 - ``"dropless"``: sort all assignments by expert and run a grouped matmul
   (:mod:`moejax.model.grouped_matmul`) over the variable-size groups. Never drops; compute is
   proportional to the real assignments (plus tile padding on CPU).
+- ``"expert_parallel"``: the experts are split over the mesh's expert axis and each token travels
+  (``shard_map`` with all_to_all or all_gather collectives) to the devices that hold its experts,
+  into a bounded receive buffer, and back (:mod:`moejax.model.expert_parallel`). Without a mesh,
+  with an expert axis of size 1, or with groups that do not split evenly over the batch axes, it
+  computes as ``"dropless"``.
 
 Dimension letters: g groups (one per sequence), t tokens per group, d model dim, f expert ffn dim,
 e experts, k experts per token, c capacity slots, q assignments of a group in priority order
@@ -31,6 +36,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from moejax.model.expert_parallel import COMMS, expert_parallel_dispatch, splits_experts
 from moejax.model.grouped_matmul import (
     DEFAULT_TILE_SIZE,
     check_tile_size,
@@ -38,7 +44,7 @@ from moejax.model.grouped_matmul import (
     resolve_impl,
 )
 
-BACKENDS = ("capacity", "dropless")
+BACKENDS = ("capacity", "dropless", "expert_parallel")
 
 
 def expert_capacity(
@@ -147,6 +153,8 @@ def dispatch(
     capacity_factor: float = 1.25,
     impl: str = "auto",
     tile_size: int = DEFAULT_TILE_SIZE,
+    ep_comm: str = "all_to_all",
+    ep_capacity_factor: float = 2.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Run every token through its selected experts and combine: the MoE layer after the router.
 
@@ -156,32 +164,46 @@ def dispatch(
       w_gtk: [g, t, k] combine weights, float32; cast to x's dtype only at the combine.
       w_gate_edf, w_up_edf: [e, d, f] expert weights, in compute dtype.
       w_down_efd: [e, f, d] expert weights, in compute dtype.
-      backend: ``"capacity"`` or ``"dropless"`` (see the module docstring).
+      backend: ``"capacity"``, ``"dropless"`` or ``"expert_parallel"`` (see the module docstring).
       capacity_factor: ``"capacity"`` only; slots per expert and group are
         ``max(1, ceil(capacity_factor * t * k / e))`` (:func:`expert_capacity`).
-      impl: ``"dropless"`` only; grouped matmul implementation, ``"auto"``, ``"ragged"`` or
-        ``"tiled"`` (:func:`moejax.model.grouped_matmul.grouped_matmul`).
-      tile_size: ``"dropless"`` with ``"tiled"`` only; rows per tile.
+      impl: ``"dropless"`` and ``"expert_parallel"``; grouped matmul implementation, ``"auto"``,
+        ``"ragged"`` or ``"tiled"`` (:func:`moejax.model.grouped_matmul.grouped_matmul`).
+      tile_size: with ``"tiled"`` only; rows per tile.
+      ep_comm: ``"expert_parallel"`` only; ``"all_to_all"`` or ``"all_gather"``, how tokens travel
+        (:mod:`moejax.model.expert_parallel`).
+      ep_capacity_factor: ``"expert_parallel"`` only; each device reserves
+        ``min(q, ceil(ep_capacity_factor * q / P))`` slots for each of the P devices of the
+        expert axis, q its own assignments (:func:`moejax.model.expert_parallel.pair_capacity`);
+        ``ep_capacity_factor >= P`` is exactly dropless.
 
     Returns:
       y_gtd: [g, t, d] in x's dtype.
       stats: ``drop_rate``, float32 scalar, the fraction of (token, choice) assignments dropped
         (0 for dropless); ``tokens_per_expert_e``, float32 [e], assignments per expert before
-        dropping, summed over groups.
+        dropping, summed over groups (over all devices for expert_parallel too).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     impl = resolve_impl(impl)
     check_tile_size(tile_size)
-    if not (isinstance(capacity_factor, numbers.Real) and 0 < capacity_factor < math.inf):
-        raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
+    for name, factor in (("capacity_factor", capacity_factor), ("ep_capacity_factor", ep_capacity_factor)):
+        if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
+            raise ValueError(f"{name} must be a finite number > 0, got {factor!r}")
+    if ep_comm not in COMMS:
+        raise ValueError(f"ep_comm must be one of {COMMS}, got {ep_comm!r}")
     _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
 
     if backend == "capacity":
         y_gtd, stats = _capacity_dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor
         )
-    else:
+    elif backend == "expert_parallel" and splits_experts(x_gtd.shape[0]):
+        y_gtd, stats = expert_parallel_dispatch(
+            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, comm=ep_comm,
+            capacity_factor=ep_capacity_factor, impl=impl, tile_size=tile_size,
+        )
+    else:  # dropless, or expert_parallel with no expert axis to spread the experts over
         y_gtd, stats = _dropless_dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, impl, tile_size
         )

@@ -53,22 +53,66 @@ class Attention(nnx.Module):
         self.w_k_dkh = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), std, param_dtype)
         self.w_v_dkh = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), std, param_dtype)
         self.w_o_nhd = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), out_std, param_dtype)
+        # Optional q/k/v biases (Qwen2-MoE); zero-initialised and, like all biases, never decayed.
+        bias = lambda shape, axes: nnx.Param(jnp.zeros(shape, param_dtype), axes=axes, decay=False)
+        self.b_q_nh = bias((n, h), ("heads", "head_dim")) if cfg.attn_bias else None
+        self.b_k_kh = bias((k, h), ("kv_heads", "head_dim")) if cfg.attn_bias else None
+        self.b_v_kh = bias((k, h), ("kv_heads", "head_dim")) if cfg.attn_bias else None
+        # Optional per-head RMSNorm of q and k over the head dimension, before RoPE (Qwen3-MoE).
+        self.q_norm = RMSNorm(h, cfg.norm_eps, param_dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(h, cfg.norm_eps, param_dtype) if cfg.qk_norm else None
         self.rope_theta = cfg.rope_theta
         self.dtype = dtype
 
-    def __call__(self, x_btd, positions_bt, segment_ids_bt):
+    def project_qkv(self, x_btd, positions_bt):
+        """Queries and keys (RoPE applied) and values of ``x_btd``; shared by every attention path.
+
+        Order, as in Qwen2/3-MoE: projection, + bias (if any), per-head RMSNorm (if any), RoPE.
+        """
         dt = self.dtype
-        q_btnh = jnp.einsum("btd,dnh->btnh", x_btd, self.w_q_dnh[...].astype(dt))
-        k_btkh = jnp.einsum("btd,dkh->btkh", x_btd, self.w_k_dkh[...].astype(dt))
-        v_btkh = jnp.einsum("btd,dkh->btkh", x_btd, self.w_v_dkh[...].astype(dt))
+
+        def project(w, b, norm, spec):
+            y = jnp.einsum(spec, x_btd, w[...].astype(dt))
+            y = y if b is None else y + b[...].astype(dt)
+            return y if norm is None else norm(y)
+
+        q_btnh = project(self.w_q_dnh, self.b_q_nh, self.q_norm, "btd,dnh->btnh")
+        k_btkh = project(self.w_k_dkh, self.b_k_kh, self.k_norm, "btd,dkh->btkh")
+        v_btkh = project(self.w_v_dkh, self.b_v_kh, None, "btd,dkh->btkh")
         q_btnh = constrain(rope(q_btnh, positions_bt, self.rope_theta), ("batch", "seq", "act_heads", None))
         k_btkh = rope(k_btkh, positions_bt, self.rope_theta)
+        return q_btnh, k_btkh, v_btkh
+
+    def __call__(self, x_btd, positions_bt, segment_ids_bt):
+        dt = self.dtype
+        q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
         t = x_btd.shape[1]
         causal_ts = jnp.tril(jnp.ones((t, t), bool))
         same_doc_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
         mask_b1ts = (causal_ts & same_doc_bts)[:, None]
         o_btnh = jax.nn.dot_product_attention(q_btnh, k_btkh, v_btkh, mask=mask_b1ts)
         return jnp.einsum("btnh,nhd->btd", o_btnh, self.w_o_nhd[...].astype(dt))
+
+    def decode(self, x_btd, k_bskh, v_bskh, index_b):
+        """Attention of T new tokens per row over a key/value cache (one document per row).
+
+        Row b's new tokens take positions ``index_b[b] + [0, T)``: their keys and values are
+        written there and each attends to every cached position up to its own. Prefill is T =
+        prompt length at index 0; a decode step is T = 1. Returns the output and the updated
+        cache; positions past a row's own are never read, so stale entries there are harmless.
+        """
+        dt = self.dtype
+        b, t = x_btd.shape[:2]
+        positions_bt = index_b[:, None] + jnp.arange(t, dtype=index_b.dtype)
+        q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
+        rows_bt = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+        k_bskh = k_bskh.at[rows_bt, positions_bt].set(k_btkh.astype(k_bskh.dtype))
+        v_bskh = v_bskh.at[rows_bt, positions_bt].set(v_btkh.astype(v_bskh.dtype))
+        visible_bts = jnp.arange(k_bskh.shape[1])[None, None, :] <= positions_bt[:, :, None]
+        o_btnh = jax.nn.dot_product_attention(
+            q_btnh, k_bskh.astype(dt), v_bskh.astype(dt), mask=visible_bts[:, None]
+        )
+        return jnp.einsum("btnh,nhd->btd", o_btnh, self.w_o_nhd[...].astype(dt)), k_bskh, v_bskh
 
 
 class MLP(nnx.Module):

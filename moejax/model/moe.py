@@ -17,6 +17,8 @@ class MoE(nnx.Module):
 
     Each sequence is one dispatch group (capacity is counted per sequence). The shared experts are
     fused into one SwiGLU of width ``num_shared_experts * shared_expert_dim`` (as DeepSeek does).
+    With ``shared_gate`` their output is scaled per token by sigmoid(x . w_shared_gate_d), as in
+    Qwen2-MoE.
 
     With a ``balancer`` and this layer's ``balance_state`` (leaves [E]), the objectives' selection
     bias moves the top-k choice and their losses are returned. Returns the output and float32
@@ -37,11 +39,14 @@ class MoE(nnx.Module):
             MLP(d, shared_f, std=std, out_std=out_std, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
             if shared_f else None
         )
+        self.w_shared_gate_d = param(rngs, (d,), ("embed",), std, param_dtype) if moe.shared_gate else None
         self.num_experts = e
         self.backend = moe.backend
         self.capacity_factor = moe.capacity_factor
         self.impl = moe.grouped_matmul
         self.tile_size = moe.tile_size
+        self.ep_comm = moe.ep_comm
+        self.ep_capacity_factor = moe.ep_capacity_factor
         self.dtype = dtype
 
     def __call__(
@@ -55,15 +60,24 @@ class MoE(nnx.Module):
             x_btd, routing.idx_btk, routing.weight_btk,
             self.w_gate_edf[...].astype(dt), self.w_up_edf[...].astype(dt), self.w_down_efd[...].astype(dt),
             backend=self.backend, capacity_factor=self.capacity_factor, impl=self.impl,
-            tile_size=self.tile_size,
+            tile_size=self.tile_size, ep_comm=self.ep_comm, ep_capacity_factor=self.ep_capacity_factor,
         )
         if self.shared is not None:
-            y_btd = y_btd + self.shared(x_btd)
+            y_btd = y_btd + self.shared_output(x_btd)
         aux = {
             "load_e": expert_load(routing.idx_btk, self.num_experts),
             "pbar_e": jax.lax.stop_gradient(jnp.mean(routing.probs_bte, axis=(0, 1))),
             "drop_rate": stats["drop_rate"],
             "entropy": jax.lax.stop_gradient(routing_entropy(routing.probs_bte)),
             "losses": balancer.losses(routing, balance_state),
+            "routing": routing,  # per token; the Transformer drops it unless asked (evaluation)
         }
         return y_btd, aux
+
+    def shared_output(self, x_btd: jax.Array) -> jax.Array:
+        """The shared experts' output, gated per token when ``shared_gate`` is on."""
+        y_btd = self.shared(x_btd)
+        if self.w_shared_gate_d is None:
+            return y_btd
+        gate_bt = jax.nn.sigmoid(jnp.einsum("btd,d->bt", x_btd, self.w_shared_gate_d[...].astype(self.dtype)))
+        return gate_bt[..., None] * y_btd

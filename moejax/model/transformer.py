@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.model.decode import KVCache
 from moejax.model.layers import MLP, Attention, RMSNorm, param
 from moejax.model.moe import MoE
 from moejax.sharding import constrain
@@ -20,14 +21,40 @@ def is_moe_layer(cfg, layer: int) -> bool:
     return layer >= cfg.first_k_dense and (layer - cfg.first_k_dense) % cfg.moe_every == 0
 
 
+# Rematerialisation (activation checkpointing) per block: which intermediates the backward pass
+# keeps instead of recomputing. "none" keeps everything (fastest, most memory); "full" keeps only
+# each block's input and recomputes the block (least memory, about one extra forward);
+# "save_dots" keeps the outputs of the weight matmuls without batch dimensions (projections,
+# dense MLP) and recomputes the elementwise work, attention and expert dispatch in between.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def layer_runs(cfg) -> list[tuple[bool, int]]:
+    """The layers as runs of one kind, in depth order: [(is_moe, number of layers), ...]."""
+    runs: list[list] = []
+    for layer in range(cfg.num_layers):
+        moe = is_moe_layer(cfg, layer)
+        if runs and runs[-1][0] == moe:
+            runs[-1][1] += 1
+        else:
+            runs.append([moe, 1])
+    return [(moe, count) for moe, count in runs]
+
+
 class Block(nnx.Module):
-    def __init__(self, cfg, layer: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    """Pre-norm attention, then a dense MLP or an MoE, each added to the residual stream."""
+
+    def __init__(self, cfg, is_moe: bool, *, rngs: nnx.Rngs, dtype, param_dtype):
         out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
         self.attn = Attention(cfg, out_std=out_std, **kw)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
-        self.is_moe = is_moe_layer(cfg, layer)
+        self.is_moe = is_moe
         if self.is_moe:
             self.mlp = MoE(cfg, out_std=out_std, **kw)
         else:
@@ -43,23 +70,56 @@ class Block(nnx.Module):
         x_btd = constrain(x_btd + y_btd, ("batch", "seq", "act_embed"))
         return x_btd, aux
 
+    def decode(self, x_btd, k_bskh, v_bskh, index_b, balancer=None, balance_state=None):
+        """``__call__`` over a key/value cache (see ``Attention.decode``); returns x and the cache."""
+        attn_btd, k_bskh, v_bskh = self.attn.decode(self.attn_norm(x_btd), k_bskh, v_bskh, index_b)
+        x_btd = x_btd + attn_btd
+        h_btd = self.mlp_norm(x_btd)
+        y_btd = self.mlp(h_btd, balancer, balance_state)[0] if self.is_moe else self.mlp(h_btd)
+        return x_btd + y_btd, k_bskh, v_bskh
+
+
+def stacked_blocks(cfg, is_moe: bool, count: int, *, rngs: nnx.Rngs, dtype, param_dtype) -> Block:
+    """``count`` blocks of one kind as one Block whose parameters have a leading "layers" axis."""
+
+    @nnx.split_rngs(splits=count)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(rngs):
+        return Block(cfg, is_moe, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+    blocks = make(rngs)
+    for _, variable in nnx.iter_graph(blocks):
+        if isinstance(variable, nnx.Param):
+            variable.set_metadata(axes=("layers", *variable.get_metadata()["axes"]))
+    return blocks
+
 
 class Transformer(nnx.Module):
     """Returns float32 logits [B, T, V] and auxiliary outputs stacked over the L MoE layers.
 
+    Consecutive layers of one kind (dense or MoE, see :func:`layer_runs`) are stored stacked
+    (parameters [n_layers, ...] under ``layers/<run>/``) and applied with ``nnx.scan``: the step
+    compiles one body per run whatever the depth, and rematerialisation (``remat``, see
+    :data:`REMAT_POLICIES`) bounds the activations kept for the backward pass to the scan carry.
+
     ``balancer`` (static) and ``balance_state`` (its state, leaves [L, E]) apply the balancing
-    objectives: layer l gets ``balance_state`` sliced at l. Without them, no objective applies.
+    objectives: MoE layer l gets ``balance_state`` sliced at l. Without them, no objective applies.
     Auxiliary outputs (float32): ``load_le`` (assignment fractions), ``pbar_le`` (mean routing
     probabilities), ``drop_rate_l``, ``entropy_l`` (mean per-token routing entropy),
     ``balance_losses`` (objective -> loss summed over layers) and their sum ``balance_loss``.
     """
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32", param_dtype: str = "float32"):
+    def __init__(
+        self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32", param_dtype: str = "float32",
+        remat: str = "none",
+    ):
         dtype, pdtype = DTYPES[compute_dtype], DTYPES[param_dtype]
         self.embed_vd = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdtype)
-        self.blocks = nnx.List(
-            [Block(cfg, i, rngs=rngs, dtype=dtype, param_dtype=pdtype) for i in range(cfg.num_layers)]
-        )
+        self.runs = tuple(layer_runs(cfg))
+        self.layers = nnx.List([
+            stacked_blocks(cfg, is_moe, count, rngs=rngs, dtype=dtype, param_dtype=pdtype)
+            for is_moe, count in self.runs
+        ])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pdtype)
         self.head_dv = (
             None if cfg.tie_embeddings
@@ -67,49 +127,110 @@ class Transformer(nnx.Module):
         )
         self.num_experts = cfg.moe.num_experts
         self.dtype = dtype
+        self.remat = remat
 
-    def __call__(self, tokens_bt, positions_bt, segment_ids_bt, *, balancer=None, balance_state=None):
-        embed_vd = self.embed_vd[...]
-        x_btd = constrain(embed_vd.astype(self.dtype)[tokens_bt], ("batch", "seq", "act_embed"))
-        auxes = []
-        for block in self.blocks:
-            layer_state = None
-            if block.is_moe and balance_state:
-                layer_state = jax.tree.map(lambda s, l=len(auxes): s[l], balance_state)
-            x_btd, aux = block(x_btd, positions_bt, segment_ids_bt, balancer, layer_state)
-            if aux is not None:
-                auxes.append(aux)
+    def __call__(
+        self, tokens_bt, positions_bt, segment_ids_bt, *, balancer=None, balance_state=None, with_routing=False
+    ):
+        """Logits and auxiliary outputs; ``with_routing`` (static) adds ``routing``, every MoE
+        layer's :class:`~moejax.model.router.Routing` stacked over layers (leaves [L, B, T, ...]),
+        for evaluation; training leaves it off so the per-token routing is not kept."""
+
+        def layer(block, x_btd, inputs):
+            x_btd, aux = block(x_btd, positions_bt, segment_ids_bt, balancer, inputs["balance"])
+            if aux is not None and not with_routing:
+                aux = {key: value for key, value in aux.items() if key != "routing"}
+            return x_btd, aux
+
+        if self.remat != "none":
+            layer = nnx.remat(layer, policy=REMAT_POLICIES[self.remat])
+        x_btd, outs = self.scan_layers(layer, self.embed(tokens_bt), balance_state=balance_state)
+        logits_btv = constrain(self.logits(x_btd), ("batch", "seq", "vocab"))
+        return logits_btv, self._stack([aux for aux in outs if aux is not None])
+
+    def decode(self, tokens_bt, cache: KVCache, index_b, *, balancer=None, balance_state=None):
+        """Logits [B, T, V] of T new tokens per row, row b's at positions ``index_b[b] + [0, T)``,
+        attending to the cache, and the cache with their keys and values written in.
+
+        One document per row (no segment ids). Prefill is a call at ``index_b = 0`` with the
+        prompts; each decode step a call with T = 1. Gives the logits of ``__call__`` on the whole
+        sequence (dropless dispatch; the capacity backend may drop other tokens in a full pass).
+        """
+
+        def layer(block, x_btd, inputs):
+            k_bskh, v_bskh = inputs["layer"]
+            x_btd, k_bskh, v_bskh = block.decode(x_btd, k_bskh, v_bskh, index_b, balancer, inputs["balance"])
+            return x_btd, (k_bskh, v_bskh)
+
+        x_btd = self.embed_vd[...].astype(self.dtype)[tokens_bt]  # no batch constraint: B may be 1
+        x_btd, outs = self.scan_layers(
+            layer, x_btd, balance_state=balance_state, per_layer=(cache.k_lbskh, cache.v_lbskh)
+        )
+        k_lbskh, v_lbskh = (jnp.concatenate(parts) for parts in zip(*outs))
+        return self.logits(x_btd), KVCache(k_lbskh, v_lbskh)
+
+    def embed(self, tokens_bt) -> jax.Array:
+        embed_vd = self.embed_vd[...].astype(self.dtype)
+        return constrain(embed_vd[tokens_bt], ("batch", "seq", "act_embed"))
+
+    def logits(self, x_btd) -> jax.Array:
+        """Final norm and output head; float32 logits [B, T, V]."""
         x_btd = self.final_norm(x_btd)
-        head_dv = embed_vd.T if self.head_dv is None else self.head_dv[...]
-        logits_btv = jnp.einsum("btd,dv->btv", x_btd, head_dv.astype(self.dtype)).astype(jnp.float32)
-        return constrain(logits_btv, ("batch", "seq", "vocab")), self._stack(auxes)
+        head_dv = self.embed_vd[...].T if self.head_dv is None else self.head_dv[...]
+        return jnp.einsum("btd,dv->btv", x_btd, head_dv.astype(self.dtype)).astype(jnp.float32)
+
+    def scan_layers(self, body, x_btd, *, balance_state=None, per_layer=None):
+        """Applies ``body(block, x, inputs) -> (x, out)`` to every layer in depth order.
+
+        ``inputs`` holds this layer's slices: ``"balance"`` of ``balance_state`` (leaves [L_moe,
+        ...], MoE layers only, else None) and ``"layer"`` of ``per_layer`` (leaves [L, ...], e.g.
+        a key/value cache). Returns x and one output per run, stacked over the run's layers.
+        """
+        outs, layer, moe_layer = [], 0, 0
+        for (is_moe, count), blocks in zip(self.runs, self.layers):
+            take = lambda tree, start: jax.tree.map(lambda leaf: leaf[start:start + count], tree)
+            inputs = {
+                "balance": take(balance_state, moe_layer) if is_moe and balance_state else None,
+                "layer": None if per_layer is None else take(per_layer, layer),
+            }
+            scan = nnx.scan(body, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+            x_btd, out = scan(blocks, x_btd, inputs)
+            outs.append(out)
+            layer += count
+            moe_layer += count if is_moe else 0
+        return x_btd, outs
 
     def _stack(self, auxes: list[dict]) -> dict:
         e = self.num_experts
-        stack = lambda key, shape: (
-            jnp.stack([a[key] for a in auxes]) if auxes else jnp.zeros((0, *shape), jnp.float32)
+        concat = lambda key, shape: (
+            jnp.concatenate([a[key] for a in auxes]) if auxes else jnp.zeros((0, *shape), jnp.float32)
         )
         balance_losses = {
-            name: sum(a["losses"][name] for a in auxes) for name in (auxes[0]["losses"] if auxes else {})
+            name: sum(jnp.sum(a["losses"][name]) for a in auxes)
+            for name in (auxes[0]["losses"] if auxes else {})
         }
-        return {
-            "load_le": stack("load_e", (e,)),
-            "pbar_le": stack("pbar_e", (e,)),
-            "drop_rate_l": stack("drop_rate", ()),
-            "entropy_l": stack("entropy", ()),
+        out = {
+            "load_le": concat("load_e", (e,)),
+            "pbar_le": concat("pbar_e", (e,)),
+            "drop_rate_l": concat("drop_rate", ()),
+            "entropy_l": concat("entropy", ()),
             "balance_losses": balance_losses,
             "balance_loss": sum(balance_losses.values(), jnp.zeros((), jnp.float32)),
         }
+        if auxes and "routing" in auxes[0]:
+            out["routing"] = jax.tree.map(lambda *leaves: jnp.concatenate(leaves), *[a["routing"] for a in auxes])
+        return out
 
 
 def param_counts(cfg) -> dict[str, int]:
     """Total and active (per token) parameter counts, from the config alone."""
     d, v, moe = cfg.d_model, cfg.vocab_size, cfg.moe
     attn = d * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d
+    attn += cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.attn_bias + 2 * cfg.head_dim * cfg.qk_norm
     dense_mlp = 3 * d * cfg.mlp_dim
-    shared = 3 * d * moe.num_shared_experts * moe.shared_expert_dim
+    shared = 3 * d * moe.num_shared_experts * moe.shared_expert_dim + d * moe.shared_gate
     routed_one = 3 * d * moe.expert_dim
-    router = d * moe.num_experts
+    router = d * moe.num_experts + moe.num_experts * moe.router_bias
     total = active = v * d * (1 if cfg.tie_embeddings else 2) + d
     for layer in range(cfg.num_layers):
         if is_moe_layer(cfg, layer):

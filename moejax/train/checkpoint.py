@@ -11,11 +11,22 @@ by renaming a temporary directory, only once every item is on disk), so a kill m
 the previous checkpoints untouched. A checkpoint that fails to read (truncated file, missing
 item) is reported and moved to ``WORKDIR/checkpoints_corrupt/`` (never deleted) and the previous
 one is used. Retention: the last ``max_to_keep`` plus every ``keep_period``-th step.
+
+Several processes (multi-host) save and restore together: every process calls ``save`` and
+``restore`` at the same steps and writes the shards of ``state`` its devices hold; orbax writes
+the JSON items (``data``, ``meta``) from process 0 only, which is right because they are the same
+on every process (``check_same_on_every_process`` checks it at startup: the data-iterator state
+does not depend on which rows a process packs, see ``moejax.data.pipeline``). Choices that must
+agree (fall back from a checkpoint one process cannot read, save on a preemption signal that
+reached one process) go through ``any_process``. The checkpoint directory must be on a filesystem
+that every process sees.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -23,7 +34,9 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from moejax.config import ConfigError
 
@@ -124,21 +137,30 @@ class Checkpointer:
         return Restored(step, restored.state, restored.data, restored.meta)
 
     def restore_latest(self, abstract_state: Any) -> Restored | None:
-        """The newest checkpoint that reads back; unreadable ones are reported and set aside."""
+        """The newest checkpoint that reads back on every process; unreadable ones are reported
+        and set aside."""
         for step in reversed(self.steps()):
+            restored, error = None, None
             try:
                 self.check_compatible(step, abstract_state)
-                return self.restore(step, abstract_state)
+                restored = self.restore(step, abstract_state)
             except CheckpointMismatch:
                 raise
-            except Exception as error:  # noqa: BLE001 - any read failure means a damaged checkpoint
-                self._quarantine(step, error)
+            except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
+                error = e
+            # A process reads only its own shards: one may fail where the others succeed.
+            if not any_process(error is not None):
+                return restored
+            self._quarantine(step, error)
         return None
 
-    def _quarantine(self, step: int, error: Exception) -> None:
+    def _quarantine(self, step: int, error: Exception | None) -> None:
         source = os.path.join(self.directory, str(step))
         target = os.path.join(self.corrupt_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+        if error is None:
+            reason = "another process could not read it"
+        else:
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
         if jax.process_index() == 0:
             os.makedirs(self.corrupt_dir, exist_ok=True)
             shutil.move(source, target)
@@ -147,6 +169,8 @@ class Checkpointer:
                 "falling back to the previous checkpoint.",
                 file=sys.stderr,
             )
+        if jax.process_count() > 1:  # nobody lists the steps again before process 0 has moved it
+            multihost_utils.sync_global_devices(f"moejax_quarantine_{step}")
         self.manager.reload()
 
     def wait(self) -> None:
@@ -155,6 +179,43 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def any_process(flag: bool) -> bool:
+    """``flag`` or'ed over all processes.
+
+    Saving and restoring are collective, so every process must take the same branch, e.g. save
+    now because a preemption signal reached one host, or skip a checkpoint one host cannot read.
+    """
+    if jax.process_count() == 1:
+        return flag
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
+
+
+def check_same_on_every_process(items: dict[str, Any]) -> None:
+    """Raises ConfigError naming each JSON item (config, data state...) that differs between processes.
+
+    Process 0 alone writes the JSON items of a checkpoint, so they must hold for every process;
+    a host launched with other overrides, code or a different copy of the dataset is caught here
+    instead of training on inconsistent batches.
+    """
+    if jax.process_count() == 1:
+        return
+    digests = np.array(
+        [np.frombuffer(hashlib.sha256(json.dumps(v, sort_keys=True).encode()).digest()[:4], np.uint32)[0]
+         for v in items.values()], np.uint32,
+    )
+    gathered = multihost_utils.process_allgather(digests)  # [processes, items]
+    differing = {
+        name: np.flatnonzero(gathered[:, i] != gathered[0, i]).tolist() for i, name in enumerate(items)
+    }
+    problems = [f"{name} (processes {ps} vs process 0)" for name, ps in differing.items() if ps]
+    if problems:
+        raise ConfigError(
+            f"the processes of this run disagree on: {', '.join(problems)}. Launch the same command "
+            "with the same code on every host, with the dataset on a shared filesystem (or identical "
+            "copies) and the same --config overrides."
+        )
 
 
 def load_params(path: str, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:

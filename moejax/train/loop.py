@@ -1,9 +1,16 @@
-"""The training loop: validate, build mesh and state, resume, train, evaluate, log, checkpoint."""
+"""The training loop: validate, build mesh and state, resume, train, evaluate, log, checkpoint.
+
+Multi-host: every process runs this same loop in lockstep. A process loads only the batch rows
+its devices hold (``process_rows``), builds global arrays from them (``to_global``), and takes
+every branch the others take (evaluation, checkpoint, stop); process 0 alone writes
+``config.json``, ``metrics.jsonl`` and TensorBoard events. See docs/multihost.md.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -15,10 +22,10 @@ from moejax import config as config_lib
 from moejax.data.from_config import check_data_config, make_data
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.model.transformer import flops_per_token, param_counts
-from moejax.train.checkpoint import Checkpointer, load_params
+from moejax.train.checkpoint import Checkpointer, any_process, check_same_on_every_process, load_params
 from moejax.train.preemption import Preempted, PreemptionGuard
 from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
-from moejax.train.state import Run, init_state, setup, to_global
+from moejax.train.state import Run, init_state, process_rows, setup, to_global
 from moejax.train.step import make_eval_step, make_train_step
 
 def check_config(cfg) -> dict[str, int]:
@@ -28,16 +35,20 @@ def check_config(cfg) -> dict[str, int]:
     return mesh_shape
 
 
-def evaluate(eval_step, state, eval_batches: dict[str, list], sharding_) -> dict[str, float]:
+def evaluate(
+    eval_step, state, eval_batches: dict[str, list], sharding_, batch_size: int | None = None
+) -> dict[str, float]:
     """Held-out cross-entropy per domain, and ``eval_loss`` = their unweighted mean.
 
-    Routes with the state's balancing selection biases (loss-free), as training does.
+    ``eval_batches`` hold this process's rows of global batches of ``batch_size`` (None: whole
+    batches, one process). Routes with the state's balancing selection biases (loss-free), as
+    training does.
     """
     out = {}
     for domain, batches in eval_batches.items():
         total = count = 0.0
         for batch in batches:
-            ce_sum, n = eval_step(state["params"], to_global(batch, sharding_, None), state["balance"])
+            ce_sum, n = eval_step(state["params"], to_global(batch, sharding_, None, batch_size), state["balance"])
             total, count = total + float(ce_sum), count + float(n)
         out[f"eval_loss/{domain}"] = total / max(count, 1.0)
     out["eval_loss"] = float(np.mean(list(out.values())))
@@ -78,7 +89,8 @@ def restore_or_init(cfg, run: Run, checkpointer: Checkpointer, tokenizer_name: s
     if cfg.checkpoint.init_from:
         init_step = None if cfg.checkpoint.init_step < 0 else cfg.checkpoint.init_step
         state["params"], step = load_params(cfg.checkpoint.init_from, run.abstract_state["params"], init_step)
-        print(f"moejax: parameters from {cfg.checkpoint.init_from} (step {step}); fresh optimizer and data")
+        if jax.process_index() == 0:
+            print(f"moejax: parameters from {cfg.checkpoint.init_from} (step {step}); fresh optimizer and data")
     return state, None
 
 
@@ -90,8 +102,12 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     mesh = sharding.make_mesh(mesh_shape)
     run: Run = setup(cfg, mesh)
     is_main = jax.process_index() == 0
+    train_sharding, eval_sharding = run.batch_sharding(accum=True), run.batch_sharding(accum=False)
 
-    train_data = make_data(cfg)  # train iterator, eval batches, the run's domains, tokenizer
+    train_data = make_data(  # train iterator, eval batches (this process's rows), domains, tokenizer
+        cfg, train_rows=process_rows(train_sharding, t.global_batch_size, t.grad_accum_steps),
+        eval_rows=process_rows(eval_sharding, t.global_batch_size, None),
+    )
     data_iter, eval_batches = train_data.train_iter, train_data.eval_batches
 
     c = cfg.checkpoint
@@ -106,6 +122,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     if data_state is not None:
         data_iter.set_state(data_state["iterator"])
         domain_tokens[:] = data_state["tokens_per_domain"]
+    check_same_on_every_process({"config": meta["config"], "code version": meta["code_version"],
+                                 "data-iterator state": data_iter.get_state()})
     step = int(state["step"])
     resumed = data_state is not None
     if is_main:
@@ -128,7 +146,6 @@ def train(cfg, workdir: str) -> dict[str, Any]:
 
     train_step = make_train_step(cfg, run)
     eval_step = make_eval_step(cfg, run)
-    train_sharding, eval_sharding = run.batch_sharding(accum=True), run.batch_sharding(accum=False)
     summary: dict[str, Any] = {"start_step": step}
     bad_streak = 0
     skipped_steps = data_state.get("skipped_steps", 0) if data_state else 0
@@ -141,14 +158,16 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     try:
         with jax.set_mesh(mesh), PreemptionGuard(c.grace_seconds) as preemption:
             if step == 0:
-                first_eval = evaluate(eval_step, state, eval_batches, eval_sharding)
+                first_eval = evaluate(eval_step, state, eval_batches, eval_sharding, t.global_batch_size)
                 logger.log(0, first_eval)
                 summary["initial_eval_loss"] = first_eval["eval_loss"]
             interval_start, interval_steps = time.perf_counter(), 0
             while step < t.steps:
                 batch = next(data_iter)
-                domain_tokens += np.bincount(batch["domain"], minlength=len(train_data.domains)) * t.seq_len
-                state, metrics = train_step(state, to_global(batch, train_sharding, t.grad_accum_steps))
+                domain_tokens += np.bincount(data_iter.global_domains, minlength=len(train_data.domains)) * t.seq_len
+                state, metrics = train_step(
+                    state, to_global(batch, train_sharding, t.grad_accum_steps, t.global_batch_size)
+                )
                 step += 1
                 interval_steps += 1
                 if step == summary["start_step"] + 1:  # the first step includes compilation
@@ -173,7 +192,7 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                     record["skipped_steps"] = skipped_steps
                     logger.advance(0, loss=record["loss"])
                 if step % t.eval_every == 0 or step == t.steps:
-                    record.update(evaluate(eval_step, state, eval_batches, eval_sharding))
+                    record.update(evaluate(eval_step, state, eval_batches, eval_sharding, t.global_batch_size))
                 if record:  # evaluation and logging are not training time: restart the clock after them
                     logger.log(step, record)
                     summary.update(record)
@@ -186,12 +205,14 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                         "optim.lr, lengthen optim.warmup_steps or check the data, then rerun to "
                         "resume from it."
                     )
+                # A signal may reach some hosts only, or at other steps: all stop at the same step.
+                preempted = any_process(preemption.requested)
                 # No checkpoint during a streak of bad steps: the newest stays one from before it.
-                if bad_streak == 0 and (step % c.every_steps == 0 or step == t.steps or preemption.requested):
+                if bad_streak == 0 and (step % c.every_steps == 0 or step == t.steps or preempted):
                     save()
-                if preemption.requested:
+                if preempted:
                     checkpointer.wait()
-                    raise Preempted(preemption.signum, step)
+                    raise Preempted(preemption.signum or signal.SIGTERM, step)
     finally:
         checkpointer.close()
         logger.close()

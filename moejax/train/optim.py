@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import optax
+from flax import nnx
 
 
 def lr_schedule(cfg_optim, total_steps: int) -> optax.Schedule:
@@ -22,16 +23,32 @@ def lr_schedule(cfg_optim, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([warmup, after], [o.warmup_steps])
 
 
-def decay_mask(params):
-    """Weight decay only on matrices: norms, biases and router biases (all 1-D) are left alone."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+def decay_mask(abstract_params: nnx.State) -> dict:
+    """Weight decay only on matrices: norms, biases and router biases (vectors per layer) are left alone.
+
+    Decided from each parameter's logical axes, not its rank: a stack of per-layer norm scales
+    ("layers", "norm") is 2-D but still a vector per layer. A parameter created with the metadata
+    ``decay=False`` (the attention biases, laid out [heads, head_dim]) is never decayed. Returns a
+    pure dict of booleans.
+    """
+
+    def is_matrix(variable: nnx.Variable) -> bool:
+        metadata = variable.get_metadata()
+        axes = metadata.get("axes") or ()
+        return metadata.get("decay", True) and len([a for a in axes if a != "layers"]) >= 2
+
+    mask = jax.tree.map(is_matrix, abstract_params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    return nnx.to_pure_dict(mask)
 
 
-def make_optimizer(cfg_optim, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    cfg_optim, total_steps: int, mask: dict
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW per the config; ``mask`` (from :func:`decay_mask`) says which leaves decay."""
     o = cfg_optim
     schedule = lr_schedule(o, total_steps)
     chain = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
     chain.append(
-        optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+        optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask)
     )
     return optax.chain(*chain), schedule

@@ -27,14 +27,16 @@ from moejax import sharding
 from moejax.model.balancing import Balancer, balancer_from_config
 from moejax.model.transformer import Transformer, is_moe_layer
 from moejax.train.metrics import init_routing_health
-from moejax.train.optim import make_optimizer
+from moejax.train.optim import decay_mask, make_optimizer
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
 def make_model(cfg, seed: int) -> Transformer:
     t = cfg.train
-    return Transformer(cfg.model, rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype)
+    return Transformer(
+        cfg.model, rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype, remat=t.remat
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ def setup(cfg, mesh: Mesh) -> Run:
     param_specs = sharding.param_specs(abstract_params)
     param_shapes = nnx.to_pure_dict(abstract_params)
     sharding.check_divisible(param_shapes, param_specs, mesh)
-    optimizer, schedule = make_optimizer(cfg.optim, cfg.train.steps)
+    optimizer, schedule = make_optimizer(cfg.optim, cfg.train.steps, decay_mask(abstract_params))
 
     param_shardings = sharding.named(mesh, param_specs)
     replicated = NamedSharding(mesh, P())
@@ -115,15 +117,48 @@ def init_state(cfg, run: Run) -> dict[str, Any]:
         return jax.jit(init, static_argnums=0, out_shardings=run.state_shardings)(cfg.train.seed)
 
 
-def to_global(batch: dict[str, np.ndarray], target, micro_batches: int | None) -> dict[str, jax.Array]:
-    """Host batch -> global arrays; each process materialises only its addressable shards.
+def batch_shape(global_batch_size: int, micro_batches: int | None) -> tuple[int, ...]:
+    """Leading dims of a global batch: [B], or [A, B/A] micro-batches for gradient accumulation."""
+    if micro_batches is None:
+        return (global_batch_size,)
+    return (micro_batches, global_batch_size // micro_batches)
 
-    With ``micro_batches`` the leading batch dim is split into [A, B/A] for gradient accumulation.
+
+def process_rows(target: NamedSharding, global_batch_size: int, micro_batches: int | None) -> np.ndarray:
+    """The global batch rows (increasing) that this process's devices hold: the rows it loads.
+
+    Read from the sharding, not assumed from the process index, so any device order or mesh
+    works: a process whose devices hold one block of the batch loads that block; processes that
+    replicate the batch (e.g. a ``tensor`` axis across hosts) load the same rows. With micro-batches
+    (global rows ``[a * B/A, (a + 1) * B/A)`` form micro-batch ``a``, whatever the process count)
+    a process holds the same columns of every micro-batch, so its rows are a strided set.
+    """
+    shape = batch_shape(global_batch_size, micro_batches)
+    batch_dim = len(shape) - 1
+    held = np.zeros(shape[batch_dim], bool)
+    for index in target.addressable_devices_indices_map(shape).values():
+        held[index[batch_dim]] = True
+    columns = np.flatnonzero(held)
+    if micro_batches is None:
+        return columns
+    return (np.arange(micro_batches)[:, None] * shape[1] + columns[None, :]).reshape(-1)
+
+
+def to_global(
+    batch: dict[str, np.ndarray], target: NamedSharding, micro_batches: int | None,
+    global_batch_size: int | None = None,
+) -> dict[str, jax.Array]:
+    """This process's rows of a batch -> global arrays; each process places only its own shards.
+
+    ``batch`` holds the rows ``process_rows(target, global_batch_size, micro_batches)`` names, in
+    that order; on one process (``global_batch_size`` None) it is the whole batch. With
+    ``micro_batches`` the batch dim becomes [A, B/A] for gradient accumulation.
     """
     out = {}
     for key in BATCH_KEYS:
-        value = batch[key]
+        local = batch[key]
+        shape = batch_shape(global_batch_size or local.shape[0], micro_batches)
         if micro_batches is not None:
-            value = value.reshape(micro_batches, -1, *value.shape[1:])
-        out[key] = jax.make_array_from_callback(value.shape, target, lambda index, v=value: v[index])
+            local = local.reshape(micro_batches, -1, *local.shape[1:])
+        out[key] = jax.make_array_from_process_local_data(target, local, (*shape, *local.shape[len(shape):]))
     return out

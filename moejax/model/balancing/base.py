@@ -32,7 +32,7 @@ class RoutingSetup(NamedTuple):
     num_experts: int
     top_k: int
     score_func: str = "softmax"  # softmax | sigmoid
-    backend: str = "dropless"  # dropless | capacity
+    backend: str = "dropless"  # dropless | capacity | expert_parallel
     micro_batches: int = 1  # gradient-accumulation micro-batches per optimizer step
     micro_batch_size: int = 1  # sequences per micro-batch (over all devices)
 
