@@ -1,0 +1,19 @@
+"""Checkpoint evaluation: held-out losses, benchmarks, routing statistics (``python -m moejax.eval``).
+
+Modules, in the order the data flows:
+
+==============  ==================================================================================
+``restore``     a run's config, a mesh from the local devices, parameters and balancing state
+``tasks``       benchmark JSONL files (built-in or the user's), validated line by line
+``forward``     the jitted scoring forward: per-row log-likelihoods, each MoE layer's routing
+``losses``      held-out loss, perplexity and bits per byte per domain
+``harness``     multiple choice by log-likelihood, exact match by greedy decoding (KV cache)
+``calibration`` expected calibration error of the choices' softmax
+``routing``     per-layer load, MaxVio, Gini, entropy and expert co-occurrence
+``masking``     masking experts out of the top-k (pruning studies)
+``evaluate``    one checkpoint's whole evaluation as a dict (``step_N.json``)
+``report``      the printed table; ``plots``: curves over checkpoints
+==============  ==================================================================================
+
+Generation lives in :mod:`moejax.generate`; keys, options and measured numbers in ``docs/eval.md``.
+"""

@@ -1,0 +1,96 @@
+"""Evaluate a run's checkpoints: ``python -m moejax.eval --workdir DIR [--step N | --all] [--tasks ...]``.
+
+Writes ``DIR/eval/step_N.json`` per checkpoint and prints a table; ``--all`` evaluates every
+checkpoint (reusing a ``step_N.json`` made with the same settings) and plots
+``DIR/eval/curves.png``. Keys and defaults: ``docs/eval.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from absl import logging as absl_logging
+
+from moejax.config import ConfigError
+from moejax.data.errors import DataError
+from moejax.eval.evaluate import (
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_ITEMS, DEFAULT_MAX_NEW_TOKENS, Settings, Evaluator, make_settings,
+)
+from moejax.eval.plots import plot_curves
+from moejax.eval.report import format_result
+from moejax.eval.restore import open_run
+from moejax.eval.tasks import TaskFileError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m moejax.eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True, help="training run directory (holds checkpoints/)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    which.add_argument("--all", action="store_true", help="every checkpoint, then plot the curves")
+    parser.add_argument(
+        "--tasks", nargs="*", default=None,
+        help="built-in task names (code prose math knowledge) and/or JSONL files; default: the built-in "
+             "tasks for runs on the built-in corpus, none otherwise; '--tasks' alone: none",
+    )
+    parser.add_argument("--max-items", type=int, default=DEFAULT_MAX_ITEMS, help="items per task (0: all)")
+    parser.add_argument("--loss-batches", type=int, default=None,
+                        help="held-out batches per domain (default: the run's train.eval_batches)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per benchmark batch")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="exact-match budget")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    for name in ("max_items", "loss_batches", "batch_size", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and (value < 0 or (value == 0 and name != "max_items")):
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax notes on the items a params-only read skips
+    try:
+        erun = open_run(args.workdir)
+        settings = make_settings(
+            erun, tasks=args.tasks, max_items=args.max_items, loss_batches=args.loss_batches,
+            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        )
+        evaluator = Evaluator(erun, settings, progress=not args.no_progress)
+        steps = erun.steps if args.all else [erun.steps[-1] if args.step is None else args.step]
+        out_dir = os.path.join(erun.workdir, "eval")
+        os.makedirs(out_dir, exist_ok=True)
+        results = []
+        for step in steps:
+            path = os.path.join(out_dir, f"step_{step}.json")
+            result = _reusable(path, settings) if args.all else None
+            if result is None:
+                result = evaluator.evaluate(erun.load(step))
+                with open(path, "w") as f:
+                    json.dump(result, f, indent=1)
+                print(format_result(result) + f"\n\nwrote {path}\n")
+            else:
+                print(f"step {step}: reusing {path} (same settings)")
+            results.append(result)
+        if args.all:
+            print(f"wrote {plot_curves(results, os.path.join(out_dir, 'curves.png'))}")
+    except (ConfigError, DataError, TaskFileError) as e:
+        sys.exit(f"moejax.eval: error: {e}")
+
+
+def _reusable(path: str, settings: Settings) -> dict | None:
+    """A saved result made with the same settings, or None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    same = result.get("settings") == json.loads(json.dumps(dataclasses.asdict(settings)))
+    return result if same else None
+
+
+if __name__ == "__main__":
+    main()

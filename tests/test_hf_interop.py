@@ -1,0 +1,220 @@
+"""Hugging Face interop: imported checkpoints compute transformers' logits; exports load back in it.
+
+Tiny random float32 models of every supported architecture, built with transformers itself, with
+non-trivial biases, norm scales and selection biases (their defaults, zeros and ones, would hide
+mapping mistakes) and weights large enough that routing decisions are sharp.
+"""
+
+import functools
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from moejax.config import default_config, from_dict  # noqa: E402
+from moejax.interop import hf as interop  # noqa: E402
+from moejax.model.balancing import balancer_from_config  # noqa: E402
+from moejax.model.transformer import Transformer  # noqa: E402
+from moejax.train.checkpoint import load_params  # noqa: E402
+
+TOLERANCE = 1e-4  # max abs logit difference, float32
+COMMON = dict(
+    vocab_size=300, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    initializer_range=0.1,
+)
+
+
+def hf_config(name):
+    """One tiny config per architecture, each exercising that architecture's features."""
+    if name == "mixtral":
+        return transformers.MixtralConfig(**COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+    if name == "qwen2_moe":  # q/k/v biases, gated shared expert, a dense first layer, no top-k renorm
+        return transformers.Qwen2MoeConfig(
+            **COMMON, intermediate_size=48, moe_intermediate_size=32, shared_expert_intermediate_size=40,
+            num_experts=8, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=False,
+        )
+    if name == "qwen3_moe":  # qk-norm, explicit head_dim, tied embeddings, top-k renorm
+        return transformers.Qwen3MoeConfig(
+            **COMMON, head_dim=16, intermediate_size=48, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=True,
+        )
+    # dots1: DeepSeek-V3 MoE (sigmoid, selection bias, group-limited top-k, scaling, 2 shared experts)
+    return transformers.Dots1Config(
+        **COMMON, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=3,
+        n_shared_experts=2, first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    )
+
+
+IDS = np.random.default_rng(1).integers(0, COMMON["vocab_size"], (2, 16))
+
+
+def hf_logits(model):
+    with torch.no_grad():
+        return model(torch.from_numpy(IDS)).logits.numpy()
+
+
+@functools.cache
+def hf_checkpoint(name, root):
+    """(directory written by save_pretrained, transformers' logits on IDS)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for key, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if key.endswith(("bias", "norm.weight", "layernorm.weight")):
+                tensor.normal_(1.0 if key.endswith("weight") else 0.0, 0.3)
+    path = f"{root}/{name}"
+    model.save_pretrained(path)
+    return path, hf_logits(model)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("hf"))
+
+
+def moejax_logits(params, model_cfg, balancer=None, balance_state=None):
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))))
+    positions = jnp.broadcast_to(jnp.arange(IDS.shape[1]), IDS.shape)
+
+    @jax.jit
+    def forward(params, balance_state):
+        model = nnx.merge(graphdef, params)
+        segments = jnp.ones(IDS.shape, jnp.int32)
+        return model(jnp.asarray(IDS), positions, segments, balancer=balancer, balance_state=balance_state)[0]
+
+    return np.asarray(forward(params, balance_state))
+
+
+def random_params(model_cfg, seed):
+    """Normal(0, 0.1) weights, norm scales around 1 (quicker than initialising a Transformer)."""
+    rng = np.random.default_rng(seed)
+    draw = lambda path, s: (float(path[-1].key == "scale") + rng.normal(0, 0.1, s.shape)).astype(s.dtype)  # noqa: E731
+    return jax.tree_util.tree_map_with_path(draw, interop.abstract_params(model_cfg))
+
+
+def max_diff(a, b):
+    return float(np.max(np.abs(a - b)))
+
+
+def import_dir(path):
+    hf, tensors = interop.read_hf_dir(path)
+    model_cfg = interop.model_config_from_hf(hf)
+    return model_cfg, interop.params_from_hf(tensors, model_cfg, hf["model_type"]), tensors
+
+
+@pytest.mark.parametrize("name", interop.SUPPORTED)
+def test_import_computes_transformers_logits(name, root):
+    path, reference = hf_checkpoint(name, root)
+    model_cfg, params, _ = import_dir(path)
+    assert max_diff(moejax_logits(params, model_cfg), reference) < TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_export_gives_back_the_same_tensors_and_logits(name, root, tmp_path):
+    path, reference = hf_checkpoint(name, root)
+    model_cfg, params, tensors = import_dir(path)
+    with open(f"{path}/config.json") as f:
+        base = json.load(f)
+    arch = interop.choose_architecture(model_cfg, preferred=None)
+    assert arch == name  # each import is recognised as what it came from
+    exported = interop.params_to_hf(interop.adapt_params(params, model_cfg, arch), model_cfg, arch)
+    assert sorted(exported) == sorted(tensors)
+    assert all(np.array_equal(exported[k], tensors[k]) for k in tensors)
+    interop.write_hf_dir(str(tmp_path), interop.hf_config_from_model(model_cfg, arch, base=base), exported)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert max_diff(hf_logits(reloaded), reference) < TOLERANCE
+
+
+def test_cli_import_workdir_is_a_checkpoint_and_exports_back(root, tmp_path):
+    """dots1 (the most features) through the CLI: workdir checkpoint, init_from loading, export."""
+    path, reference = hf_checkpoint("dots1", root)
+    workdir, out = str(tmp_path / "run"), str(tmp_path / "hf_out")
+    interop.main(["import", "--hf-dir", path, "--workdir", workdir])
+    with open(f"{workdir}/config.json") as f:
+        cfg = from_dict(json.load(f))
+    params, step = load_params(workdir, interop.abstract_params(cfg.model))  # what init_from does
+    assert step == 0 and max_diff(moejax_logits(params, cfg.model), reference) < TOLERANCE
+    interop.main(["export", "--workdir", workdir, "--hf-dir", out])
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == "Dots1ForCausalLM"
+    assert max_diff(hf_logits(reloaded), reference) < TOLERANCE
+
+
+def test_loss_free_selection_bias_exports_as_e_score_correction_bias(root, tmp_path):
+    """Export folds the balancing state's selection bias into the router: same routing in HF."""
+    path, _ = hf_checkpoint("dots1", root)
+    model_cfg, params, _ = import_dir(path)
+    cfg = default_config()
+    cfg.model = model_cfg
+    cfg.model.moe.balancing = (("loss_free", {"u": 1e-3}),)
+    bias_le = np.random.default_rng(2).normal(0, 0.3, (2, 8)).astype(np.float32)  # 2 MoE layers, 8 experts
+    expected = moejax_logits(params, model_cfg, balancer_from_config(cfg), {"loss_free": {"bias_e": bias_le}})
+    assert max_diff(expected, moejax_logits(params, model_cfg)) > 1e-2  # the bias changes the routing
+    folded, folded_cfg = interop.fold_selection_bias(params, bias_le, model_cfg)
+    tensors = interop.params_to_hf(folded, folded_cfg, "dots1")
+    interop.write_hf_dir(str(tmp_path), interop.hf_config_from_model(folded_cfg, "dots1"), tensors)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert max_diff(hf_logits(reloaded), expected) < TOLERANCE
+
+
+def test_native_model_exports_as_qwen2_moe_with_an_identity_shared_gate(tmp_path):
+    """A default-shaped moejax model (ungated shared expert, tied head, dense first layer) exports
+    exactly: Qwen2-MoE's gate sigmoid(0) = 1/2 is undone by a doubled shared down projection."""
+    model_cfg = default_config().model
+    model_cfg.d_model, model_cfg.num_layers, model_cfg.mlp_dim, model_cfg.vocab_size = 64, 2, 96, 300
+    model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim = 4, 2, 16
+    model_cfg.moe.num_experts, model_cfg.moe.expert_dim, model_cfg.moe.shared_expert_dim = 4, 32, 16
+    model_cfg.moe.num_shared_experts, model_cfg.first_k_dense = 2, 1
+    params = random_params(model_cfg, seed=3)
+    arch = interop.choose_architecture(model_cfg)
+    assert arch == "qwen2_moe"
+    tensors = interop.params_to_hf(
+        interop.adapt_params(params, model_cfg, arch), interop.adapted_config(model_cfg, arch), arch
+    )
+    interop.write_hf_dir(str(tmp_path), interop.hf_config_from_model(model_cfg, arch), tensors)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert max_diff(hf_logits(reloaded), moejax_logits(params, model_cfg)) < TOLERANCE
+
+
+def test_mla_and_unsupported_architectures_are_refused_by_name():
+    deepseek = transformers.DeepseekV3Config(num_hidden_layers=2).to_dict()
+    with pytest.raises(interop.InteropError, match="multi-head latent attention"):
+        interop.model_config_from_hf(deepseek)
+    with pytest.raises(interop.InteropError, match="model_type 'llama'; supported: mixtral, qwen2_moe"):
+        interop.model_config_from_hf({"model_type": "llama"})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type"),
+    ({"attention_bias": True}, "attention_bias=True"),
+    ({"mlp_only_layers": [2]}, "layer pattern MMD"),
+])
+def test_inexact_config_features_are_refused_by_key(change, message):
+    hf = hf_config("qwen3_moe").to_dict()
+    hf.update(change)
+    with pytest.raises(interop.InteropError, match=message):
+        interop.model_config_from_hf(hf)
+
+
+def test_export_names_why_no_architecture_fits():
+    model_cfg = default_config().model
+    model_cfg.moe.score_func = "sigmoid"  # sigmoid routing without qk-norm: only dots1 routes so, and it has qk-norm
+    with pytest.raises(interop.InteropError, match=r"dots1: model.qk_norm=False \(needs True\)"):
+        interop.choose_architecture(model_cfg)
+
+
+def test_checkpoint_tensor_without_counterpart_stops_the_import(root):
+    path, _ = hf_checkpoint("mixtral", root)
+    hf, tensors = interop.read_hf_dir(path)
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+    with pytest.raises(interop.InteropError, match="o_proj.bias"):
+        interop.params_from_hf(tensors, interop.model_config_from_hf(hf), "mixtral")
