@@ -24,6 +24,7 @@ def get_config():
     # 45 GiB per device on 64 devices by the compile-only check (python -m experiments.compile_check).
     c.train.grad_accum_steps = 2
     c.train.remat = "full"
+    c.train.scan_layers = True  # 27 layers: one compiled body per run of layers
     c.train.peak_flops_per_device = 989e12
     c.optim.lr = 4.2e-4
     c.optim.warmup_steps = 2000

@@ -16,6 +16,7 @@ def get_config():
     c.train.eval_every = 1000
     c.train.eval_batches = 4
     c.train.compute_dtype = "bfloat16"
+    c.train.scan_layers = True  # compile one body per run of layers; lets train.remat cut memory
     c.train.peak_flops_per_device = 989e12  # H100/H200 dense bf16; set yours for a meaningful MFU
     c.optim.lr = 1e-3
     c.optim.warmup_steps = 1000

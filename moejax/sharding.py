@@ -36,6 +36,10 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
     "router_experts": None,
     "norm": None,
     "layers": None,  # the stacked-layers axis of scanned blocks (moejax.model.transformer)
+    # L3 table rows (moejax.model.l3): split over the parameter-sharding axes, like fsdp weights;
+    # each device gathers its tokens' rows from the shards by a masked local gather + all-reduce
+    # (GSPMD), the table itself is never all-gathered. model.l3.budget must divide fsdp x expert.
+    "l3_rows": ("fsdp", "expert"),
 }
 
 

@@ -218,3 +218,10 @@ def test_checkpoint_tensor_without_counterpart_stops_the_import(root):
     tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
     with pytest.raises(interop.InteropError, match="o_proj.bias"):
         interop.params_from_hf(tensors, interop.model_config_from_hf(hf), "mixtral")
+
+
+def test_a_model_with_l3_layers_is_not_exported():
+    model_cfg = default_config().model
+    model_cfg.l3.after_layers = (1,)
+    with pytest.raises(interop.InteropError, match=r"model.l3.after_layers=\(1,\) \(Large Lookup Layers"):
+        interop.choose_architecture(model_cfg)

@@ -15,10 +15,10 @@ from moejax.model.transformer import Transformer, param_counts
 from tests.test_model import small_model_cfg
 
 
-def loss_and_grads(remat: str):
+def loss_and_grads(remat: str, scan_layers: bool = True):
     cfg = small_model_cfg()
     cfg.num_layers, cfg.first_k_dense = 4, 1
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), remat=remat))
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), remat=remat, scan_layers=scan_layers))
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
 
@@ -29,17 +29,17 @@ def loss_and_grads(remat: str):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-def test_remat_policies_give_the_same_loss_and_gradients():
+def test_remat_policies_and_unrolled_layers_give_the_same_loss_and_gradients():
     want_loss, want_grads = loss_and_grads("none")
-    for remat in ("full", "save_dots"):
-        got_loss, got_grads = loss_and_grads(remat)
+    for remat, scan_layers in (("full", True), ("save_dots", True), ("none", False)):
+        got_loss, got_grads = loss_and_grads(remat, scan_layers)
         np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got_grads, want_grads)
 
 
 def report(remat: str) -> dict:
     cfg = tiny_moe.get_config()
-    cfg.train.remat = remat
+    cfg.train.remat, cfg.train.scan_layers = remat, True
     cfg.model.num_layers = 6
     return compile_check.compile_report(cfg)
 

@@ -79,3 +79,17 @@ def test_rerun_of_a_finished_run_does_nothing(tmp_path, cache_dir):
     train(cfg, workdir)
     again = train(cfg, workdir)
     assert again["start_step"] == again["final_step"] == 2
+
+
+def test_a_dense_model_trains_checkpoints_and_resumes(tmp_path, cache_dir):
+    """No MoE layers: no routing state to save (orbax cannot save empty arrays), no routing metrics."""
+    cfg = small_run_cfg(cache_dir)
+    cfg.model.first_k_dense = cfg.model.num_layers
+    cfg.train.steps, cfg.checkpoint.every_steps = 2, 1
+    workdir = str(tmp_path / "dense")
+    train(cfg, workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2"]
+    cfg.train.steps = 3
+    assert train(cfg, workdir)["start_step"] == 2
+    records = [r for r in read_metrics(workdir) if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3] and "max_vio" not in records[-1]

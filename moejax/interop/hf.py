@@ -288,6 +288,9 @@ def cannot_express(m: ConfigDict, arch: str) -> list[str]:
         f"model.{key}={_value(m, key)!r} (needs {want!r})"
         for key, want in REQUIRES[arch].items() if _value(m, key) != want
     ]
+    if "l3" in m and m.l3.after_layers:
+        problems.append(f"model.l3.after_layers={tuple(m.l3.after_layers)!r} (Large Lookup Layers have no "
+                        "Hugging Face counterpart)")
     if arch in ("qwen2_moe", "dots1") and not _shared_width(m):
         problems.append("no shared experts (the architecture always has them)")
     if arch == "dots1" and m.moe.num_shared_experts and _shared_width(m) % m.moe.expert_dim:

@@ -1,4 +1,5 @@
-"""Decoder-only MoE transformer: embeddings, pre-norm blocks (attention + MLP or MoE), output head."""
+"""Decoder-only MoE transformer: embeddings, pre-norm blocks (attention + MLP or MoE), optional
+Large Lookup Layers between blocks (``model.l3.after_layers``), output head."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.model.decode import KVCache
+from moejax.model.l3 import L3Layer, L3Rows, RowOffsets, allocation_from_config, l3_forward_flops, l3_param_counts
 from moejax.model.layers import MLP, Attention, RMSNorm, param
 from moejax.model.moe import MoE
 from moejax.sharding import constrain
@@ -34,11 +36,14 @@ REMAT_POLICIES = {
 
 
 def layer_runs(cfg) -> list[tuple[bool, int]]:
-    """The layers as runs of one kind, in depth order: [(is_moe, number of layers), ...]."""
+    """The layers as runs of one kind, in depth order: [(is_moe, number of layers), ...].
+
+    A run never crosses an L3 position: a run ends at every layer that an L3 layer follows.
+    """
     runs: list[list] = []
     for layer in range(cfg.num_layers):
         moe = is_moe_layer(cfg, layer)
-        if runs and runs[-1][0] == moe:
+        if runs and runs[-1][0] == moe and layer - 1 not in cfg.l3.after_layers:
             runs[-1][1] += 1
         else:
             runs.append([moe, 1])
@@ -107,11 +112,16 @@ class Transformer(nnx.Module):
     Auxiliary outputs (float32): ``load_le`` (assignment fractions), ``pbar_le`` (mean routing
     probabilities), ``drop_rate_l``, ``entropy_l`` (mean per-token routing entropy),
     ``balance_losses`` (objective -> loss summed over layers) and their sum ``balance_loss``.
+
+    L3 layers (:class:`~moejax.model.l3.L3Layer`, parameters under ``l3/<i>/``) follow the
+    decoder layers listed in ``cfg.l3.after_layers`` (sorted); they read the token ids. Their
+    row allocation ``l3_offsets`` is static (part of the graph, not a parameter); without it the
+    configured one is loaded (:func:`~moejax.model.l3.allocation_from_config`).
     """
 
     def __init__(
         self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32", param_dtype: str = "float32",
-        remat: str = "none",
+        remat: str = "none", scan_layers: bool = True, l3_offsets: RowOffsets | None = None,
     ):
         dtype, pdtype = DTYPES[compute_dtype], DTYPES[param_dtype]
         self.embed_vd = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdtype)
@@ -119,6 +129,12 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([
             stacked_blocks(cfg, is_moe, count, rngs=rngs, dtype=dtype, param_dtype=pdtype)
             for is_moe, count in self.runs
+        ])
+        self.l3_after = tuple(sorted(cfg.l3.after_layers))
+        if self.l3_after and l3_offsets is None:
+            l3_offsets = allocation_from_config(cfg)
+        self.l3 = nnx.List([
+            L3Layer(cfg, l3_offsets, rngs=rngs, dtype=dtype, param_dtype=pdtype) for _ in self.l3_after
         ])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pdtype)
         self.head_dv = (
@@ -128,6 +144,7 @@ class Transformer(nnx.Module):
         self.num_experts = cfg.moe.num_experts
         self.dtype = dtype
         self.remat = remat
+        self.unroll = not scan_layers  # unroll each run of layers instead of scanning it
 
     def __call__(
         self, tokens_bt, positions_bt, segment_ids_bt, *, balancer=None, balance_state=None, with_routing=False
@@ -142,20 +159,35 @@ class Transformer(nnx.Module):
                 aux = {key: value for key, value in aux.items() if key != "routing"}
             return x_btd, aux
 
+        def lookup(l3_layer, x_btd):
+            return l3_layer(x_btd, tokens_bt)
+
         if self.remat != "none":
             layer = nnx.remat(layer, policy=REMAT_POLICIES[self.remat])
-        x_btd, outs = self.scan_layers(layer, self.embed(tokens_bt), balance_state=balance_state)
+            lookup = nnx.remat(lookup, policy=REMAT_POLICIES[self.remat])
+        x_btd, outs = self.scan_layers(
+            layer, self.embed(tokens_bt), lambda i, x_btd: lookup(self.l3[i], x_btd), balance_state=balance_state
+        )
         logits_btv = constrain(self.logits(x_btd), ("batch", "seq", "vocab"))
         return logits_btv, self._stack([aux for aux in outs if aux is not None])
 
-    def decode(self, tokens_bt, cache: KVCache, index_b, *, balancer=None, balance_state=None):
+    def decode(
+        self, tokens_bt, cache: KVCache, index_b, *, balancer=None, balance_state=None,
+        l3_rows: tuple[L3Rows, ...] | None = None,
+    ):
         """Logits [B, T, V] of T new tokens per row, row b's at positions ``index_b[b] + [0, T)``,
         attending to the cache, and the cache with their keys and values written in.
 
         One document per row (no segment ids). Prefill is a call at ``index_b = 0`` with the
         prompts; each decode step a call with T = 1. Gives the logits of ``__call__`` on the whole
         sequence (dropless dispatch; the capacity backend may drop other tokens in a full pass).
+        ``l3_rows`` (one per L3 layer, e.g. ``HostTables.fetch(tokens_bt)`` of host-resident
+        tables) replaces the L3 layers' reads of their device tables, which then go unread.
         """
+
+        def lookup(i, x_btd):
+            l3_layer = self.l3[i]
+            return l3_layer(x_btd, tokens_bt) if l3_rows is None else l3_layer.attend(x_btd, l3_rows[i])
 
         def layer(block, x_btd, inputs):
             k_bskh, v_bskh = inputs["layer"]
@@ -164,7 +196,7 @@ class Transformer(nnx.Module):
 
         x_btd = self.embed_vd[...].astype(self.dtype)[tokens_bt]  # no batch constraint: B may be 1
         x_btd, outs = self.scan_layers(
-            layer, x_btd, balance_state=balance_state, per_layer=(cache.k_lbskh, cache.v_lbskh)
+            layer, x_btd, lookup, balance_state=balance_state, per_layer=(cache.k_lbskh, cache.v_lbskh)
         )
         k_lbskh, v_lbskh = (jnp.concatenate(parts) for parts in zip(*outs))
         return self.logits(x_btd), KVCache(k_lbskh, v_lbskh)
@@ -179,12 +211,14 @@ class Transformer(nnx.Module):
         head_dv = self.embed_vd[...].T if self.head_dv is None else self.head_dv[...]
         return jnp.einsum("btd,dv->btv", x_btd, head_dv.astype(self.dtype)).astype(jnp.float32)
 
-    def scan_layers(self, body, x_btd, *, balance_state=None, per_layer=None):
-        """Applies ``body(block, x, inputs) -> (x, out)`` to every layer in depth order.
+    def scan_layers(self, body, x_btd, lookup, *, balance_state=None, per_layer=None):
+        """Applies ``body(block, x, inputs) -> (x, out)`` to every layer in depth order, and
+        ``lookup(i, x) -> x`` (the i-th L3 layer) after each layer in ``l3_after``.
 
         ``inputs`` holds this layer's slices: ``"balance"`` of ``balance_state`` (leaves [L_moe,
         ...], MoE layers only, else None) and ``"layer"`` of ``per_layer`` (leaves [L, ...], e.g.
         a key/value cache). Returns x and one output per run, stacked over the run's layers.
+        Runs end at L3 positions (:func:`layer_runs`), so each lookup comes between two scans.
         """
         outs, layer, moe_layer = [], 0, 0
         for (is_moe, count), blocks in zip(self.runs, self.layers):
@@ -193,11 +227,17 @@ class Transformer(nnx.Module):
                 "balance": take(balance_state, moe_layer) if is_moe and balance_state else None,
                 "layer": None if per_layer is None else take(per_layer, layer),
             }
-            scan = nnx.scan(body, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+            # scan_layers=False unrolls the loop: same parameters and numbers, faster on CPU for a
+            # few layers, but compile time grows with depth and remat saves no memory on XLA:CPU.
+            scan = nnx.scan(
+                body, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0), unroll=self.unroll
+            )
             x_btd, out = scan(blocks, x_btd, inputs)
             outs.append(out)
             layer += count
             moe_layer += count if is_moe else 0
+            if layer - 1 in self.l3_after:
+                x_btd = lookup(self.l3_after.index(layer - 1), x_btd)
         return x_btd, outs
 
     def _stack(self, auxes: list[dict]) -> dict:
@@ -223,7 +263,8 @@ class Transformer(nnx.Module):
 
 
 def param_counts(cfg) -> dict[str, int]:
-    """Total and active (per token) parameter counts, from the config alone."""
+    """Total and active (per token) parameter counts, from the config alone (L3 layers: see
+    :func:`~moejax.model.l3.l3_param_counts`)."""
     d, v, moe = cfg.d_model, cfg.vocab_size, cfg.moe
     attn = d * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d
     attn += cfg.head_dim * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.attn_bias + 2 * cfg.head_dim * cfg.qk_norm
@@ -239,6 +280,9 @@ def param_counts(cfg) -> dict[str, int]:
         else:
             total += attn + dense_mlp
             active += attn + dense_mlp
+    l3 = l3_param_counts(cfg)
+    total += len(cfg.l3.after_layers) * l3["total"]
+    active += len(cfg.l3.after_layers) * l3["active"]
     return {"total": total, "active": active}
 
 
@@ -246,10 +290,14 @@ def flops_per_token(cfg, seq_len: int) -> float:
     """Training FLOPs per token: 6 x (active matmul params, incl. the output head) + attention.
 
     Attention scores and values cost 2 * 2 * T * n * h per token per layer forward, halved for the
-    causal mask; x3 for forward + backward. Embedding lookups are free; norms are ignored.
+    causal mask; x3 for forward + backward. Embedding lookups are free; norms are ignored. L3
+    layers count 3 x :func:`~moejax.model.l3.l3_forward_flops` (their table rows are read, not
+    multiplied as weights: a tied table serves as keys and values, two products per row).
     """
     counts = param_counts(cfg)
     d, v = cfg.d_model, cfg.vocab_size
     matmul_params = counts["active"] - v * d * (1 if cfg.tie_embeddings else 2) + v * d
     attention = cfg.num_layers * 2 * seq_len * cfg.num_heads * cfg.head_dim  # causal: half of 4*T*n*h
-    return 6.0 * matmul_params + 3.0 * attention
+    num_l3 = len(cfg.l3.after_layers)
+    matmul_params -= num_l3 * l3_param_counts(cfg)["active"]  # L3 layers: counted by their FLOPs
+    return 6.0 * matmul_params + 3.0 * attention + 3.0 * num_l3 * l3_forward_flops(cfg)

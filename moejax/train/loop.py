@@ -25,7 +25,7 @@ from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train.checkpoint import Checkpointer, any_process, check_same_on_every_process, load_params
 from moejax.train.preemption import Preempted, PreemptionGuard
 from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
-from moejax.train.state import Run, init_state, process_rows, setup, to_global
+from moejax.train.state import Run, check_l3_allocation_matches, init_state, process_rows, setup, to_global
 from moejax.train.step import make_eval_step, make_train_step
 
 def check_config(cfg) -> dict[str, int]:
@@ -84,6 +84,7 @@ def restore_or_init(cfg, run: Run, checkpointer: Checkpointer, tokenizer_name: s
             tokenizer_name, restored.meta.get("tokenizer"), data_source=f"data.path={cfg.data.path!r}",
             checkpoint=f"{checkpointer.directory}/{restored.step}",
         )
+        check_l3_allocation_matches(run, restored.meta, f"{checkpointer.directory}/{restored.step}")
         return restored.state, restored.data
     state = init_state(cfg, run)
     if cfg.checkpoint.init_from:
@@ -115,7 +116,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
         os.path.join(workdir, "checkpoints"), max_to_keep=c.max_to_keep, keep_period=c.keep_period
     )
     meta = {
-        "config": config_lib.to_dict(cfg), "tokenizer": train_data.tokenizer.name, "code_version": code_version()
+        "config": config_lib.to_dict(cfg), "tokenizer": train_data.tokenizer.name, "code_version": code_version(),
+        "l3_allocation": run.l3_meta(),  # {"sha256", "method"} of the L3 row allocation, or None
     }
     state, data_state = restore_or_init(cfg, run, checkpointer, train_data.tokenizer.name)
     domain_tokens = np.zeros(len(train_data.domains), np.int64)  # tokens trained on, per domain, cumulative

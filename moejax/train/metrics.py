@@ -20,11 +20,15 @@ HEALTH_WINDOW_STEPS = 100
 
 
 def init_routing_health(num_layers: int, num_experts: int) -> dict[str, jax.Array]:
+    if not num_layers:  # a dense model: nothing to track (and orbax cannot save empty arrays)
+        return {}
     return {"load_ema_le": jnp.zeros((num_layers, num_experts), jnp.float32), "ema_weight": jnp.zeros((), jnp.float32)}
 
 
 def update_routing_health(health: dict[str, jax.Array], load_le: jax.Array) -> dict[str, jax.Array]:
     """Folds one step's expert loads [L, E] into the moving average."""
+    if not health:
+        return {}
     rate = 1.0 / HEALTH_WINDOW_STEPS
     return {
         "load_ema_le": (1.0 - rate) * health["load_ema_le"] + rate * load_le.astype(jnp.float32),
@@ -34,6 +38,8 @@ def update_routing_health(health: dict[str, jax.Array], load_le: jax.Array) -> d
 
 def global_load(health: dict[str, jax.Array]) -> jax.Array:
     """Expert loads [L, E] over the recent window: the moving average over the weight it has."""
+    if not health:
+        return jnp.zeros((0, 0), jnp.float32)
     return health["load_ema_le"] / jnp.maximum(health["ema_weight"], jnp.finfo(jnp.float32).tiny)
 
 

@@ -9,6 +9,10 @@ State keys: ``params``; ``opt_state``; ``step``; ``balance``, the balancing obje
 parameters, so no optimizer or weight decay touches them); ``routing_health``, the running
 expert loads behind the global routing metrics (:mod:`moejax.train.metrics`). The last two are
 small and replicated on every device; all of it is checkpointed.
+
+The L3 row allocation (:class:`~moejax.model.l3.RowOffsets`) is loaded once by :func:`setup`,
+held by the graph (not a parameter: no optimizer state, not in the checkpointed state) and
+recorded by its sha256 and method in each checkpoint's metadata (:meth:`Run.l3_meta`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from moejax import sharding
+from moejax.config import ConfigError
 from moejax.model.balancing import Balancer, balancer_from_config
+from moejax.model.l3 import RowOffsets, allocation_from_config
 from moejax.model.transformer import Transformer, is_moe_layer
 from moejax.train.metrics import init_routing_health
 from moejax.train.optim import decay_mask, make_optimizer
@@ -32,10 +38,14 @@ from moejax.train.optim import decay_mask, make_optimizer
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
-def make_model(cfg, seed: int) -> Transformer:
+def make_model(cfg, seed: int, l3_offsets: RowOffsets | None = None) -> Transformer:
+    """The model of ``cfg`` with parameters seeded by ``seed`` and the L3 allocation ``l3_offsets``
+    (:func:`setup` loads it once; None: the model loads the configured one, if it has L3 layers)."""
     t = cfg.train
     return Transformer(
-        cfg.model, rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype, remat=t.remat
+        cfg.model, rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype, remat=t.remat,
+        scan_layers=t.scan_layers,
+        l3_offsets=l3_offsets,
     )
 
 
@@ -51,6 +61,11 @@ class Run:
     abstract_state: Any  # jax.ShapeDtypeStruct tree with shardings (restore target)
     balancer: Balancer  # the configured balancing objectives (static)
     num_moe_layers: int
+    l3_offsets: RowOffsets | None = None  # the L3 row allocation the graph holds; None: no L3 layers
+
+    def l3_meta(self) -> dict[str, str] | None:
+        """The L3 allocation's identity for checkpoint metadata: {"sha256", "method"}, or None."""
+        return None if self.l3_offsets is None else self.l3_offsets.meta()
 
     def batch_sharding(self, accum: bool) -> NamedSharding:
         """[A, B/A, ...] micro-batched training batches, or [B, ...] evaluation batches."""
@@ -62,7 +77,7 @@ def routing_state(cfg, balancer: Balancer) -> dict[str, Any]:
     """The initial ``balance`` and ``routing_health`` entries of the train state."""
     num_moe = num_moe_layers(cfg.model)
     return {
-        "balance": balancer.init_state(num_moe),
+        "balance": balancer.init_state(num_moe) if num_moe else {},  # no empty arrays to save
         "routing_health": init_routing_health(num_moe, cfg.model.moe.num_experts),
     }
 
@@ -73,7 +88,8 @@ def num_moe_layers(model_cfg) -> int:
 
 def setup(cfg, mesh: Mesh) -> Run:
     """Builds the abstract model and state, checks the shardings divide, and makes the optimizer."""
-    abstract_model = nnx.eval_shape(lambda: make_model(cfg, 0))
+    l3_offsets = allocation_from_config(cfg.model) if cfg.model.l3.after_layers else None
+    abstract_model = nnx.eval_shape(lambda: make_model(cfg, 0, l3_offsets))
     graphdef, abstract_params = nnx.split(abstract_model)
     param_specs = sharding.param_specs(abstract_params)
     param_shapes = nnx.to_pure_dict(abstract_params)
@@ -100,14 +116,30 @@ def setup(cfg, mesh: Mesh) -> Run:
     abstract_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
     )
-    return Run(graphdef, optimizer, schedule, mesh, shardings, abstract_state, balancer, num_moe_layers(cfg.model))
+    return Run(
+        graphdef, optimizer, schedule, mesh, shardings, abstract_state, balancer, num_moe_layers(cfg.model), l3_offsets
+    )
+
+
+def check_l3_allocation_matches(run: Run, saved_meta: dict, checkpoint: str) -> None:
+    """Refuses to resume ``checkpoint`` (metadata ``saved_meta``) under another L3 allocation: the
+    same parameter shapes with other rows per token would silently give rows to other tokens."""
+    saved, current = saved_meta.get("l3_allocation"), run.l3_meta()
+    if saved == current:
+        return
+    describe = lambda meta: "none" if meta is None else f"{meta['method']}, sha256 {meta['sha256']}"
+    raise ConfigError(
+        f"checkpoint {checkpoint} was trained with the L3 allocation ({describe(saved)}), but this run "
+        f"configures ({describe(current)}). Set model.l3.allocation (and budget, max_rows) to the "
+        "allocation the checkpoint was trained with, or train in a new workdir."
+    )
 
 
 def init_state(cfg, run: Run) -> dict[str, Any]:
     """Initialises the whole train state directly into its shardings (no host copy)."""
 
     def init(seed):
-        params = nnx.to_pure_dict(nnx.state(make_model(cfg, seed)))
+        params = nnx.to_pure_dict(nnx.state(make_model(cfg, seed, run.l3_offsets)))
         return {
             "params": params, "opt_state": run.optimizer.init(params), "step": jnp.zeros((), jnp.int32),
             **routing_state(cfg, run.balancer),

@@ -1,0 +1,559 @@
+"""Rows per token for a Large Lookup Layer (L3): offsets from an LZW parse of a corpus sample.
+
+An L3 layer gives token id ``t`` the rows ``[offsets[t], offsets[t + 1])`` of its key and value
+tables. ``offsets`` (format ``offsets_v1``) is an int64 array of shape ``[V + 1]`` with
+``offsets[0] == 0``, ``offsets[-1] == v`` (the row budget) and every token's row count
+``offsets[t + 1] - offsets[t]`` in ``[1, k]`` (``k``, the cap, is ``max_rows``).
+
+Two allocations:
+
+- ``lzw_allocation`` (the L3 paper's, Tseng and De Sa, "L^3: Large Lookup Layers",
+  arXiv:2601.21461, Algorithm 1): parse a token sample with LZW; rank the codewords by how often
+  the parse emits them; every token starts with one row, and going down the ranking each
+  codeword gives one more row to its *last* token (skipping tokens at the cap) until the budget
+  is spent. A token that ends many frequent codewords, i.e. that occurs often in many distinct
+  contexts, gets many rows. The choices where the paper leaves room are listed in ``docs/l3.md``
+  ("## Allocation") and in ``lzw_allocation``'s docstring.
+- ``uniform_allocation``, the ablation: rows spread as evenly as possible.
+
+``save_allocation`` / ``load_allocation`` keep an allocation as JSON beside the tokenizer it was
+computed for (``format: moejax-l3-allocation-v1``, with a sha256 of the offsets), and
+``python -m moejax.data.l3_alloc`` computes one from a dataset's training split::
+
+    python -m moejax.data.l3_alloc --budget 4096 --max-rows 64 [--method lzw|uniform] \\
+        [--data-path DIR] [--sample-tokens 1000000] [--vocab-size V] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final, NoReturn
+
+import numpy as np
+import numpy.typing as npt
+
+from moejax.data.errors import DataError
+
+FORMAT: Final = "moejax-l3-allocation-v1"
+METHODS: Final = ("lzw", "uniform")
+DEFAULT_SAMPLE_TOKENS: Final = 1_000_000
+# Contiguous pieces a domain's share of the sample is cut into, spread evenly over its train split.
+CHUNKS_PER_DOMAIN: Final = 16
+_FIELDS: Final = ("format", "vocab_size", "budget", "max_rows", "method", "tokenizer",
+                  "sample_tokens", "offsets", "sha256")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Allocation:
+    """A loaded allocation file: read-only ``offsets`` plus what it was computed with."""
+
+    offsets: npt.NDArray[np.int64]  # [V + 1], read-only
+    budget: int
+    max_rows: int
+    method: str
+    tokenizer: str
+    sha256: str
+    sample_tokens: int = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def rows(self) -> npt.NDArray[np.int64]:
+        """Rows per token, shape ``[V]``."""
+        return np.diff(self.offsets)
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def check_budget(vocab_size: int, budget: int, max_rows: int) -> None:
+    """Raise a ``DataError`` unless ``budget`` rows can go to ``vocab_size`` tokens, 1..``max_rows`` each."""
+    _check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
+    _check_int("max_rows", max_rows, 1, "the most rows one token may own (k), e.g. --max-rows 64")
+    _check_int("budget", budget, 1, "the total number of rows (v), e.g. --budget 4096")
+    if budget < vocab_size:
+        raise DataError(
+            f"budget {budget} is smaller than the vocabulary ({vocab_size} tokens): every token "
+            f"needs at least one row. Use --budget >= {vocab_size}."
+        )
+    if budget > vocab_size * max_rows:
+        raise DataError(
+            f"budget {budget} cannot be spent: {vocab_size} tokens with at most max_rows="
+            f"{max_rows} rows each hold only {vocab_size * max_rows} rows. Use --budget <= "
+            f"{vocab_size * max_rows}, or --max-rows >= {math.ceil(budget / vocab_size)}."
+        )
+
+
+def check_allocation(
+    offsets: npt.ArrayLike,
+    vocab_size: int,
+    budget: int | None = None,
+    max_rows: int | None = None,
+) -> None:
+    """Raise a ``DataError`` unless ``offsets`` is a valid ``offsets_v1`` allocation.
+
+    ``offsets`` must be integers of shape ``[vocab_size + 1]``, start at 0, end at ``budget``
+    (when given) and give every token between 1 and ``max_rows`` (when given) rows.
+    """
+    array = np.asarray(offsets)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise DataError(
+            f"allocation offsets must be a 1-D integer array of shape [V + 1], got "
+            f"{array.dtype}{list(array.shape)}. Compute them with lzw_allocation or "
+            "uniform_allocation (python -m moejax.data.l3_alloc)."
+        )
+    _check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
+    if max_rows is not None:
+        _check_int("max_rows", max_rows, 1, "the most rows one token may own (k), e.g. --max-rows 64")
+    if budget is not None:
+        check_budget(vocab_size, budget, max_rows if max_rows is not None else budget)
+    if array.shape[0] != vocab_size + 1:
+        raise DataError(
+            f"allocation has {max(array.shape[0] - 1, 0)} tokens but the vocabulary has "
+            f"{vocab_size}: it was computed for another vocabulary. Recompute it with "
+            f"python -m moejax.data.l3_alloc --vocab-size {vocab_size} ..."
+        )
+    if array[0] != 0:
+        raise DataError(f"allocation offsets must start at 0, got offsets[0] = {int(array[0])}. "
+                        "Recompute the allocation with python -m moejax.data.l3_alloc.")
+    rows = np.diff(array.astype(np.int64))
+    if (rows < 0).any():
+        t = int(np.argmax(rows < 0))
+        raise DataError(
+            f"allocation offsets are not monotone: offsets[{t + 1}] = {int(array[t + 1])} < "
+            f"offsets[{t}] = {int(array[t])}. Offsets are cumulative row counts; recompute the "
+            "allocation with python -m moejax.data.l3_alloc."
+        )
+    if (rows < 1).any():
+        t = int(np.argmax(rows < 1))
+        raise DataError(
+            f"token {t} gets 0 rows (offsets[{t}] == offsets[{t + 1}] == {int(array[t])}), but "
+            "every token needs between 1 and max_rows rows. Recompute the allocation with "
+            "python -m moejax.data.l3_alloc."
+        )
+    if max_rows is not None and (rows > max_rows).any():
+        t = int(np.argmax(rows > max_rows))
+        raise DataError(
+            f"token {t} gets {int(rows[t])} rows, more than max_rows={max_rows}: every token "
+            f"needs between 1 and {max_rows} rows. Recompute the allocation with --max-rows "
+            f"{max_rows}, or raise max_rows to {int(rows.max())}."
+        )
+    if budget is not None and array[-1] != budget:
+        raise DataError(
+            f"allocation holds {int(array[-1])} rows but the budget is {budget}. Recompute it "
+            f"with python -m moejax.data.l3_alloc --budget {budget} ..."
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise DataError(f"{name} must be an int >= {minimum} ({meaning}), got {value!r}.")
+
+
+# --- allocations -------------------------------------------------------------------------------
+
+
+def uniform_allocation(vocab_size: int, budget: int, max_rows: int) -> npt.NDArray[np.int64]:
+    """Offsets spreading ``budget`` rows evenly: ``budget // V`` rows each, one more for the first
+    ``budget % V`` token ids. The cap never binds, since ``budget <= V * max_rows``."""
+    check_budget(vocab_size, budget, max_rows)
+    rows = np.full(vocab_size, budget // vocab_size, dtype=np.int64)
+    rows[: budget % vocab_size] += 1
+    return _to_offsets(rows)
+
+
+def lzw_codewords(tokens: npt.ArrayLike, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """LZW-parse ``tokens``; returns ``(emit_counts, last_tokens)``, both indexed by code.
+
+    The dictionary starts with the ``vocab_size`` single tokens (codes ``0..V-1``). At each
+    step the parse takes the longest codeword ``w`` matching at the current position, emits it
+    (``emit_counts[w] += 1``), adds ``w`` followed by the next token as a new codeword (code
+    ``V, V+1, ...`` in order of creation), and continues at that next token. The dictionary is
+    not bounded (at most one new codeword per token). ``last_tokens[c]`` is the last token of
+    codeword ``c``. O(len(tokens)): one dict lookup keyed by ``(prefix code, token)`` per token.
+    """
+    array = np.asarray(tokens)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise DataError(f"tokens must be a 1-D integer array, got {array.dtype}{list(array.shape)}.")
+    _check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
+    if array.size and (array.min() < 0 or array.max() >= vocab_size):
+        bad = int(array.min()) if array.min() < 0 else int(array.max())
+        raise DataError(
+            f"the token sample holds id {bad}, outside the vocabulary [0, {vocab_size}). Pass the "
+            f"vocabulary the tokens come from: --vocab-size >= {int(array.max()) + 1}."
+        )
+    counts = [0] * vocab_size
+    last = list(range(vocab_size))
+    if array.size:
+        stream = array.tolist()
+        codes: dict[tuple[int, int], int] = {}
+        get = codes.get
+        w = stream[0]
+        for c in stream[1:]:
+            code = get((w, c))
+            if code is None:
+                counts[w] += 1
+                codes[(w, c)] = len(counts)
+                counts.append(0)
+                last.append(c)
+                w = c
+            else:
+                w = code
+        counts[w] += 1
+    return np.asarray(counts, dtype=np.int64), np.asarray(last, dtype=np.int64)
+
+
+def lzw_allocation(
+    tokens: npt.ArrayLike, vocab_size: int, budget: int, max_rows: int
+) -> npt.NDArray[np.int64]:
+    """Offsets (``offsets_v1``) from an LZW parse of ``tokens`` (the L3 paper's Algorithm 1).
+
+    1. Parse ``tokens`` with LZW (``lzw_codewords``) and count how often each codeword is
+       emitted.
+    2. Rank the emitted codewords by that count, most frequent first; ties go to the codeword
+       created first (lower code; single tokens, in id order, come before longer codewords).
+       Codewords added to the dictionary but never emitted are not ranked.
+    3. Every token starts with 1 row. Going down the ranking, each codeword gives one row to
+       its last token, skipping tokens already at ``max_rows``, until ``budget`` rows are given.
+    4. If the ranking ends with rows left, go down it again (each pass gives at most one row
+       per codeword); once no ranked codeword's last token has room, the rest goes round-robin,
+       one row per pass, to the tokens below the cap in id order (tokens never seen last).
+
+    Deterministic: the same tokens give the same offsets. Raises ``DataError`` for a budget
+    that cannot be spent (see ``check_budget``) or ids outside ``[0, vocab_size)``.
+    """
+    check_budget(vocab_size, budget, max_rows)
+    counts, last = lzw_codewords(tokens, vocab_size)
+    emitted = np.flatnonzero(counts)
+    ranked = emitted[np.argsort(-counts[emitted], kind="stable")]
+    rows = np.ones(vocab_size, dtype=np.int64)
+    remaining = budget - vocab_size
+    remaining = _grant_passes(rows, last[ranked], remaining, max_rows)
+    remaining = _grant_passes(rows, np.arange(vocab_size), remaining, max_rows)
+    assert remaining == 0, remaining  # check_budget guarantees room for every row.
+    return _to_offsets(rows)
+
+
+def _grant_passes(rows: np.ndarray, order: np.ndarray, remaining: int, max_rows: int) -> int:
+    """Walk ``order`` (token ids) in passes, one row per entry to tokens below ``max_rows``,
+    until ``remaining`` rows are given or no entry has room; updates ``rows``, returns the rest.
+
+    A pass is vectorised but equals the sequential walk: the j-th entry of token t within the
+    pass gets a row iff ``j < max_rows - rows[t]``, and the budget takes the first grants.
+    """
+    if not order.size:
+        return remaining
+    by_token = np.argsort(order, kind="stable")
+    sorted_tokens = order[by_token]
+    group_start = np.searchsorted(sorted_tokens, sorted_tokens, side="left")
+    occurrence = np.empty_like(order)
+    occurrence[by_token] = np.arange(order.size) - group_start
+    while remaining > 0:
+        grant = occurrence < (max_rows - rows)[order]
+        given = np.cumsum(grant)
+        if not given.size or given[-1] == 0:
+            break
+        grant &= given <= remaining
+        rows += np.bincount(order[grant], minlength=rows.shape[0])
+        remaining -= int(min(given[-1], remaining))
+    return remaining
+
+
+def _to_offsets(rows: np.ndarray) -> npt.NDArray[np.int64]:
+    return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+
+
+# --- files -------------------------------------------------------------------------------------
+
+
+def offsets_sha256(offsets: npt.ArrayLike) -> str:
+    """sha256 of the offsets as little-endian int64 bytes."""
+    return hashlib.sha256(np.asarray(offsets, dtype="<i8").tobytes()).hexdigest()
+
+
+def save_allocation(
+    path: str | os.PathLike[str],
+    offsets: npt.ArrayLike,
+    *,
+    method: str,
+    max_rows: int,
+    tokenizer: str,
+    sample_tokens: int,
+) -> str:
+    """Validate ``offsets`` and write them as an allocation JSON file (atomically); returns the
+    sha256 of the offsets. The budget and vocabulary size are read off the offsets."""
+    array = np.asarray(offsets)
+    vocab_size = max(int(array.shape[0]) - 1, 1) if array.ndim == 1 else 1
+    check_allocation(array, vocab_size)  # shape, dtype and rows >= 1 first: then the budget is sane
+    budget = int(array[-1])
+    check_allocation(array, vocab_size, budget, max_rows)
+    for name, value in (("method", method), ("tokenizer", tokenizer)):
+        if not isinstance(value, str) or not value:
+            raise DataError(f"{name} must be a non-empty string, got {value!r}.")
+    _check_int("sample_tokens", sample_tokens, 0, "how many tokens the allocation was computed from")
+    sha256 = offsets_sha256(array)
+    record = {
+        "format": FORMAT, "vocab_size": vocab_size, "budget": budget, "max_rows": int(max_rows),
+        "method": method, "tokenizer": tokenizer, "sample_tokens": int(sample_tokens),
+        "sha256": sha256,
+    }
+    # One line for the offsets, one per other field: small, diffable, readable.
+    text = "{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in record.items())
+    text += f' "offsets": {json.dumps(array.astype(np.int64).tolist())}\n}}\n'
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return sha256
+
+
+def load_allocation(path: str | os.PathLike[str], vocab_size: int | None = None) -> Allocation:
+    """Read and validate an allocation file; with ``vocab_size``, it must be for that vocabulary.
+
+    Every error is a ``DataError`` naming the file: missing or unreadable, another format,
+    offsets that do not match their sha256 (the file was edited) or fail ``check_allocation``,
+    recorded fields that disagree with the offsets, or another vocabulary size.
+    """
+    where = str(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"L3 allocation file {where} does not exist. Create it with: python -m "
+                        "moejax.data.l3_alloc --budget V_ROWS --max-rows K --out " + where) from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read L3 allocation file {where} ({e}); recreate it with "
+                        "python -m moejax.data.l3_alloc.") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise DataError(f"{where} is not an L3 allocation file: its format is {found!r}, expected "
+                        f"{FORMAT!r}. Recreate it with python -m moejax.data.l3_alloc.")
+    missing = [key for key in _FIELDS if key not in record]
+    if missing:
+        raise DataError(f"L3 allocation file {where} lacks {', '.join(missing)}; recreate it with "
+                        "python -m moejax.data.l3_alloc.")
+    recorded = {key: record[key] for key in ("vocab_size", "budget", "max_rows", "sample_tokens")}
+    values = record["offsets"] if isinstance(record["offsets"], list) else [None]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in [*recorded.values(), *values]):
+        raise DataError(f"L3 allocation file {where} holds a non-integer offset or count; recreate "
+                        "it with python -m moejax.data.l3_alloc.")
+    try:
+        offsets = np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        raise DataError(f"L3 allocation file {where} holds an offset beyond int64; recreate it with "
+                        "python -m moejax.data.l3_alloc.") from None
+    if offsets.ndim != 1 or offsets_sha256(offsets) != record["sha256"]:
+        raise DataError(
+            f"L3 allocation file {where} is corrupt or was edited: its offsets do not match the "
+            f"sha256 it records ({record['sha256']}). Recreate it with python -m moejax.data.l3_alloc."
+        )
+    try:
+        check_allocation(offsets, recorded["vocab_size"], recorded["budget"], recorded["max_rows"])
+    except DataError as e:
+        raise DataError(f"L3 allocation file {where}: {e}") from None
+    if vocab_size is not None and vocab_size != recorded["vocab_size"]:
+        raise DataError(
+            f"L3 allocation file {where}: allocation has {recorded['vocab_size']} tokens but the "
+            f"vocabulary has {vocab_size}. Recompute it for this vocabulary: python -m "
+            f"moejax.data.l3_alloc --vocab-size {vocab_size} --budget {recorded['budget']} "
+            f"--max-rows {recorded['max_rows']} ..."
+        )
+    offsets.setflags(write=False)
+    return Allocation(offsets=offsets, budget=recorded["budget"], max_rows=recorded["max_rows"],
+                      method=str(record["method"]), tokenizer=str(record["tokenizer"]),
+                      sha256=str(record["sha256"]), sample_tokens=recorded["sample_tokens"])
+
+
+def default_out_path(data_path: str, method: str, budget: int, max_rows: int,
+                     cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the CLI saves an allocation: beside the tokenizer, i.e. in the prepared dataset
+    directory, or in the built-in corpus's cache directory (``data_path == ""``)."""
+    name = f"l3_allocation_{method}_v{budget}_k{max_rows}.json"
+    if str(data_path):
+        return Path(data_path) / name
+    from moejax.data import corpus as corpus_lib
+    from moejax.data.dataset import BUILTIN_CORPUS_SEED
+
+    root = Path(cache_dir or corpus_lib.default_cache_dir())
+    return root / f"{corpus_lib.CORPUS_VERSION}-seed{BUILTIN_CORPUS_SEED}" / name
+
+
+# --- sampling ----------------------------------------------------------------------------------
+
+
+def sample_train_tokens(dataset, num_tokens: int, chunks_per_domain: int = CHUNKS_PER_DOMAIN) -> np.ndarray:
+    """About ``num_tokens`` tokens of a ``TokenDataset``'s train split, as one int64 stream.
+
+    Each domain gets an equal share (a domain with fewer train tokens gives all it has and the
+    rest is shared by the others), cut into ``chunks_per_domain`` contiguous pieces taken at
+    evenly spaced positions of the domain's train shards; pieces are concatenated in domain
+    order. Deterministic. Fewer tokens come back only when the whole train split is smaller.
+    """
+    sizes = {d: sum(s.num_tokens for s in dataset.streams(d, "train")) for d in dataset.domains}
+    shares: dict[str, int] = {}
+    left, pending = int(num_tokens), sorted(sizes, key=lambda d: (sizes[d], d))
+    while pending:
+        domain = pending.pop(0)
+        shares[domain] = min(sizes[domain], left // (len(pending) + 1))
+        left -= shares[domain]
+    pieces = []
+    for domain in dataset.domains:
+        shards, share = dataset.streams(domain, "train"), shares[domain]
+        if not share:
+            continue
+        chunks, gap = max(1, min(chunks_per_domain, share)), sizes[domain] - share
+        for i in range(chunks):
+            # Chunk i starts after i chunks' tokens and i gaps: about at i / chunks of the split.
+            taken = i * share // chunks
+            length = (i + 1) * share // chunks - taken
+            pieces.append(_read_range(shards, taken + i * gap // chunks, length))
+    return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+
+
+def _read_range(shards: Sequence, start: int, length: int) -> np.ndarray:
+    """Tokens ``[start, start + length)`` of shards read as one stream."""
+    out, offset = [], 0
+    for shard in shards:
+        lo, hi = max(start - offset, 0), min(start + length - offset, shard.num_tokens)
+        if lo < hi:
+            out.append(np.asarray(shard.tokens[lo:hi]))
+        offset += shard.num_tokens
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def rows_histogram(offsets: npt.ArrayLike, max_rows: int) -> np.ndarray:
+    """``hist[r]`` = how many tokens own ``r`` rows, for ``r`` in ``0..max_rows``."""
+    return np.bincount(np.diff(np.asarray(offsets)), minlength=max_rows + 1)
+
+
+def _token_label(tokenizer, token: int) -> str:
+    if token >= tokenizer.vocab_size:
+        return f"<unused {token}>"
+    for name in ("bos_id", "eos_id", "pad_id"):
+        if getattr(tokenizer, name, None) == token:
+            return f"<{name[:-3]}>"
+    text = tokenizer.decode(np.asarray([token]))
+    if not text or "\ufffd" in text:
+        return f"<0x{token:02X}>" if token < 256 and tokenizer.name == "byte" else f"<id {token}>"
+    return repr(text)
+
+
+def summary_lines(offsets: np.ndarray, max_rows: int, tokenizer, top: int = 10,
+                  token_counts: np.ndarray | None = None) -> list[str]:
+    """The CLI's summary: the rows histogram and the ``top`` tokens by rows, decoded (ties go to
+    the token more frequent in ``token_counts`` when given, then to the lower id)."""
+    hist = rows_histogram(offsets, max_rows)
+    bins = [f"{r}:{int(n)}" for r, n in enumerate(hist) if n and r]
+    lines = [f"rows per token (rows:tokens): min {int(np.diff(offsets).min())}, max "
+             f"{int(np.diff(offsets).max())}, {int(hist[max_rows])} tokens at the cap {max_rows}"]
+    lines += ["  " + " ".join(bins[i:i + 12]) for i in range(0, len(bins), 12)]
+    rows = np.diff(offsets)
+    counts = np.zeros_like(rows) if token_counts is None else np.asarray(token_counts)
+    order = np.lexsort((np.arange(rows.size), -counts, -rows))[:top]
+    lines.append(f"top {len(order)} tokens by rows: " + ", ".join(
+        f"{_token_label(tokenizer, int(t))} ({int(t)}): {int(rows[t])}" for t in order))
+    return lines
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"moejax: error: {message}\n")
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(
+        prog="python -m moejax.data.l3_alloc",
+        description="Compute the rows per token of a Large Lookup Layer (L3) from a sample of a "
+                    "dataset's training split, and save them beside the tokenizer.",
+    )
+    parser.add_argument("--budget", type=int, required=True, metavar="V_ROWS",
+                        help="total rows of the key/value tables (>= vocabulary size)")
+    parser.add_argument("--max-rows", type=int, required=True, metavar="K",
+                        help="the most rows one token may own (k >= 1)")
+    parser.add_argument("--method", choices=METHODS, default="lzw",
+                        help="lzw (the L3 paper's allocation) or uniform (the ablation)")
+    parser.add_argument("--data-path", default="",
+                        help="a prepared dataset directory; '' (default): the built-in corpus")
+    parser.add_argument("--sample-tokens", type=int, default=DEFAULT_SAMPLE_TOKENS, metavar="N",
+                        help="tokens sampled from the training split (default 1,000,000)")
+    parser.add_argument("--vocab-size", type=int, default=None, metavar="V",
+                        help="the model's vocabulary (default: the tokenizer's; must be >= it)")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="output JSON (default: l3_allocation_<method>_v<budget>_k<k>.json in "
+                             "the dataset directory, or the built-in corpus cache directory)")
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except DataError as e:
+        sys.stderr.write(f"moejax: error: {e}\n")
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from moejax.data.dataset import describe_dataset, open_dataset
+
+    if args.max_rows < 1:
+        raise DataError(f"--max-rows {args.max_rows}: the most rows one token may own must be >= 1.")
+    if args.sample_tokens < 1 and args.method == "lzw":
+        raise DataError(f"--sample-tokens {args.sample_tokens}: sample at least 1 token, e.g. "
+                        f"--sample-tokens {DEFAULT_SAMPLE_TOKENS}.")
+    info = describe_dataset(args.data_path)
+    tokenizer = info.tokenizer
+    vocab_size = tokenizer.vocab_size if args.vocab_size is None else args.vocab_size
+    if vocab_size < tokenizer.vocab_size:
+        raise DataError(
+            f"--vocab-size {vocab_size} is smaller than the vocabulary of {info.description}'s "
+            f"tokenizer {tokenizer.name!r} ({tokenizer.vocab_size} tokens). Use --vocab-size >= "
+            f"{tokenizer.vocab_size} (the model's vocabulary), or leave it out."
+        )
+    check_budget(vocab_size, args.budget, args.max_rows)
+    out = Path(args.out) if args.out else default_out_path(args.data_path, args.method, args.budget,
+                                                           args.max_rows)
+    start = time.perf_counter()
+    sample_tokens = 0
+    if args.method == "lzw":
+        tokens = sample_train_tokens(open_dataset(args.data_path), args.sample_tokens)
+        if not tokens.size:
+            raise DataError(f"{info.description} has no training tokens to sample; prepare it "
+                            "with more documents, or use --method uniform.")
+        sample_tokens = int(tokens.size)
+        sampled = time.perf_counter()
+        offsets = lzw_allocation(tokens, vocab_size, args.budget, args.max_rows)
+        timing = (f"sampled {sample_tokens:,} train tokens in {sampled - start:.1f} s, "
+                  f"LZW allocation in {time.perf_counter() - sampled:.1f} s")
+    else:
+        offsets = uniform_allocation(vocab_size, args.budget, args.max_rows)
+        timing = "uniform allocation (no sample)"
+    sha256 = save_allocation(out, offsets, method=args.method, max_rows=args.max_rows,
+                             tokenizer=tokenizer.name, sample_tokens=sample_tokens)
+    print(f"{args.method} allocation of {args.budget:,} rows over {vocab_size:,} tokens (k="
+          f"{args.max_rows}) for {info.description}, tokenizer {tokenizer.name}: {timing}")
+    counts = np.bincount(tokens, minlength=vocab_size) if args.method == "lzw" else None
+    for line in summary_lines(offsets, args.max_rows, tokenizer, token_counts=counts):
+        print(line)
+    print(f"wrote {out} (sha256 {sha256[:16]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
