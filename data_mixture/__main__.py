@@ -1,0 +1,326 @@
+"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,optimize,plan} ...``.
+
+Every subcommand has ``--help`` with an example; docs/data_mixture.md ("CLI") walks through the
+whole pipeline. Bad input (a runs table off the simplex, a query with unknown domains,
+infeasible constraints, ...) ends with a one-paragraph message naming the rows/columns/flags at
+fault and exit code 2, before any fitting; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+PROG = "python -m data_mixture"
+
+EXAMPLES = {
+    "collect": f"{PROG} collect runs/mixture_ladder --out runs.csv\n"
+               f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'",
+    "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0",
+    "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
+    "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
+                "--out-dir results/eval",
+    "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
+                "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
+                "./launch.sh experiments/tiny_moe.py --config.data.mixture_file=mixture.json",
+    "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json",
+}
+
+
+class UsageError(ValueError):
+    """A bad flag value found by the CLI itself."""
+
+
+def _parse_weights(items: list[str] | None, flag: str) -> dict[str, float]:
+    """``['code=0.1', 'math=0.4']`` or ``['code=0.1,math=0.4']`` -> dict; errors name the flag."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            name, sep, value = part.partition("=")
+            try:
+                if not sep or not name:
+                    raise ValueError
+                out[name.strip()] = float(value)
+            except ValueError:
+                raise UsageError(f"{flag} {part!r}: expected DOMAIN=NUMBER, e.g. {flag} code=0.1") from None
+    return out
+
+
+def _json_arg(text: str, flag: str):
+    """JSON text, or the path of a JSON file."""
+    try:
+        if text.strip()[:1] in "[{":
+            return json.loads(text)
+        return json.loads(Path(text).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{flag}: file {text!r} does not exist.") from None
+    except ValueError as e:
+        raise UsageError(f"{flag}: not valid JSON: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------- commands
+
+
+def cmd_collect(args) -> None:
+    import shlex
+
+    from data_mixture.collect import collect, write_columns
+    from data_mixture.table import read_runs
+
+    got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args))
+    for note in got.skipped:
+        print(f"collect: skipped {note}", file=sys.stderr)
+    if got.unevaluated:
+        listed = ", ".join(f"{w} step {s}" for w, s in got.unevaluated[:8])
+        more = f" and {len(got.unevaluated) - 8} more" if len(got.unevaluated) > 8 else ""
+        print(f"collect: {len(got.unevaluated)} checkpoint(s) have no evaluation and were left out: {listed}{more}. "
+              f"Evaluate them with `python -m moejax.eval --workdir W --all` or rerun collect with --evaluate.",
+              file=sys.stderr)
+    n_rows = len(got.columns.get("run", []))
+    if not n_rows:
+        raise UsageError(f"no evaluated checkpoint found in {', '.join(args.workdirs)}; evaluate the runs "
+                         "(python -m moejax.eval --workdir W --all) or pass --evaluate.")
+    write_columns(got.columns, args.out)
+    table = read_runs(args.out)  # the written table passes the same validation every reader applies
+    print(f"wrote {args.out}: {n_rows} rows, {len(set(table.run))} runs, mix domains {', '.join(table.mix_domains)}, "
+          f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
+
+
+def cmd_fit(args) -> None:
+    from data_mixture.fit import fit_table
+    from data_mixture.table import read_runs
+
+    table = read_runs(args.runs)
+    chance = _parse_weights(args.chance, "--chance") or None
+    fit = fit_table(table, args.law, size_column=args.size_column, bootstrap=args.bootstrap, seed=args.seed,
+                    starts=args.starts, chance=chance, progress=not args.no_progress)
+    fit.save(args.out)
+    print(f"wrote {args.out}: law {fit.law}, {len(fit.loss_domains)} validation domain(s), "
+          f"{len(fit.bootstrap)} bootstrap member(s), {len(fit.bench)} benchmark law(s)")
+
+
+def cmd_predict(args) -> None:
+    import numpy as np
+
+    from data_mixture.fit import Fit
+    from data_mixture.table import read_runs, write_runs
+
+    fit = Fit.load(args.fit)
+    query = read_runs(args.runs, query=True)
+    pred = fit.predict(query, interval=args.interval)
+    write_runs(query, args.out, extra={k: np.asarray(v) for k, v in pred.items()})
+    print(f"wrote {args.out}: {len(query)} rows, columns {', '.join(pred)}")
+
+
+def cmd_evaluate(args) -> None:
+    from data_mixture.evaluate import evaluate_laws, format_report
+    from data_mixture.table import read_runs
+
+    table = read_runs(args.runs)
+    laws = [x.strip() for x in args.laws.split(",") if x.strip()]
+    report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
+                           starts=args.starts, tokens=args.tokens)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "evaluation.json").write_text(json.dumps(report, indent=1))
+    text = format_report(report)
+    (out / "evaluation.md").write_text(text + "\n")
+    print(text)
+    if not args.no_plot:
+        from data_mixture.plots import plot_pred_vs_obs
+
+        png = plot_pred_vs_obs(report, out / "pred_vs_obs.png")
+        print(f"wrote {png}")
+    print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
+
+
+def cmd_optimize(args) -> None:
+    from data_mixture.fit import Fit
+    from data_mixture.optimize import Constraints, available_tokens, optimize_mixture
+
+    fit = Fit.load(args.fit)
+    available = None
+    if args.available or args.dataset is not None:
+        available = available_tokens(
+            explicit=_parse_weights(args.available, "--available") if args.available else None,
+            dataset=args.dataset, cache_dir=args.cache_dir,
+        )
+    constraints = Constraints(
+        min_weight=_parse_weights(args.min_weight, "--min-weight"),
+        max_weight=_parse_weights(args.max_weight, "--max-weight"),
+        available_tokens=available, max_epochs=args.max_epochs,
+    )
+    result = optimize_mixture(
+        fit, size=args.size, tokens=args.tokens, objective=args.objective,
+        loss_weights=_parse_weights(args.loss_weights, "--loss-weights") or None,
+        task_weights=_parse_weights(args.task_weights, "--task-weights") or None,
+        constraints=constraints, starts=args.starts, seed=args.seed, bootstrap=not args.no_bootstrap,
+        interval=args.interval,
+    )
+    result["fit_file"] = str(args.fit)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    w = ", ".join(f"{d} {v:.3f}" for d, v in result["weights"].items())
+    print(f"optimal mixture ({result['objective']['kind']} {result['objective']['value']:.4f}): {w}")
+    print(f"wrote {args.out}; train with: ./launch.sh experiments/tiny_moe.py --config.data.mixture_file={args.out}")
+
+
+def cmd_plan(args) -> None:
+    from data_mixture.plan import PlanSpec, make_plan
+
+    spec = PlanSpec(
+        budget_flops=args.budget_flops, target_size=args.target_size, target_tokens=args.target_tokens,
+        prior=args.prior, law=args.law, presets=_json_arg(args.presets, "--presets") if args.presets else None,
+        tokens_per_param=[float(x) for x in args.tokens_per_param.split(",")],
+        min_weight=_parse_weights(args.min_weight, "--min-weight"),
+        max_weight=_parse_weights(args.max_weight, "--max-weight"),
+        noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
+        config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
+        min_runs_per_size=args.min_runs_per_size,
+    )
+    plan = make_plan(spec, progress=not args.no_progress)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(plan, indent=1))
+    chosen = plan["chosen"]
+    print(f"plan: {len(plan['runs'])} runs at sizes {', '.join(chosen['sizes'])}, {plan['total_flops']:.3g} of "
+          f"{plan['budget_flops']:.3g} FLOPs; simulated extrapolation error {chosen['sim_error']:.4f} "
+          f"(best of {len(plan['candidates'])} allocations)")
+    print(f"wrote {args.out}")
+
+
+# ------------------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n" + "\n".join(textwrap.indent(v, "  ") for v in EXAMPLES.values()))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = add("collect", "moejax workdirs -> runs table CSV (one row per evaluated checkpoint).")
+    p.add_argument("workdirs", nargs="+", help="training workdirs, or a directory whose sub-directories are workdirs")
+    p.add_argument("--out", required=True, help="runs table CSV to write")
+    p.add_argument("--evaluate", action="store_true",
+                   help="evaluate checkpoints that have no eval/step_N.json first (python -m moejax.eval); "
+                        "default: leave them out and list them")
+    p.add_argument("--eval-args", default="", help="extra moejax.eval flags for --evaluate, e.g. '--max-items 32'")
+    p.set_defaults(func=cmd_collect)
+
+    p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws).")
+    p.add_argument("--runs", required=True, help="runs table CSV")
+    p.add_argument("--law", required=True, help="law name: mixing_law | additive | regmix | regmix_linear | camel")
+    p.add_argument("--out", required=True, help="fit JSON to write")
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples over runs (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--starts", type=int, default=64, help="random starts per fit")
+    p.add_argument("--chance", nargs="*", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_fit)
+
+    p = add("predict", "Predict per-domain losses (and benchmark scores) for a query table.")
+    p.add_argument("--fit", required=True, help="fit JSON written by `fit`")
+    p.add_argument("--runs", required=True, help="query CSV: runs-table columns without the losses; extra columns are kept")
+    p.add_argument("--out", required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
+    p.add_argument("--interval", type=float, default=0.9, help="bootstrap interval mass")
+    p.set_defaults(func=cmd_predict)
+
+    p = add("evaluate", "Leave-one-scale-out comparison of laws on one runs table.")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--laws", default="mixing_law,additive,regmix,camel")
+    p.add_argument("--holdout", default="largest",
+                   help="'largest' (default: fit below the largest size, predict it), 'size=N' (hold out the "
+                        "size closest to N), or 'runs=a,b,...'")
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--tokens", default="all", help="held-out rows to score: 'all' checkpoints or 'last' per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--starts", type=int, default=64)
+    p.add_argument("--out-dir", default="results/dm_evaluate", help="evaluation.json, evaluation.md, pred_vs_obs.png")
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = add("optimize", "Best mixture at a target (size, tokens) under weight bounds and a repetition cap.")
+    p.add_argument("--fit", required=True)
+    p.add_argument("--size", type=float, required=True, help="target model size, in the fit's size column")
+    p.add_argument("--tokens", type=float, required=True, help="target training tokens")
+    p.add_argument("--objective", choices=("loss", "bench"), default="loss",
+                   help="loss: minimise the weighted validation loss; bench: maximise weighted predicted accuracy")
+    p.add_argument("--loss-weights", nargs="*", help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
+    p.add_argument("--task-weights", nargs="*", help="benchmark-task weights (default: equal over the fit's tasks)")
+    p.add_argument("--min-weight", nargs="*", help="per-domain minimum share, e.g. code=0.1")
+    p.add_argument("--max-weight", nargs="*", help="per-domain maximum share, e.g. math=0.4")
+    p.add_argument("--available", nargs="*", help="available training tokens per domain, e.g. code=1e9 math=2e8")
+    p.add_argument("--dataset", default=None,
+                   help="read available tokens from a moejax dataset: a prepared dataset directory, or 'builtin'")
+    p.add_argument("--cache-dir", default="", help="built-in corpus cache (default: $MOEJAX_CACHE or ~/.cache/moejax)")
+    p.add_argument("--max-epochs", type=float, default=1.0,
+                   help="repetition cap: share x tokens <= available x max-epochs per domain")
+    p.add_argument("--starts", type=int, default=16, help="local-optimiser starts")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--interval", type=float, default=0.9)
+    p.add_argument("--no-bootstrap", action="store_true", help="skip re-optimising per bootstrap member")
+    p.add_argument("--out", required=True, help="mixture JSON (launch.sh --config.data.mixture_file=...)")
+    p.set_defaults(func=cmd_optimize)
+
+    p = add("plan", "Choose proxy runs (sizes, mixtures, tokens) under a FLOP budget (6 x N_active x tokens).")
+    p.add_argument("--budget-flops", type=float, required=True)
+    p.add_argument("--prior", default=None, help="fit JSON of a prior law fit to simulate from (default: a built-in prior)")
+    p.add_argument("--law", default=None, help="law to plan for (default: the prior's)")
+    p.add_argument("--target-size", type=float, required=True, help="target model size (the prior's size column)")
+    p.add_argument("--target-tokens", type=float, required=True)
+    p.add_argument("--presets", default=None,
+                   help="size presets, JSON text or file: {name: {overrides...}} (default: the ladder presets)")
+    p.add_argument("--tokens-per-param", default="20", help="candidate tokens/params ratios, comma-separated")
+    p.add_argument("--min-weight", nargs="*")
+    p.add_argument("--max-weight", nargs="*")
+    p.add_argument("--domains", default=None, help="training domains, comma-separated (default: the prior's)")
+    p.add_argument("--noise", type=float, default=0.01, help="relative noise of simulated losses")
+    p.add_argument("--simulations", type=int, default=3, help="simulated ladders per candidate allocation")
+    p.add_argument("--sim-starts", type=int, default=16, help="random starts per simulated fit")
+    p.add_argument("--min-runs-per-size", type=int, default=3)
+    p.add_argument("--config", default="experiments/tiny_moe.py", help="config file each planned run starts from")
+    p.add_argument("--batch", type=int, default=16, help="global batch size of the planned runs")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """The error types that mean bad input (messages written for the user), not a bug."""
+    kinds: list[type[BaseException]] = [UsageError, FileNotFoundError]
+    for module, names in (("data_mixture.table", ("TableError",)), ("data_mixture.collect", ("CollectError",)),
+                          ("data_mixture.optimize", ("OptimizeError",)), ("data_mixture.plan", ("PlanError",)),
+                          ("data_mixture.evaluate", ("EvaluateError",)), ("moejax.config", ("ConfigError",))):
+        try:
+            mod = __import__(module, fromlist=list(names))
+        except ImportError:
+            continue
+        kinds += [getattr(mod, n) for n in names if hasattr(mod, n)]
+    return tuple(kinds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    try:
+        args.func(args)
+    except _errors() as e:
+        msg = str(e) if not isinstance(e, FileNotFoundError) else f"file not found: {e.filename or e}"
+        sys.stderr.write(f"{PROG} {args.command}: error: {msg}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

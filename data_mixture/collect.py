@@ -1,0 +1,275 @@
+"""moejax workdirs -> runs table: one row per evaluated checkpoint.
+
+A workdir (what ``./launch.sh ... --workdir W`` writes) holds ``config.json`` (the run's full
+config), ``checkpoints/<step>/`` and, once evaluated with ``python -m moejax.eval``,
+``eval/step_<step>.json`` (docs/eval.md). Each ``eval/step_N.json`` with N > 0 becomes one row:
+
+=================  ==========================================================================
+``run``            the workdir's name (its path relative to the longest common parent when two
+                   workdirs share a name)
+``params_total``   ``moejax.model.transformer.param_counts`` of the saved model config (the
+``params_active``  numbers the training log prints: embeddings included, the tied output head
+                   once; active = shared + top-k routed experts per MoE layer)
+``tokens``         ``N x train.global_batch_size x train.seq_len``: the tokens of N optimizer
+                   steps (gradient accumulation splits the global batch, it does not add to it)
+``flops``          ``6 x params_active x tokens``, the budget measure ``plan`` uses (the finer
+                   count with attention is the training log's ``flops_per_token``)
+``mix:<domain>``   the training weights; for a ``data.schedule`` the token-weighted average of
+                   the stages over steps [0, N) (every step trains on the same number of
+                   tokens, so the average weights stage i by the steps it covered before N).
+                   Every domain of the dataset gets a column (0 when unused).
+``loss:<domain>``  ``losses.domains[<domain>].loss`` of the eval JSON: nats per token on the
+                   run's held-out batches
+``bench:<task>``   ``accuracy`` for multiple-choice tasks, ``exact_match`` for exact-match tasks
+                   (empty when the task was not scored)
+``step``           extra columns carried through: the checkpoint step and the workdir path
+``workdir``
+=================  ==========================================================================
+
+A checkpoint without an evaluation is **reported, not guessed**: by default it is left out and
+named in :attr:`Collected.unevaluated` (the CLI prints it with the command that evaluates it);
+with ``evaluate=True`` collect first runs ``python -m moejax.eval --workdir W --step N`` for each
+such checkpoint (a subprocess, so JAX owns the devices only there). A directory without
+``config.json`` whose sub-directories are workdirs is expanded one level (a ladder's root).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_STEP_JSON = re.compile(r"^step_(\d+)\.json$")
+
+
+class CollectError(ValueError):
+    """A workdir that cannot be read into the table; names the workdir, the file and the fix."""
+
+
+@dataclasses.dataclass
+class Collected:
+    """Rows (column -> values, CSV order) plus what was left out and why."""
+
+    columns: dict[str, list[Any]]
+    unevaluated: list[tuple[str, int]]  # (workdir, step) checkpoints with no eval/step_N.json
+    skipped: list[str]  # human-readable notes (e.g. step-0 evaluations)
+
+
+def expand_workdirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Workdirs as given; a directory without config.json whose children have one is expanded."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise CollectError(f"workdir {str(p)!r} does not exist or is not a directory.")
+        if (p / "config.json").is_file():
+            out.append(p)
+            continue
+        children = sorted(c for c in p.iterdir() if c.is_dir() and (c / "config.json").is_file())
+        if not children:
+            raise CollectError(
+                f"{str(p)!r} is not a moejax workdir (no config.json) and has no sub-directory that is one. "
+                "Pass the --workdir of a training run (it holds config.json, checkpoints/ and eval/)."
+            )
+        out.extend(children)
+    return out
+
+
+def _checkpoint_steps(workdir: Path) -> list[int]:
+    ckpt = workdir / "checkpoints"
+    if not ckpt.is_dir():
+        return []
+    return sorted(int(c.name) for c in ckpt.iterdir() if c.is_dir() and c.name.isdigit())
+
+
+def _eval_steps(workdir: Path) -> dict[int, Path]:
+    ev = workdir / "eval"
+    if not ev.is_dir():
+        return {}
+    return {int(m.group(1)): ev / f.name for f in ev.iterdir() if (m := _STEP_JSON.match(f.name))}
+
+
+def stage_average(stages: Sequence[tuple[int, dict[str, float]]], step: int) -> dict[str, float]:
+    """Token-weighted average of schedule stages over steps [0, step) (weights already normalised)."""
+    total: dict[str, float] = {}
+    for i, (start, weights) in enumerate(stages):
+        end = stages[i + 1][0] if i + 1 < len(stages) else step
+        covered = max(0, min(end, step) - start)
+        for d, w in weights.items():
+            total[d] = total.get(d, 0.0) + covered * w
+    norm = sum(total.values())
+    if norm <= 0:  # step 0: the first stage's weights
+        return dict(stages[0][1])
+    return {d: w / norm for d, w in total.items()}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CollectError(f"cannot read {path}: {e}") from None
+
+
+def _run_config(workdir: Path):
+    import ml_collections
+
+    cfg = _read_json(workdir / "config.json")
+    for key in ("train", "model", "data"):
+        if key not in cfg:
+            raise CollectError(f"{workdir / 'config.json'} has no {key!r} group; is it a moejax run config?")
+    return ml_collections.ConfigDict(cfg)
+
+
+def _schedule(cfg, domains: Sequence[str], workdir: Path) -> list[tuple[int, dict[str, float]]]:
+    """The run's stages with normalised weights, through moejax's own reader (same rules as training)."""
+    import warnings
+
+    from moejax.data.errors import DataError
+    from moejax.data.mixture import MixtureWarning, schedule_from_config
+
+    data = cfg.data
+    if data.mixture_file and not Path(data.mixture_file).is_absolute() and not Path(data.mixture_file).exists():
+        raise CollectError(
+            f"{workdir}: the run's data.mixture_file {data.mixture_file!r} is not readable from here; "
+            "run collect from the directory the run was launched from (paths in config.json are relative to it)."
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MixtureWarning)
+            schedule = schedule_from_config(data, list(domains), "the run's dataset")
+    except DataError as e:
+        raise CollectError(f"{workdir}: cannot read the run's mixture: {e}") from None
+    return [(s.start_step, dict(s.weights)) for s in schedule]
+
+
+def evaluate_checkpoints(missing: Sequence[tuple[str, int]], eval_args: Sequence[str] = ()) -> None:
+    """Runs ``python -m moejax.eval --workdir W --step N`` for each (W, N); stops at the first failure."""
+    for workdir, step in missing:
+        cmd = [sys.executable, "-m", "moejax.eval", "--workdir", workdir, "--step", str(step), "--no-progress",
+               *eval_args]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise CollectError(f"evaluating {workdir} step {step} failed ({' '.join(cmd)}): {' '.join(tail)}")
+
+
+def _run_names(workdirs: Sequence[Path]) -> list[str]:
+    names = [w.name for w in workdirs]
+    if len(set(names)) == len(names):
+        return names
+    resolved = [w.resolve() for w in workdirs]
+    common = Path(os.path.commonpath([str(r) for r in resolved]))
+    return [str(r.relative_to(common)) or r.name for r in resolved]
+
+
+def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
+            eval_args: Sequence[str] = ()) -> Collected:
+    """Reads moejax workdirs into runs-table columns (see the module docstring)."""
+    from moejax.model.transformer import param_counts
+
+    dirs = expand_workdirs(workdirs)
+    if evaluate:
+        missing = [(str(w), s) for w in dirs for s in _checkpoint_steps(w) if s > 0 and s not in _eval_steps(w)]
+        evaluate_checkpoints(missing, eval_args)
+    rows: list[dict[str, Any]] = []
+    unevaluated: list[tuple[str, int]] = []
+    skipped: list[str] = []
+    mix_domains: list[str] = []
+    loss_domains: list[str] = []
+    tasks: list[str] = []
+    for name, wd in zip(_run_names(dirs), dirs):
+        cfg = _run_config(wd)
+        evals = _eval_steps(wd)
+        unevaluated += [(str(wd), s) for s in _checkpoint_steps(wd) if s > 0 and s not in evals]
+        if not evals:
+            continue
+        counts = param_counts(cfg.model)
+        tokens_per_step = int(cfg.train.global_batch_size) * int(cfg.train.seq_len)
+        for step in sorted(evals):
+            if step == 0:
+                skipped.append(f"{wd}: eval/step_0.json (no training tokens yet)")
+                continue
+            result = _read_json(evals[step])
+            try:
+                domain_losses = result["losses"]["domains"]
+            except (KeyError, TypeError):
+                raise CollectError(f"{evals[step]} has no losses.domains; is it a moejax.eval step_N.json?") from None
+            dataset_domains = list(domain_losses)
+            stages = _schedule(cfg, dataset_domains, wd)
+            mix = stage_average(stages, step)
+            row: dict[str, Any] = {
+                "run": name,
+                "params_total": float(counts["total"]),
+                "params_active": float(counts["active"]),
+                "tokens": float(step * tokens_per_step),
+                "flops": 6.0 * counts["active"] * step * tokens_per_step,
+            }
+            for d in dataset_domains:
+                if d not in mix_domains:
+                    mix_domains.append(d)
+                if d not in loss_domains:
+                    loss_domains.append(d)
+                row["mix:" + d] = mix.get(d, 0.0)
+                row["loss:" + d] = float(domain_losses[d]["loss"])
+            for task, res in (result.get("benchmarks") or {}).items():
+                if task not in tasks:
+                    tasks.append(task)
+                value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
+                row["bench:" + task] = "" if value is None else float(value)
+            row["step"] = step
+            row["workdir"] = str(wd)
+            rows.append(row)
+    columns: dict[str, list[Any]] = {}
+    order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
+             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + ["step", "workdir"])
+    for col in order:
+        if col.startswith("mix:"):
+            columns[col] = [r.get(col, 0.0) for r in rows]  # a domain the run's dataset lacks: weight 0
+        else:
+            columns[col] = [r.get(col, "") for r in rows]
+    missing_loss = [(r["run"], c) for r in rows for c in order if c.startswith("loss:") and c not in r]
+    if missing_loss:
+        run, col = missing_loss[0]
+        raise CollectError(
+            f"run {run!r} has no {col!r} while other runs do: the workdirs were evaluated on different "
+            "validation domains (different datasets). Collect them into separate tables."
+        )
+    return Collected(columns=columns, unevaluated=unevaluated, skipped=skipped)
+
+
+def write_columns(columns: dict[str, list[Any]], path: str | os.PathLike) -> None:
+    """Writes collected columns as CSV (floats with repr, so they round-trip)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(columns)
+    n = len(next(iter(columns.values()))) if columns else 0
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        for i in range(n):
+            w.writerow([repr(v) if isinstance(v, float) else str(v) for v in (columns[c][i] for c in names)])
+
+
+def realised_mixture(workdir: str | os.PathLike, step: int) -> dict[str, float] | None:
+    """The share of tokens each domain actually got up to ``step`` (``tokens/<domain>`` of metrics.jsonl),
+    or None when no metrics line is logged at that step; a check on :func:`stage_average`."""
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    found = None
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("step") == step and any(k.startswith("tokens/") for k in rec):
+            found = {k[len("tokens/"):]: float(v) for k, v in rec.items() if k.startswith("tokens/")}
+    if not found:
+        return None
+    total = float(np.sum(list(found.values())))
+    return {d: v / total for d, v in found.items()}

@@ -1,0 +1,151 @@
+"""A small ladder of real moejax runs on the built-in corpus, for the data-mixture laws.
+
+4 model sizes x 5 training mixtures over the built-in domains (code, prose, math, knowledge), each
+trained for a short budget, evaluated at two checkpoints, and collected into one runs table
+(``data_mixture/results/ladder_runs.csv``, the format of docs/data_mixture.md). It is the
+moejax-produced table the leave-one-scale-out comparison of the laws is run on.
+
+    nice -n 10 .venv/bin/python -m experiments.mixture_ladder --workdir runs/mixture_ladder \
+        --out data_mixture/results/ladder_runs.csv
+
+Resumable: a run whose final checkpoint exists is not retrained, a checkpoint with an
+``eval/step_N.json`` is not re-evaluated (``moejax.eval --all`` reuses it), so rerunning the same
+command after an interruption continues where it stopped. Progress goes to stdout and to
+``WORKDIR/ladder.log``; each run's training and evaluation output to ``WORKDIR/<run>/*.log``.
+
+Choices, all sized for a 2-core CPU shared with other jobs (the whole ladder in about an hour):
+
+- sizes (``SIZES``): 0.19M, 0.55M, 1.4M (the tiny default) and 3.1M active parameters, by width,
+  depth and expert width, all MoE with 8 experts top-2 plus a shared expert as the default;
+- mixtures (``design_mixtures``): uniform plus 4 points chosen greedily for the largest minimum
+  distance (maximin) from 20,000 Dirichlet(1) draws inside per-domain bounds [0.05, 0.55] -- a
+  space-filling design on the simplex, deterministic from the seed;
+- budget: ``--steps`` (140) steps of 16 x 128 tokens (2,048 tokens per step), checkpoints at half
+  and at the end, so every run gives two rows (two token counts) of the table;
+- evaluation: ``moejax.eval --all --max-items 32 --loss-batches 4`` (held-out losses on 4 x 16 x
+  128 = 8,192 tokens per domain; 32 items per benchmark task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DOMAINS = ("code", "prose", "math", "knowledge")
+
+# name -> model overrides (everything else: the tiny default of moejax/config.py).
+SIZES: dict[str, dict[str, int]] = {
+    "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
+           "model.mlp_dim": 256, "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
+    "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, "model.num_kv_heads": 1,
+           "model.mlp_dim": 384, "model.moe.expert_dim": 192, "model.moe.shared_expert_dim": 192},
+    "s3": {},  # the tiny default: d_model 128, 4 layers, expert_dim 256
+    "s4": {"model.d_model": 192, "model.num_layers": 4, "model.num_heads": 6, "model.num_kv_heads": 2,
+           "model.mlp_dim": 768, "model.moe.expert_dim": 384, "model.moe.shared_expert_dim": 384},
+}
+
+
+def design_mixtures(count: int, *, low: float = 0.05, high: float = 0.55, seed: int = 0,
+                    candidates: int = 20_000) -> list[dict[str, float]]:
+    """Uniform first, then greedy maximin picks among Dirichlet(1) draws inside [low, high]."""
+    rng = np.random.default_rng(seed)
+    pool_cm = rng.dirichlet(np.ones(len(DOMAINS)), size=candidates)
+    pool_cm = pool_cm[np.all((pool_cm >= low) & (pool_cm <= high), axis=1)]
+    chosen_km = [np.full(len(DOMAINS), 1.0 / len(DOMAINS))]
+    while len(chosen_km) < count:
+        dist_ck = np.linalg.norm(pool_cm[:, None, :] - np.asarray(chosen_km)[None], axis=-1)
+        chosen_km.append(pool_cm[np.argmax(dist_ck.min(axis=1))])
+    out = []
+    for w_m in chosen_km:
+        w_m = np.round(w_m, 3)
+        w_m[-1] = round(1.0 - float(w_m[:-1].sum()), 3)  # rounded weights that sum to 1 exactly
+        out.append({d: float(w) for d, w in zip(DOMAINS, w_m)})
+    return out
+
+
+def log(path: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S', time.gmtime())} {message}"
+    print(line, flush=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def run_logged(cmd: list[str], log_path: Path) -> None:
+    with open(log_path, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise RuntimeError(f"command failed with exit code {proc.returncode} (see {log_path}): {' '.join(cmd)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default="runs/mixture_ladder")
+    parser.add_argument("--out", default="data_mixture/results/ladder_runs.csv")
+    parser.add_argument("--steps", type=int, default=140)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--mixtures", type=int, default=5)
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated subset of " + ",".join(SIZES))
+    parser.add_argument("--max-items", type=int, default=32)
+    parser.add_argument("--loss-batches", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    root = Path(args.workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    ladder_log = root / "ladder.log"
+    py = sys.executable
+    mixtures = design_mixtures(args.mixtures, seed=args.seed)
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"--sizes names {unknown}; known sizes: {', '.join(SIZES)}")
+    (root / "design.json").write_text(json.dumps({"sizes": {s: SIZES[s] for s in sizes}, "mixtures": mixtures,
+                                                  "args": vars(args)}, indent=1))
+    half = args.steps // 2
+    workdirs = []
+    t_start = time.time()
+    for size in sizes:
+        for k, mixture in enumerate(mixtures):
+            name = f"{size}_m{k}"
+            wd = root / name
+            workdirs.append(str(wd))
+            final_ckpt = wd / "checkpoints" / str(args.steps)
+            t0 = time.time()
+            if not final_ckpt.exists():
+                overrides = {
+                    "train.steps": args.steps, "train.global_batch_size": args.batch,
+                    "train.seq_len": args.seq_len, "train.eval_every": half, "train.log_every": 10,
+                    "checkpoint.every_steps": half, "checkpoint.max_to_keep": 4,
+                    "optim.warmup_steps": max(1, args.steps // 10), "train.seed": args.seed, **SIZES[size],
+                }
+                cmd = [py, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", str(wd),
+                       f"--config.data.mixture={json.dumps(mixture)}"]
+                cmd += [f"--config.{key}={value}" for key, value in overrides.items()]
+                log(ladder_log, f"train {name} {mixture}")
+                run_logged(cmd, wd.parent / f"{name}.train.log")
+            t1 = time.time()
+            evals = [wd / "eval" / f"step_{s}.json" for s in (half, args.steps)]
+            if not all(p.exists() for p in evals):
+                log(ladder_log, f"eval {name}")
+                run_logged([py, "-m", "moejax.eval", "--workdir", str(wd), "--all", "--no-progress",
+                            "--max-items", str(args.max_items), "--loss-batches", str(args.loss_batches)],
+                           wd.parent / f"{name}.eval.log")
+            t2 = time.time()
+            log(ladder_log, f"done {name}: train {t1 - t0:.0f}s eval {t2 - t1:.0f}s, total {t2 - t_start:.0f}s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_logged([py, "-m", "data_mixture", "collect", *workdirs, "--out", str(out)], root / "collect.log")
+    log(ladder_log, f"wrote {out} ({time.time() - t_start:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
