@@ -1,0 +1,335 @@
+"""The best training mixture at a target (size, tokens), under constraints, from a fitted law.
+
+Objective (``objective=``):
+
+- ``"loss"``: minimise ``sum_v a_v L_v(N, D, w)``, the predicted validation losses weighted by
+  ``loss_weights`` (default: equal weights over the fit's validation domains, normalised to 1);
+- ``"bench"``: maximise ``sum_t b_t acc_t(L(N, D, w))``, the predicted benchmark accuracies of
+  the fit's loss-to-benchmark laws weighted by ``task_weights`` (default: equal, normalised).
+
+Feasible set: the simplex ``sum_m w_m = 1`` intersected with the box ``lo_m <= w_m <= hi_m``,
+where ``lo_m`` is the domain's minimum weight (default 0) and
+``hi_m = min(max_weight_m, available_tokens_m x max_epochs / D)`` (default 1): the **repetition
+cap** says a domain may be repeated at most ``max_epochs`` times, so its share of the D target
+tokens is at most its available tokens times ``max_epochs`` over D. All constraints are linear,
+so infeasibility is decided exactly before any optimisation (:func:`feasible_bounds`): a
+domain whose minimum exceeds its cap, minimums summing to more than 1, or caps summing to less
+than 1, each with an error naming the domains and the numbers.
+
+Search (``optimize``), the same for every law so that a non-smooth regressor (RegMix's LightGBM)
+is handled too:
+
+1. 4,096 feasible candidates (Dirichlet(1) draws, the centre, and the box vertices' neighbours,
+   each projected exactly onto the feasible set) evaluated in one batched prediction;
+2. the ``starts`` best are refined with scipy SLSQP (bounds + the equality constraint), with
+   gradients from batched forward differences (one prediction of M + 1 rows per gradient: laws
+   are arbitrary callables, LightGBM has no gradient);
+3. every refined point is projected back onto the feasible set (Euclidean projection by
+   bisection, residual put on a coordinate strictly inside its bounds), re-evaluated, and the best
+   of candidates and refined points wins. The returned weights satisfy every bound exactly and
+   sum to 1 within 1e-12 (checked; an internal error otherwise).
+
+Uncertainty: the point fit gives the optimum; with a bootstrapped fit, the optimisation is
+repeated for every bootstrap member (fewer candidates and starts), which gives the spread of the
+optimal weights themselves; predicted losses/accuracies at the optimum get intervals from the
+members' predictions at it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from scipy.optimize import minimize
+
+FD_STEP = 1e-5
+CANDIDATES = 4096
+BOOT_CANDIDATES = 512
+BOOT_STARTS = 2
+
+
+class OptimizeError(ValueError):
+    """Infeasible or malformed constraints/objective; names the domain, flag and numbers."""
+
+
+@dataclasses.dataclass
+class Constraints:
+    """Per-domain bounds and the repetition cap (see the module docstring)."""
+
+    min_weight: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    max_weight: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    available_tokens: Mapping[str, float] | None = None  # domains not listed are not capped
+    max_epochs: float = 1.0
+
+
+def available_tokens(*, explicit: Mapping[str, float] | None = None, dataset: str | None = None,
+                     cache_dir: str = "") -> dict[str, float]:
+    """Training tokens per domain: explicit values, a prepared dataset's ``dataset.json``
+    (``train_tokens`` per domain) or the built-in corpus manifest (``dataset='builtin'``, built on
+    first use); explicit values override the dataset's."""
+    out: dict[str, float] = {}
+    if dataset is not None:
+        if dataset in ("builtin", ""):
+            from moejax.data.corpus import load_tokenized_corpus
+
+            manifest = load_tokenized_corpus(0, cache_dir or None).manifest
+            out = {d: float(v["train"]["tokens"]) for d, v in manifest["domains"].items()}
+        else:
+            path = Path(dataset) / "dataset.json"
+            if not path.is_file():
+                raise OptimizeError(f"--dataset {dataset!r}: no dataset.json there; give a directory written by "
+                                    "python -m moejax.data.prepare, or 'builtin' for the built-in corpus.")
+            meta = json.loads(path.read_text())
+            out = {d: float(v["train_tokens"]) for d, v in meta.get("domains", {}).items()}
+    for d, v in (explicit or {}).items():
+        if not (math.isfinite(v) and v > 0):
+            raise OptimizeError(f"available tokens for {d!r} is {v!r}; allowed: a finite number > 0.")
+        out[d] = float(v)
+    return out
+
+
+def feasible_bounds(domains: Sequence[str], constraints: Constraints, tokens: float) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(lo_m, hi_m, notes) for the feasible box; raises OptimizeError naming what is infeasible."""
+    c = constraints
+    known = set(domains)
+    for flag, mapping in (("--min-weight", c.min_weight), ("--max-weight", c.max_weight),
+                          ("--available", c.available_tokens or {})):
+        unknown = sorted(set(mapping) - known)
+        if unknown and flag != "--available":
+            raise OptimizeError(f"{flag} names domain(s) {', '.join(unknown)} that the fit does not train on; "
+                                f"its training domains: {', '.join(domains)}.")
+    if not (math.isfinite(c.max_epochs) and c.max_epochs > 0):
+        raise OptimizeError(f"--max-epochs is {c.max_epochs!r}; allowed: a number > 0.")
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise OptimizeError(f"target tokens is {tokens!r}; allowed: a number > 0.")
+    lo = np.array([float(c.min_weight.get(d, 0.0)) for d in domains])
+    hi = np.array([float(c.max_weight.get(d, 1.0)) for d in domains])
+    for d, a, b in zip(domains, lo, hi):
+        if not 0.0 <= a <= 1.0:
+            raise OptimizeError(f"--min-weight {d}={a:g}: allowed: a share in [0, 1].")
+        if not 0.0 <= b <= 1.0:
+            raise OptimizeError(f"--max-weight {d}={b:g}: allowed: a share in [0, 1].")
+    cap = np.ones(len(domains))
+    caps: dict[str, float] = {}
+    if c.available_tokens is not None:
+        for j, d in enumerate(domains):
+            if d in c.available_tokens:
+                cap[j] = min(1.0, c.available_tokens[d] * c.max_epochs / tokens)
+                caps[d] = float(cap[j])
+    limit = np.minimum(hi, cap)
+    why = {d: ("repetition cap" if cap[j] < hi[j] else "max weight") for j, d in enumerate(domains)}
+    for j, d in enumerate(domains):
+        if lo[j] > limit[j] + 1e-12:
+            if cap[j] < hi[j]:
+                detail = (f"its repetition cap {cap[j]:.4g} = {c.available_tokens[d]:.4g} available tokens x "
+                          f"{c.max_epochs:g} epochs / {tokens:.4g} target tokens")
+            else:
+                detail = f"its max weight {hi[j]:g}"
+            raise OptimizeError(f"infeasible: domain {d!r} has min weight {lo[j]:g} above {detail}. Lower --min-weight "
+                                f"{d}, raise --max-weight/--max-epochs/available tokens, or lower --tokens.")
+    if lo.sum() > 1 + 1e-12:
+        listed = ", ".join(f"{d} {v:g}" for d, v in zip(domains, lo) if v > 0)
+        raise OptimizeError(f"infeasible: the min weights sum to {lo.sum():.4g} > 1 ({listed}); lower some --min-weight.")
+    if limit.sum() < 1 - 1e-12:
+        listed = ", ".join(f"{d} <= {v:.4g} ({why[d]})" for d, v in zip(domains, limit))
+        raise OptimizeError(f"infeasible: the largest shares allowed sum to {limit.sum():.4g} < 1 ({listed}); raise "
+                            "--max-weight or --max-epochs, add available tokens, or lower --tokens.")
+    notes = {"min_weight": dict(zip(domains, lo.tolist())), "max_weight": dict(zip(domains, limit.tolist())),
+             "repetition_cap": caps, "max_epochs": c.max_epochs, "binding_upper": why}
+    return lo, limit, notes
+
+
+def project(x_km: np.ndarray, lo_m: np.ndarray, hi_m: np.ndarray) -> np.ndarray:
+    """Euclidean projection of each row onto {lo <= w <= hi, sum w = 1} (assumed non-empty).
+
+    w = clip(x - tau, lo, hi) with tau found by bisection (the sum is monotone in tau); the last
+    rounding residual goes to a coordinate strictly inside its bounds, so bounds hold exactly.
+    """
+    x_km = np.atleast_2d(np.asarray(x_km, np.float64))
+    a = (x_km - hi_m).min(axis=1) - 1.0
+    b = (x_km - lo_m).max(axis=1) + 1.0
+    for _ in range(200):
+        mid = 0.5 * (a + b)
+        s = np.clip(x_km - mid[:, None], lo_m, hi_m).sum(axis=1)
+        big = s > 1.0
+        a = np.where(big, mid, a)
+        b = np.where(big, b, mid)
+    w = np.clip(x_km - (0.5 * (a + b))[:, None], lo_m, hi_m)
+    for k in range(w.shape[0]):
+        for _ in range(3):
+            r = 1.0 - w[k].sum()
+            if r == 0.0:
+                break
+            room = (hi_m - w[k]) if r > 0 else (w[k] - lo_m)
+            j = int(np.argmax(room))
+            w[k, j] = min(hi_m[j], max(lo_m[j], w[k, j] + r))
+    return w
+
+
+def check_feasible(w_m: np.ndarray, lo_m: np.ndarray, hi_m: np.ndarray, tol: float = 1e-12) -> None:
+    if not (np.all(w_m >= lo_m - tol) and np.all(w_m <= hi_m + tol) and abs(w_m.sum() - 1.0) <= 1e-9):
+        raise RuntimeError(f"internal error: optimum {w_m.tolist()} violates its bounds {lo_m.tolist()}..{hi_m.tolist()}")
+
+
+def _candidates(lo_m, hi_m, count: int, rng: np.random.Generator) -> np.ndarray:
+    m = lo_m.shape[0]
+    raw = [rng.dirichlet(np.ones(m), size=count), np.full((1, m), 1.0 / m), np.eye(m)]
+    return project(np.concatenate(raw), lo_m, hi_m)
+
+
+def _minimise(f: Callable[[np.ndarray], np.ndarray], lo_m, hi_m, *, candidates: int, starts: int,
+              rng: np.random.Generator) -> tuple[np.ndarray, float, dict]:
+    """Candidate search + SLSQP refinement + exact projection (see the module docstring)."""
+    cand = _candidates(lo_m, hi_m, candidates, rng)
+    vals = f(cand)
+    finite = np.isfinite(vals)
+    if not finite.any():
+        raise OptimizeError("the law predicts non-finite values everywhere on the feasible set; check the fit.")
+    vals = np.where(finite, vals, np.inf)
+    order = np.argsort(vals)[:max(1, starts)]
+    m = lo_m.shape[0]
+    eye = np.eye(m) * FD_STEP
+
+    def fun_grad(w):
+        rows = np.concatenate([w[None], w[None] + eye])
+        v = f(rows)
+        return float(v[0]), (v[1:] - v[0]) / FD_STEP
+
+    best_w, best_v = cand[order[0]], float(vals[order[0]])
+    iters = []
+    for k in order:
+        res = minimize(fun_grad, cand[k], jac=True, method="SLSQP", bounds=list(zip(lo_m, hi_m)),
+                       constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0, "jac": lambda w: np.ones(m)}],
+                       options={"maxiter": 200, "ftol": 1e-12})
+        iters.append(int(res.nit))
+        w = project(res.x, lo_m, hi_m)[0]
+        v = float(f(w[None])[0])
+        if np.isfinite(v) and v < best_v:
+            best_w, best_v = w, v
+    check_feasible(best_w, lo_m, hi_m)
+    return best_w, best_v, {"candidates": int(cand.shape[0]), "starts": int(len(order)), "slsqp_iterations": iters}
+
+
+def _objective(fit, size: float, tokens: float, kind: str, loss_weights, task_weights, member):
+    """f(W_km) -> (K,) to minimise, for the point fit (member None) or one bootstrap member."""
+    if kind == "loss":
+        a_v = loss_weights
+
+        def f(w_km):
+            n = w_km.shape[0]
+            loss = fit.predict_losses(np.full(n, size), np.full(n, tokens), w_km, member=member)
+            return np.asarray(loss) @ a_v
+    else:
+        b_t = task_weights
+
+        def f(w_km):
+            n = w_km.shape[0]
+            loss = fit.predict_losses(np.full(n, size), np.full(n, tokens), w_km, member=member)
+            return -(np.asarray(fit.predict_bench(np.asarray(loss), member=member)) @ b_t)
+    return f
+
+
+def _weights_vector(names: Sequence[str], given: Mapping[str, float] | None, flag: str, what: str) -> np.ndarray:
+    if not given:
+        return np.full(len(names), 1.0 / len(names))
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise OptimizeError(f"{flag} names {what} {', '.join(unknown)} that the fit does not have; it has: {', '.join(names)}.")
+    v = np.array([float(given.get(n, 0.0)) for n in names])
+    if np.any(v < 0) or not np.isfinite(v).all() or v.sum() <= 0:
+        raise OptimizeError(f"{flag} must be finite, >= 0 and not all zero; got {dict(given)}.")
+    return v / v.sum()
+
+
+def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss",
+                     loss_weights: Mapping[str, float] | None = None, task_weights: Mapping[str, float] | None = None,
+                     constraints: Constraints | None = None, starts: int = 16, seed: int = 0,
+                     bootstrap: bool = True, interval: float = 0.9) -> dict[str, Any]:
+    """The optimal mixture and what the law predicts at it, as the JSON ``optimize`` writes.
+
+    ``fit`` is a :class:`data_mixture.fit.Fit` (anything with ``mix_domains``, ``loss_domains``,
+    ``predict_losses``, ``predict_bench``, ``bench``, ``bootstrap``, ``law``, ``size_column``).
+    """
+    t0 = time.perf_counter()
+    constraints = constraints or Constraints()
+    domains = tuple(fit.mix_domains)
+    if objective not in ("loss", "bench"):
+        raise OptimizeError(f"objective {objective!r}; allowed: loss | bench.")
+    if not (math.isfinite(size) and size > 0):
+        raise OptimizeError(f"target size is {size!r}; allowed: a number > 0 (in the fit's {fit.size_column}).")
+    if not 0 < interval < 1:
+        raise OptimizeError(f"--interval {interval}; allowed: a mass in (0, 1), e.g. 0.9.")
+    tasks = tuple(getattr(fit, "bench", {}) or {})
+    a_v = _weights_vector(fit.loss_domains, loss_weights, "--loss-weights", "validation domain(s)")
+    if objective == "bench":
+        if not tasks:
+            raise OptimizeError("objective 'bench' needs benchmark laws in the fit, and this fit has none (its runs "
+                                "table had no bench:<task> columns); use --objective loss.")
+        b_t = _weights_vector(tasks, task_weights, "--task-weights", "task(s)")
+    else:
+        b_t = None
+    lo, hi, notes = feasible_bounds(domains, constraints, tokens)
+    rng = np.random.default_rng(seed)
+    f = _objective(fit, size, tokens, objective, a_v, b_t, None)
+    w_star, v_star, search = _minimise(f, lo, hi, candidates=CANDIDATES, starts=starts, rng=rng)
+
+    n_members = len(getattr(fit, "bootstrap", []) or [])
+    members_w, at_star_loss, at_star_bench = [], [], []
+    if bootstrap and n_members:
+        for b in range(n_members):
+            fb = _objective(fit, size, tokens, objective, a_v, b_t, b)
+            wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
+            members_w.append(wb)
+    size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
+    loss_point = np.asarray(fit.predict_losses(size_1, tokens_1, w_star[None]))[0]
+    bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
+    for b in range(n_members):
+        lb = np.asarray(fit.predict_losses(size_1, tokens_1, w_star[None], member=b))[0]
+        at_star_loss.append(lb)
+        if tasks:
+            at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
+    q = ((1 - interval) / 2, 1 - (1 - interval) / 2)
+
+    def summary(point, members):
+        out = {"pred": float(point)}
+        if len(members):
+            out["lo"], out["hi"] = (float(x) for x in np.quantile(members, q))
+        return out
+
+    predicted: dict[str, Any] = {}
+    for j, d in enumerate(fit.loss_domains):
+        predicted["loss:" + d] = summary(loss_point[j], np.array([m[j] for m in at_star_loss]))
+    for j, t in enumerate(tasks):
+        predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
+    value = float(v_star) if objective == "loss" else float(-v_star)
+    boot: dict[str, Any] = {"members": len(members_w)}
+    if members_w:
+        wb = np.stack(members_w)
+        boot["weights"] = {d: {"mean": float(wb[:, j].mean()), "std": float(wb[:, j].std()),
+                               "lo": float(np.quantile(wb[:, j], q[0])), "hi": float(np.quantile(wb[:, j], q[1]))}
+                           for j, d in enumerate(domains)}
+        boot["optima"] = [dict(zip(domains, w.tolist())) for w in wb]
+        boot["interval"] = interval
+    return {
+        "weights": dict(zip(domains, w_star.tolist())),
+        "law": fit.law,
+        "target": {"size": float(size), "size_column": fit.size_column, "tokens": float(tokens)},
+        "objective": {"kind": objective, "value": value,
+                      "loss_weights": dict(zip(fit.loss_domains, a_v.tolist())),
+                      "task_weights": dict(zip(tasks, b_t.tolist())) if b_t is not None else {}},
+        "constraints": notes,
+        "predicted": predicted,
+        "bootstrap": boot,
+        "search": {**search, "seed": seed, "seconds": time.perf_counter() - t0},
+    }
+
+
+def write_mixture(result: Mapping[str, Any], path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(result, indent=1))
