@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 from typing import Any
 
 import ml_collections
@@ -50,7 +51,11 @@ def default_config() -> ConfigDict:
     c.optim = ConfigDict()
     c.optim.lr = 3e-3  # peak learning rate
     c.optim.schedule = "cosine"  # cosine | wsd (warmup-stable-decay)
-    c.optim.warmup_steps = 40  # linear warmup from 0 to lr
+    # Linear warmup from 0 to lr over this many steps. It follows the run's length: a warmup longer
+    # than half of train.steps (e.g. --config.train.steps=20 with the default 40) is shortened to
+    # train.steps // 2, with a one-line note, so that a shortened run still decays; a warmup that
+    # fits is used as given (see effective_warmup_steps).
+    c.optim.warmup_steps = 40
     c.optim.min_lr_ratio = 0.1  # final lr as a fraction of lr
     c.optim.decay_fraction = 0.2  # wsd only: fraction of steps spent in the final linear decay
     c.optim.b1 = 0.9
@@ -265,6 +270,18 @@ def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]
     return sizes
 
 
+def effective_warmup_steps(warmup_steps: int, total_steps: int) -> int:
+    """The warmup the schedule uses: ``optim.warmup_steps``, at most half of ``train.steps``.
+
+    A warmup past half the run leaves the decay no room (past the whole run, the learning rate
+    never reaches its peak), so it is shortened rather than refused: a user who shortens a run
+    (``--config.train.steps=20``) expects it to work without retuning the warmup. Levanter takes a
+    warmup fraction for the same reason. A warmup of at most half the run is used as given (every
+    shipped experiment warms up over a tenth of its steps or less).
+    """
+    return min(warmup_steps, total_steps // 2)
+
+
 def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
     """Checks the whole config; returns the resolved mesh shape. Raises ConfigError."""
     _check_tree(cfg, default_config())
@@ -304,8 +321,10 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         _fail("model.moe.shared_gate", True, "False when there are no shared experts",
               "Set model.moe.num_shared_experts and model.moe.shared_expert_dim, or turn the gate off.")
     _check_groups(moe)
-    if cfg.optim.warmup_steps > t.steps:
-        _fail("optim.warmup_steps", cfg.optim.warmup_steps, f"at most train.steps={t.steps}")
+    warmup = effective_warmup_steps(cfg.optim.warmup_steps, t.steps)
+    if warmup != cfg.optim.warmup_steps:
+        print(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
+              f"train.steps={t.steps}; warming up over {warmup} steps instead.", file=sys.stderr)
 
     mixture = cfg.data.mixture
     if not hasattr(mixture, "items") or not mixture:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import default_config
+from moejax.config import ConfigError, default_config, effective_warmup_steps, validate
 from moejax.train.optim import decay_mask, lr_schedule, make_optimizer
 from tests.test_model import small_model_cfg
 from moejax.model.transformer import Transformer
@@ -54,3 +54,29 @@ def test_norm_scales_are_not_decayed_by_the_optimizer():
 
 def jax_zeros(tree):
     return {k: jnp.zeros_like(v) for k, v in tree.items()}
+
+
+def test_a_warmup_longer_than_half_the_run_is_shortened_with_a_note(capsys):
+    # ./launch.sh --config.train.steps=20: the default 40-step warmup becomes 10 steps, then decay.
+    cfg = default_config()
+    cfg.train.steps = 20
+    validate(cfg, 8)
+    assert capsys.readouterr().err == (
+        "moejax: note: optim.warmup_steps=40 is more than half of train.steps=20; warming up over 10 steps instead.\n")
+    s = lr_schedule(cfg.optim, 20)
+    lr = cfg.optim.lr
+    assert float(s(5)) == pytest.approx(lr / 2) and float(s(10)) == pytest.approx(lr)
+    assert float(s(20)) == pytest.approx(lr * cfg.optim.min_lr_ratio)
+    assert [effective_warmup_steps(w, 20) for w in (0, 9, 10, 11, 40)] == [0, 9, 10, 10, 10]
+    assert effective_warmup_steps(40, 1) == 0  # a 1-step run starts at the peak
+
+
+def test_a_warmup_that_fits_is_kept_and_a_negative_one_is_refused(capsys):
+    cfg = default_config()
+    cfg.train.steps, cfg.optim.warmup_steps = 20, 10
+    validate(cfg, 8)
+    assert capsys.readouterr().err == ""
+    assert float(lr_schedule(cfg.optim, 20)(5)) == pytest.approx(cfg.optim.lr / 2)
+    cfg.optim.warmup_steps = -1
+    with pytest.raises(ConfigError, match=r"'optim.warmup_steps' has value -1; allowed: "):
+        validate(cfg, 8)

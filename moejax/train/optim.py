@@ -6,13 +6,20 @@ import jax
 import optax
 from flax import nnx
 
+from moejax.config import effective_warmup_steps
+
 
 def lr_schedule(cfg_optim, total_steps: int) -> optax.Schedule:
-    """Linear warmup to ``lr``, then cosine decay (or stable, then a linear decay) to min_lr_ratio*lr."""
+    """Linear warmup to ``lr``, then cosine decay (or stable, then a linear decay) to min_lr_ratio*lr.
+
+    The warmup is ``optim.warmup_steps``, shortened to half the run when it is longer
+    (:func:`moejax.config.effective_warmup_steps`).
+    """
     o = cfg_optim
     peak, floor = o.lr, o.lr * o.min_lr_ratio
-    warmup = optax.linear_schedule(0.0, peak, o.warmup_steps)
-    rest = max(total_steps - o.warmup_steps, 1)
+    warmup_steps = effective_warmup_steps(o.warmup_steps, total_steps)
+    warmup = optax.linear_schedule(0.0, peak, warmup_steps)
+    rest = max(total_steps - warmup_steps, 1)
     if o.schedule == "cosine":
         after = optax.cosine_decay_schedule(peak, rest, alpha=o.min_lr_ratio)
     else:  # wsd
@@ -20,7 +27,7 @@ def lr_schedule(cfg_optim, total_steps: int) -> optax.Schedule:
         after = optax.join_schedules(
             [optax.constant_schedule(peak), optax.linear_schedule(peak, floor, decay)], [rest - decay]
         )
-    return optax.join_schedules([warmup, after], [o.warmup_steps])
+    return optax.join_schedules([warmup, after], [warmup_steps])
 
 
 def decay_mask(abstract_params: nnx.State) -> dict:
