@@ -1,0 +1,119 @@
+"""Plots for data_mixture (matplotlib, Agg backend: files only, no display needed)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _plt():
+    import sys
+
+    import matplotlib
+
+    if "MPLBACKEND" not in os.environ and "ipykernel" not in sys.modules:  # keep a notebook's inline backend
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_pred_vs_obs(report: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """One panel per law (from :func:`data_mixture.evaluate.evaluate_laws`): predicted vs observed
+    held-out loss, one colour per validation domain, the diagonal for reference."""
+    plt = _plt()
+    laws = [(n, e) for n, e in report["laws"].items() if "predictions" in e]
+    fig, axes = plt.subplots(1, max(1, len(laws)), figsize=(3.6 * max(1, len(laws)), 3.6), squeeze=False)
+    for ax, (name, e) in zip(axes[0], laws):
+        obs = np.asarray(e["predictions"]["observed"])
+        pred = np.asarray(e["predictions"]["predicted"])
+        for j, d in enumerate(report["loss_domains"]):
+            ax.scatter(obs[:, j], pred[:, j], s=14, label=d)
+        lo, hi = float(min(obs.min(), pred.min())), float(max(obs.max(), pred.max()))
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+        ax.set_title(f"{name}: MRE {e['mean']['mre']:.3f}", fontsize=9)
+        ax.set_xlabel("observed loss")
+    axes[0][0].set_ylabel("predicted loss")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"hold-out: {report['holdout']}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_loss_vs_share(table, domain: str, mix_domain: str, path: str | os.PathLike, *, size_column: str = "params_total",
+                       fit=None) -> Path:
+    """Observed loss of validation ``domain`` against the share of training ``mix_domain``, one colour
+    per model size (last checkpoint of each run); with a fit, its prediction along the line from
+    the uniform mixture to the pure domain at each size's largest token count."""
+    plt = _plt()
+    size = table.size(size_column)
+    j = table.mix_domains.index(mix_domain)
+    v = table.loss_domains.index(domain)
+    fig, ax = plt.subplots(figsize=(4.5, 3.4))
+    for k, s in enumerate(np.unique(size)):
+        sel = size == s
+        tmax = table.tokens[sel].max()
+        rows = sel & (table.tokens == tmax)
+        colour = f"C{k}"
+        ax.scatter(table.mix_rm[rows, j], table.loss_rv[rows, v], color=colour, s=18, label=f"N={s:.3g}")
+        if fit is not None:
+            m = len(table.mix_domains)
+            share = np.linspace(0.02, 0.9, 40)
+            mix = np.full((40, m), 0.0)
+            mix[:] = ((1 - share) / (m - 1))[:, None]
+            mix[:, j] = share
+            pred = fit.predict_losses(np.full(40, s), np.full(40, tmax), mix)[:, fit.loss_domains.index(domain)]
+            ax.plot(share, pred, color=colour, lw=1)
+    ax.set_xlabel(f"share of {mix_domain}")
+    ax.set_ylabel(f"loss:{domain}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_optimal_vs_size(sizes: Sequence[float], weights_sm: np.ndarray, domains: Sequence[str],
+                         path: str | os.PathLike, *, title: str = "") -> Path:
+    """Stacked shares of the optimal mixture against model size (log axis)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.8, 3.4))
+    ax.stackplot(np.asarray(sizes), np.asarray(weights_sm).T, labels=list(domains))
+    ax.set_xscale("log")
+    ax.set_xlabel("model size")
+    ax.set_ylabel("optimal share")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_bench_curves(loss_r: np.ndarray, acc_r: np.ndarray, curve_loss: np.ndarray, curve_acc: np.ndarray,
+                      task: str, path: str | os.PathLike) -> Path:
+    """Observed accuracy against the loss that feeds it, with the fitted sigmoid."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.2, 3.2))
+    ax.scatter(loss_r, acc_r, s=14, label="runs")
+    ax.plot(curve_loss, curve_acc, color="k", lw=1, label="fitted law")
+    ax.set_xlabel("loss feeding the task")
+    ax.set_ylabel(f"bench:{task}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
