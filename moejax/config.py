@@ -244,6 +244,146 @@ def _get(cfg: ConfigDict, path: str) -> Any:
     return cfg
 
 
+def get_path(cfg: ConfigDict, path: str) -> Any:
+    """The value at a dotted ``path``; ``KeyError`` if there is none."""
+    try:
+        return _get(cfg, path)
+    except (KeyError, AttributeError, TypeError):
+        raise KeyError(path) from None
+
+
+def describe_unknown_key(reference: ConfigDict, path: str) -> str:
+    """'' if ``path`` names a key of ``reference`` (the defaults), else what is wrong and the fix.
+
+    Checked at every depth, so a typo in a leaf (``train.step``) is named as precisely as one at
+    the top (``modle.num_layers``), with the corrected override. The user-keyed groups
+    (:data:`FREE_KEYS`) accept any key below them.
+    """
+    parts = path.split(".")
+    node: Any = reference
+    for depth, part in enumerate(parts):
+        prefix = ".".join(parts[:depth])
+        if prefix in FREE_KEYS:
+            return ""
+        if not isinstance(node, ConfigDict):
+            return (f"config key '{prefix}' is a single value ({_type_phrase(node)}), not a group: "
+                    f"there is no '{path}'. Set it directly, e.g. --config.{prefix}={_example(node)} (its default)")
+        if part not in node:
+            where = f"under '{prefix}'" if prefix else "at the top level"
+            near = difflib.get_close_matches(part, list(node.keys()), n=1)
+            fix = ""
+            if near:
+                fixed = ".".join(parts[:depth] + [near[0]] + parts[depth + 1:])
+                fix = f" Did you mean \"{near[0]}\" (--config.{fixed})?"
+            return (f"unknown config key '{path}': there is no '{part}' {where}.{fix} Keys {where}: "
+                    f"{', '.join(sorted(node.keys()))}")
+        node = node[part]
+    return ""
+
+
+def _type_phrase(default: Any) -> str:
+    if isinstance(default, ConfigDict):
+        return "a group of keys: " + ", ".join(sorted(default.keys()))
+    if isinstance(default, bool):
+        return "True or False"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, tuple):
+        return "a tuple, quoted for the shell"
+    return "a string"
+
+
+def _example(default: Any) -> str:
+    if isinstance(default, tuple):
+        return f"\"{default!r}\""
+    if isinstance(default, str):
+        return repr(default) if default else "''"
+    return repr(default)
+
+
+def describe_expected(path: str, default: Any) -> str:
+    """What a command-line value for ``path`` must look like, with an example (its default)."""
+    if path in FREE_KEYS:
+        return (f"config key '{path}' takes JSON text of an object domain -> weight, e.g. "
+                f"--config.{path}='{{\"code\": 0.5, \"math\": 0.5}}', or one --config.{path}.DOMAIN=WEIGHT "
+                "per domain.")
+    if isinstance(default, ConfigDict):
+        first = sorted(default.keys())[0]
+        return (f"config key '{path}' is a group of keys ({', '.join(sorted(default.keys()))}); set its "
+                f"members one by one, e.g. --config.{path}.{first}={_example(default[first])}")
+    return (f"config key '{path}' takes {_type_phrase(default)}; e.g. --config.{path}={_example(default)} "
+            "(its default).")
+
+
+def apply_mixture_overrides(cfg: ConfigDict, overrides: list[tuple[str | None, str]]) -> ConfigDict:
+    """``cfg`` with the command line's ``data.mixture`` overrides applied, in order; ``ConfigError``.
+
+    An override is ``(None, json_text)`` (``--config.data.mixture='{"a": 1}'``: the whole mixture)
+    or ``(domain, number_text)`` (``--config.data.mixture.a=0.5``: one weight). Per-domain weights
+    change the config's mixture, except that naming a domain the config's mixture lacks starts a
+    new mixture of exactly the domains named on the command line: the config's domains belong to
+    another dataset (typically the built-in default with a prepared ``data.path``), and mixing the
+    two sets could never be right. Domains are checked against the dataset at training start.
+    """
+    if not overrides:
+        return cfg
+    mixture = dict(cfg.data.mixture.items()) if hasattr(cfg.data.mixture, "items") else {}
+    named: dict[str, float] = {}
+    for domain, text in overrides:
+        if domain is None:
+            mixture, named = _mixture_from_text(text), {}
+            continue
+        if "." in domain or not domain:
+            raise ConfigError(f"config key 'data.mixture.{domain}': a domain name has no dots; give one "
+                              "weight per domain, e.g. --config.data.mixture.code=0.5.")
+        named[domain] = _weight_from_text(domain, text)
+    if named:
+        mixture = {**mixture, **named} if set(named) <= set(mixture) else named
+    with cfg.unlocked():
+        cfg.data.mixture = ConfigDict(mixture)
+    return cfg
+
+
+def _mixture_from_text(text: str) -> dict[str, float]:
+    import ast
+    import json
+
+    example = "--config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'"
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        try:  # Python's spelling, {'code': 0.5}, is accepted too
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise ConfigError(
+                f"config key 'data.mixture' has value {text!r}, which is not valid JSON ({e}); allowed: "
+                f"a JSON object domain -> weight, quoted for the shell, e.g. {example}; or one "
+                "--config.data.mixture.DOMAIN=WEIGHT per domain."
+            ) from None
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"config key 'data.mixture' has value {text!r}; allowed: a non-empty JSON object "
+                          f"domain -> weight, e.g. {example}.")
+    for domain, weight in value.items():
+        if (not isinstance(domain, str) or isinstance(weight, bool) or not isinstance(weight, (int, float))
+                or not math.isfinite(weight) or weight < 0):
+            raise ConfigError(f"config key 'data.mixture' has value {text!r}: the weight of {domain!r} is "
+                              f"{weight!r}; allowed: finite numbers >= 0, e.g. {example}.")
+    return {domain: float(weight) for domain, weight in value.items()}
+
+
+def _weight_from_text(domain: str, text: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not math.isfinite(weight) or weight < 0:
+        raise ConfigError(f"config key 'data.mixture.{domain}' has value {text!r}; allowed: a finite weight "
+                          f">= 0, e.g. --config.data.mixture.{domain}=0.5.")
+    return weight
+
+
 def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]:
     """Mesh axis sizes with the one -1 filled in, checked against the device count."""
     sizes = {axis: mesh_cfg[axis] for axis in MESH_AXES}
@@ -282,8 +422,12 @@ def effective_warmup_steps(warmup_steps: int, total_steps: int) -> int:
     return min(warmup_steps, total_steps // 2)
 
 
-def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
-    """Checks the whole config; returns the resolved mesh shape. Raises ConfigError."""
+def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = ()) -> dict[str, int]:
+    """Checks the whole config; returns the resolved mesh shape. Raises ConfigError.
+
+    ``changed``: the keys the command line set. When two keys conflict, the message is about the
+    one the user changed (and names the other), not about a default they never touched.
+    """
     _check_tree(cfg, default_config())
     t, m, moe = cfg.train, cfg.model, cfg.model.moe
     _positive(
@@ -307,14 +451,25 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
         if not 0.0 <= _get(cfg, path) <= 1.0:
             _fail(path, _get(cfg, path), "a number in [0, 1]")
     if m.num_heads % m.num_kv_heads:
-        _fail("model.num_kv_heads", m.num_kv_heads, f"a divisor of model.num_heads={m.num_heads}")
+        _fail_pair(
+            changed,
+            ("model.num_kv_heads", m.num_kv_heads, f"a divisor of model.num_heads={m.num_heads}"),
+            ("model.num_heads", m.num_heads, f"a multiple of model.num_kv_heads={m.num_kv_heads}"),
+            "Each key/value head serves num_heads / num_kv_heads query heads.",
+        )
     if moe.experts_per_token > moe.num_experts:
-        _fail(
-            "model.moe.experts_per_token", moe.experts_per_token,
-            f"at most model.moe.num_experts={moe.num_experts}",
+        _fail_pair(
+            changed,
+            ("model.moe.experts_per_token", moe.experts_per_token, f"at most model.moe.num_experts={moe.num_experts}"),
+            ("model.moe.num_experts", moe.num_experts,
+             f"at least model.moe.experts_per_token={moe.experts_per_token}"),
         )
     if m.first_k_dense > m.num_layers:
-        _fail("model.first_k_dense", m.first_k_dense, f"at most model.num_layers={m.num_layers}")
+        _fail_pair(
+            changed,
+            ("model.first_k_dense", m.first_k_dense, f"at most model.num_layers={m.num_layers}"),
+            ("model.num_layers", m.num_layers, f"at least model.first_k_dense={m.first_k_dense}"),
+        )
     if moe.num_shared_experts and not moe.shared_expert_dim:
         _fail("model.moe.shared_expert_dim", 0, "a positive width when num_shared_experts > 0")
     if moe.shared_gate and not (moe.num_shared_experts and moe.shared_expert_dim):
@@ -352,6 +507,13 @@ def validate(cfg: ConfigDict, num_devices: int) -> dict[str, int]:
     _check_balancing(cfg)
     _check_l3(cfg.model, mesh)
     return mesh
+
+
+def _fail_pair(changed: Any, first: tuple[str, Any, str], second: tuple[str, Any, str], why: str = "") -> None:
+    """Two keys conflict: report against ``second`` if the user changed it and not ``first``."""
+    report, other = (second, first) if second[0] in changed and first[0] not in changed else (first, second)
+    fix = f"Change {report[0]}, or set {other[0]} to fit it."
+    _fail(report[0], report[1], report[2], f"{why} {fix}".strip())
 
 
 def _check_groups(moe: ConfigDict) -> None:

@@ -9,20 +9,33 @@ environment; ``MOEJAX_LOCAL_PROCESSES=N`` runs N such processes on this machine 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 
 from absl import flags
 from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as _config_flags_module
 
+from moejax import config as config_lib
 from moejax.config import ConfigError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file with get_config().")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and config.json.")
+USAGE = (
+    "usage: python -m moejax.main --config FILE --workdir DIR [--config.KEY=VALUE ...] "
+    "(or ./launch.sh [FILE] [--workdir DIR] [--config.KEY=VALUE ...]). Every KEY and its meaning is in "
+    "moejax/config.py; data.mixture takes one --config.data.mixture.DOMAIN=WEIGHT per domain or JSON "
+    "text, --config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'."
+)
+# A config override: --config.a.b=v, --config.a.b v, --noconfig.a.b (absl's false for booleans).
+_OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
+_MIXTURE = "data.mixture"
 
 
 def _die(message: str) -> None:
@@ -30,19 +43,134 @@ def _die(message: str) -> None:
     sys.exit(2)
 
 
-def _parse(argv: list[str]) -> None:
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """What the command line asks for: the config (overrides applied), the workdir, the keys it set."""
+
+    config: config_lib.ConfigDict
+    workdir: str
+    changed: tuple[str, ...]  # config keys set by --config.* overrides, e.g. "model.num_heads"
+
+
+def _split_mixture(args: list[str]) -> tuple[list[str], list[tuple[str | None, str]]]:
+    """Takes the data.mixture overrides out of ``args``: (the rest, [(domain or None, text)]).
+
+    ml_collections can only override keys the config already has, and a mixture's keys are the
+    dataset's domains, so these are applied here (``config.apply_mixture_overrides``).
+    """
+    rest, mixture = [], []
+    i = 0
+    while i < len(args):
+        match = _OVERRIDE.match(args[i])
+        path = match.group(2) if match else ""
+        if match and (path == _MIXTURE or path.startswith(_MIXTURE + ".")):
+            domain = path[len(_MIXTURE) + 1:] or None
+            if match.group(1):
+                _die(f"{args[i]}: data.mixture{'.' + domain if domain else ''} is not a switch; give a "
+                     f"weight, e.g. --config.data.mixture.{domain or 'code'}=0.5.")
+            if match.group(3) is not None:
+                text = match.group(3)[1:]
+            elif i + 1 < len(args):
+                i, text = i + 1, args[i + 1]
+            else:
+                _die(f"{args[i]} needs a value, e.g. {args[i]}=" + ("0.5" if domain else "'{\"code\": 1}'") + ".")
+            mixture.append((domain, text))
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest, mixture
+
+
+def _check_override_paths(args: list[str]) -> list[str]:
+    """The config keys the overrides name, each checked against the defaults at every depth."""
+    reference = config_lib.default_config()
+    paths = []
+    for arg in args:
+        match = _OVERRIDE.match(arg)
+        if not match:
+            continue
+        path = match.group(2)
+        problem = config_lib.describe_unknown_key(reference, path)
+        if problem:
+            _die(f"{arg}: {problem}.")
+        paths.append(path)
+    return paths
+
+
+def _config_file(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, args: list[str]) -> str:
+    """A one-paragraph message for absl's parse errors (bad override values, unknown options)."""
+    text = str(error)
+    if isinstance(error, _config_flags_module.FlagOrderError):
+        return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
+    if isinstance(error, flags.UnrecognizedFlagError):
+        name = getattr(error, "flagname", "") or text
+        near = difflib.get_close_matches(name, ["config", "workdir", "help"], n=1)
+        hint = f" Did you mean --{near[0]}?" if near else ""
+        return f"unknown option --{name}.{hint} {USAGE}"
+    match = re.match(r"flag --config\.([A-Za-z0-9_.]+)", text)
+    if match:
+        path = match.group(1)
+        try:
+            default = config_lib.get_path(reference, path)
+        except KeyError:
+            default = None
+        if default is not None:
+            given = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
+            value = f"={given[-1]}" if given else ""
+            return f"flag --config.{path}{value}: {config_lib.describe_expected(path, default)}"
+    return f"{text}. {USAGE}"
+
+
+def parse_command_line(argv: list[str]) -> CommandLine:
+    """The config and workdir ``argv`` asks for; every mistake ends in ``_die`` (exit 2, one paragraph).
+
+    A fresh ``FlagValues`` per call (not absl's global ``FLAGS``), so the function can be called
+    more than once in a process (the tests do).
+    """
+    args = list(argv[1:])
+    if any(arg in ("-h", "--help", "--helpfull", "-help") for arg in args):
+        print(USAGE)
+        sys.exit(0)
+    args, mixture = _split_mixture(args)
+    changed = _check_override_paths(args)
+    config_file = _config_file(args)
+    if config_file is None:
+        _die(f"--config FILE is required, e.g. --config experiments/tiny_moe.py. {USAGE}")
+    if not os.path.isfile(config_file.split(":", 1)[0]):
+        _die(f"config file {config_file!r} not found; give the path of an experiment file, e.g. "
+             "experiments/tiny_moe.py.")
+    values = flags.FlagValues()
+    argv = [argv[0], *args]
+    config = config_flags.DEFINE_config_file(
+        "config", None, "Experiment file with get_config().", flag_values=values, sys_argv=argv)
+    workdir = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and config.json.",
+                                  flag_values=values)
     try:
-        flags.FLAGS(argv)
-    except KeyError as e:  # an override naming a key the config does not have
-        key = e.args[0] if e.args else e
-        _die(
-            f"unknown config key in a --config.* override: {key}. Overrides must name an existing key, "
-            "e.g. --config.model.num_layers=4; see moejax/config.py for every key and its meaning."
-        )
-    except (flags.Error, TypeError, ValueError) as e:  # bad override value, or a bad experiment file
-        _die(f"{e}. Run with --helpfull for the flags, see moejax/config.py for the config keys.")
-    if _WORKDIR.value is None:
+        positional = values(argv)[1:]
+    except flags.Error as e:  # a bad override value, an unknown option, overrides in a bad order
+        _die(_describe_flag_error(e, config_lib.default_config(), args))
+    except (TypeError, ValueError) as e:  # a broken experiment file (the message holds its traceback)
+        _die(f"{e}")
+    if positional:
+        _die(f"unexpected argument {positional[0]!r}. {USAGE}")
+    if workdir.value is None:
         _die("--workdir is required, e.g. --workdir runs/tiny.")
+    cfg = config.value
+    try:
+        cfg = config_lib.apply_mixture_overrides(cfg, mixture)
+    except ConfigError as e:
+        _die(f"{e}")
+    changed += [_MIXTURE + (f".{domain}" if domain else "") for domain, _ in mixture]
+    return CommandLine(cfg, workdir.value, tuple(changed))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:
@@ -134,19 +262,51 @@ def _wait_for(children: list[subprocess.Popen]) -> int:
     return next((code for code in codes if code), 0)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    """moejax's own warnings (MixtureWarning, HeldoutWarning, ...) as one line, without a source line:
+    on the command line they are about the user's input, not about a line of library code."""
+    if getattr(category, "__module__", "").startswith("moejax"):
+        (file or sys.stderr).write(f"moejax: warning: {message}\n")
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
+def summary_line(summary: dict, workdir: str) -> str:
+    """The last line of a run: its steps and its first and last held-out losses, with their steps.
+
+    After a resume the first evaluation (step 0) happened in an earlier process; the loop reads it
+    back from metrics.jsonl, so the line is the whole run's, not this process's part of it.
+    """
+    parts = [f"done: step {summary['final_step']}"]
+    if summary.get("resumed_from") is not None:
+        parts[0] += f" (resumed from step {summary['resumed_from']})"
+    first, last = summary.get("first_eval"), summary.get("last_eval")
+    if first and last:
+        parts.append(f"eval_loss {first[1]:.3f} at step {first[0]} -> {last[1]:.3f} at step {last[0]}")
+    elif last:
+        parts.append(f"eval_loss {last[1]:.3f} at step {last[0]}")
+    return ", ".join(parts + [f"workdir {workdir}"])
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv if argv is None else argv
-    _parse(argv)
+    warnings.showwarning = _show_warning
+    command = parse_command_line(argv)
     if "MOEJAX_LOCAL_PROCESSES" in os.environ:
         sys.exit(run_local_processes(_env_int("MOEJAX_LOCAL_PROCESSES", 1), argv[1:]))
     maybe_initialize_distributed()
     import jax
 
+    try:  # cheap, and it knows which keys the command line set (to name those in the message)
+        config_lib.validate(command.config, jax.device_count(), changed=command.changed)
+    except ConfigError as e:
+        _die(f"{e}")
+
     from moejax.train.loop import Diverged, train
     from moejax.train.preemption import Preempted
 
     try:
-        summary = train(_CONFIG.value, _WORKDIR.value)
+        summary = train(command.config, command.workdir)
     except ConfigError as e:
         _die(f"{e}")
     except Preempted as e:
@@ -155,11 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     except Diverged as e:
         sys.stderr.write(f"moejax: {e}\n")
         sys.exit(3)
-    if "eval_loss" in summary and jax.process_index() == 0:
-        print(
-            f"done: step {summary['final_step']}, eval_loss {summary.get('initial_eval_loss', float('nan')):.3f}"
-            f" -> {summary['eval_loss']:.3f}, workdir {_WORKDIR.value}"
-        )
+    if jax.process_index() == 0:
+        print(summary_line(summary, command.workdir))
 
 
 if __name__ == "__main__":

@@ -14,3 +14,19 @@ from moejax.config import ConfigError
 
 class DataError(ConfigError):
     """Bad data input, found before training starts; the message names the source and the fix."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for ``warnings.warn`` that points at the first caller outside moejax.
+
+    Called from the function that warns; a fixed level would point into whichever moejax module
+    happened to call it (and print that library line under the message), not at the user's code.
+    """
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1  # the function that warns is level 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level

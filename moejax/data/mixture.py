@@ -18,6 +18,7 @@ the domain out of that stage's training mix; it is still evaluated.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import numbers
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from moejax.data.corpus import DOMAINS
-from moejax.data.errors import DataError
+from moejax.data.errors import DataError, user_stacklevel
 
 SUM_TOLERANCE: Final = 1e-6
 
@@ -64,7 +65,8 @@ def normalize_mixture(
         if domain not in domains:
             raise DataError(
                 f"{source} names domain {domain!r}, which {dataset} does not have; its domains "
-                f"are: {', '.join(domains)}. Use those names, or prepare data for {domain!r}."
+                f"are: {', '.join(domains)}.{_did_you_mean(domain, domains)} Use those names, or "
+                f"prepare data for {domain!r}." + (_how_to_set(domains) if source == "data.mixture" else "")
             )
         if (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
                 or not math.isfinite(weight) or weight < 0):
@@ -78,8 +80,22 @@ def normalize_mixture(
     if abs(total - 1.0) > SUM_TOLERANCE:
         shown = ", ".join(f"{d}: {w:.4g}" for d, w in weights.items())
         warnings.warn(f"{source}: weights sum to {total:.6g}, not 1; normalised to {{{shown}}}",
-                      MixtureWarning, stacklevel=2)
+                      MixtureWarning, stacklevel=user_stacklevel())
     return weights
+
+
+def _did_you_mean(name: str, domains: Sequence[str]) -> str:
+    near = difflib.get_close_matches(name, list(domains), n=1)
+    return f" Did you mean {near[0]!r}?" if near else ""
+
+
+def _how_to_set(domains: Sequence[str]) -> str:
+    """The two command-line forms of a mixture, spelled with the dataset's own domains."""
+    share = float(f"{1 / len(domains):.4g}")
+    per_key = " ".join(f"--config.data.mixture.{d}={share:g}" for d in domains)
+    text = json.dumps({d: share for d in domains})
+    return (f" On the command line, one weight per domain: {per_key}; or the whole mixture as JSON "
+            f"text: --config.data.mixture='{text}'.")
 
 
 def read_mixture_file(path: str | Path) -> dict[str, Any]:
@@ -167,4 +183,7 @@ def _load_json_text(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as e:
-        raise DataError(f"{what} is not valid JSON: {e}") from None
+        example = ("--config.data.schedule='[[0, {\"code\": 0.5, \"math\": 0.5}], [1000, {\"code\": 1}]]'"
+                   if what == "data.schedule" else "")
+        fix = f" Give valid JSON (quoted for the shell), e.g. {example}" if example else " Fix the file."
+        raise DataError(f"{what} is not valid JSON: {e}.{fix}") from None
