@@ -4,8 +4,28 @@ Pipeline (``docs/data_mixture.md``)::
 
     plan.json --sweep--> workdirs --collect--> runs.csv --fit--> fit.json --predict--> pred.csv
                                                                   \\--optimize--> mixture.json --> launch.sh
+
+CORE modules: ``table`` (runs table), ``laws/`` (one file per law, registry), ``fitting``
+(robust multi-start fitting), ``bench_law`` (loss -> benchmark), ``fit`` (the Fit bundle).
 """
 
+from data_mixture.bench_law import BenchFit, fit_bench
+from data_mixture.fit import Fit, fit_table
+from data_mixture.laws import LAWS, Law, LawFit, get_law
 from data_mixture.table import RunsTable, TableError, from_columns, read_runs, write_runs
 
-__all__ = ["RunsTable", "TableError", "from_columns", "read_runs", "write_runs"]
+__all__ = [
+    "LAWS",
+    "BenchFit",
+    "Fit",
+    "Law",
+    "LawFit",
+    "RunsTable",
+    "TableError",
+    "fit_bench",
+    "fit_table",
+    "from_columns",
+    "get_law",
+    "read_runs",
+    "write_runs",
+]

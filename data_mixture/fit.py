@@ -1,0 +1,262 @@
+"""The Fit bundle: one law fitted to every validation domain, its bootstrap, the benchmark laws.
+
+``fit_table`` validates everything first (law identifiable for every domain, chance levels name
+real tasks), then fits the point estimate per domain, then ``bootstrap`` resamples of runs (not
+rows: a run's checkpoints stay together), each warm-started from the point fit. Benchmark laws
+are fitted on the table's observed losses and bootstrapped with the same resamples, so member i
+of the prediction chain (mixture -> losses -> accuracy) is one consistent resample.
+
+Saved as JSON (``Fit.save`` / ``Fit.load``), never pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from data_mixture.bench_law import MIN_SCORES, BenchFit, fit_bench, fit_bench_bootstrap
+from data_mixture.fitting import resample_weights
+from data_mixture.laws import LawFit, get_law
+from data_mixture.table import RunsTable, TableError, to_columns
+
+FORMAT = "moejax.data_mixture.fit/1"
+
+
+@dataclasses.dataclass
+class Fit:
+    """Fields:
+    law: registry name; size_column: the table column used as N;
+    mix_domains / loss_domains: training / validation domains (prediction column order);
+    point: per validation domain, the fit on all rows;
+    bootstrap: B resamples of runs, each per domain;
+    bench / bench_bootstrap: per task benchmark laws (point, and per resample);
+    info: seed, starts, n_rows, n_runs, sizes, created, table sha256, fit seconds, skipped tasks.
+    """
+
+    law: str
+    size_column: str
+    mix_domains: tuple[str, ...]
+    loss_domains: tuple[str, ...]
+    point: dict[str, LawFit]
+    bootstrap: list[dict[str, LawFit]]
+    bench: dict[str, BenchFit]
+    bench_bootstrap: list[dict[str, BenchFit]]
+    info: dict
+
+    # -- prediction -----------------------------------------------------------------------------
+    def _member(self, member: int | None) -> dict[str, LawFit]:
+        if member is None:
+            return self.point
+        if not 0 <= member < len(self.bootstrap):
+            raise IndexError(f"bootstrap member {member} out of range; this fit has {len(self.bootstrap)} members.")
+        return self.bootstrap[member]
+
+    def predict_losses(self, size_r, tokens_r, mix_rm, *, member: int | None = None) -> np.ndarray:
+        """(R, V) predicted losses in ``loss_domains`` order (member None: point fit)."""
+        fits = self._member(member)
+        return np.stack([fits[d].predict(size_r, tokens_r, mix_rm) for d in self.loss_domains], axis=1)
+
+    def predict_bench(self, loss_rv, *, member: int | None = None) -> np.ndarray:
+        """(R, T) predicted scores from losses (R, V), tasks in ``self.bench`` order."""
+        loss_rv = np.asarray(loss_rv, np.float64)
+        if member is None:
+            fits = self.bench
+        else:
+            if not 0 <= member < len(self.bench_bootstrap):
+                raise IndexError(f"benchmark bootstrap member {member} out of range; this fit has {len(self.bench_bootstrap)}.")
+            fits = self.bench_bootstrap[member]
+        if not fits:
+            return np.zeros((loss_rv.shape[0], 0))
+        return np.stack([fits[t].predict(loss_rv) for t in self.bench], axis=1)
+
+    def query_mix(self, query: RunsTable) -> np.ndarray:
+        """The query's (R, M) mixtures in the fit's domain order; TableError naming any mismatch."""
+        unknown = [d for d in query.mix_domains if d not in self.mix_domains]
+        absent = [d for d in self.mix_domains if d not in query.mix_domains]
+        if unknown or absent:
+            parts = []
+            if unknown:
+                parts.append(f"training domain(s) the fit has never seen: {', '.join('mix:' + d for d in unknown)}")
+            if absent:
+                parts.append(f"missing column(s) {', '.join('mix:' + d for d in absent)}")
+            raise TableError(f"query table does not match the fit: {'; '.join(parts)}. The fit was made on {', '.join('mix:' + d for d in self.mix_domains)}.")
+        return query.mix_rm[:, [query.mix_domains.index(d) for d in self.mix_domains]]
+
+    def predict(self, query: RunsTable, *, interval: float = 0.9) -> dict[str, np.ndarray]:
+        """Columns ``pred:<domain>``, ``pred:bench:<task>`` and, when bootstrapped, ``lo:``/``hi:``
+        (central ``interval`` of the bootstrap members: parameter uncertainty of the mean
+        prediction, not run-to-run noise)."""
+        if not 0 < interval < 1:
+            raise ValueError(f"interval {interval!r}; allowed: a fraction in (0, 1), e.g. 0.9.")
+        mix = self.query_mix(query)
+        size = query.size(self.size_column)
+        out: dict[str, np.ndarray] = {}
+        loss = self.predict_losses(size, query.tokens, mix)
+        for j, d in enumerate(self.loss_domains):
+            out[f"pred:{d}"] = loss[:, j]
+        acc = self.predict_bench(loss)
+        for j, t in enumerate(self.bench):
+            out[f"pred:bench:{t}"] = acc[:, j]
+        if self.bootstrap:
+            q = [(1 - interval) / 2 * 100, (1 + interval) / 2 * 100]
+            loss_b = np.stack([self.predict_losses(size, query.tokens, mix, member=i) for i in range(len(self.bootstrap))])
+            lo, hi = np.percentile(loss_b, q, axis=0)
+            for j, d in enumerate(self.loss_domains):
+                out[f"lo:{d}"], out[f"hi:{d}"] = lo[:, j], hi[:, j]
+            if self.bench and self.bench_bootstrap:
+                acc_b = np.stack([self.predict_bench(loss_b[i], member=i) for i in range(len(self.bench_bootstrap))])
+                lo, hi = np.percentile(acc_b, q, axis=0)
+                for j, t in enumerate(self.bench):
+                    out[f"lo:bench:{t}"], out[f"hi:bench:{t}"] = lo[:, j], hi[:, j]
+        return out
+
+    def param_intervals(self, domain: str, *, interval: float = 0.9) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Bootstrap percentile interval of every numeric parameter of one domain's fit."""
+        if not self.bootstrap:
+            raise ValueError("this fit has no bootstrap (fit with bootstrap > 0).")
+        q = [(1 - interval) / 2 * 100, (1 + interval) / 2 * 100]
+        out = {}
+        for name, value in self.point[domain].params.items():
+            if isinstance(value, str):
+                continue
+            arr = np.array([b[domain].params[name] for b in self.bootstrap], np.float64)
+            lo, hi = np.percentile(arr, q, axis=0)
+            out[name] = (lo, hi)
+        return out
+
+    # -- files ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "law": self.law,
+            "size_column": self.size_column,
+            "mix_domains": list(self.mix_domains),
+            "loss_domains": list(self.loss_domains),
+            "point": {d: f.to_json() for d, f in self.point.items()},
+            "bootstrap": [{d: f.to_json() for d, f in m.items()} for m in self.bootstrap],
+            "bench": {t: b.to_json() for t, b in self.bench.items()},
+            "bench_bootstrap": [{t: b.to_json() for t, b in m.items()} for m in self.bench_bootstrap],
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Fit":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not a fit file: format {d.get('format')!r}; expected {FORMAT!r} (written by data_mixture fit).")
+        return cls(
+            law=d["law"],
+            size_column=d["size_column"],
+            mix_domains=tuple(d["mix_domains"]),
+            loss_domains=tuple(d["loss_domains"]),
+            point={k: LawFit.from_json(v) for k, v in d["point"].items()},
+            bootstrap=[{k: LawFit.from_json(v) for k, v in m.items()} for m in d["bootstrap"]],
+            bench={k: BenchFit.from_json(v) for k, v in d["bench"].items()},
+            bench_bootstrap=[{k: BenchFit.from_json(v) for k, v in m.items()} for m in d["bench_bootstrap"]],
+            info=d["info"],
+        )
+
+    def save(self, path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), allow_nan=False))
+
+    @classmethod
+    def load(cls, path) -> "Fit":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"fit file {str(path)!r} does not exist.")
+        return cls.from_json(json.loads(path.read_text()))
+
+
+def table_sha256(table: RunsTable) -> str:
+    return hashlib.sha256(json.dumps(to_columns(table), sort_keys=True).encode()).hexdigest()
+
+
+def fit_table(
+    table: RunsTable,
+    law: str,
+    *,
+    size_column: str = "params_total",
+    bootstrap: int = 100,
+    seed: int = 0,
+    starts: int = 64,
+    chance: Mapping[str, float] | None = None,
+    progress: bool = True,
+    boot_starts: int = 4,
+) -> Fit:
+    """Fits ``law`` to every validation domain of ``table`` (+ bootstrap + benchmark laws).
+
+    ``bootstrap``: resamples of runs (0: none); each is warm-started from the point fit plus
+    ``boot_starts - 1`` random starts. ``chance``: task -> chance level (fixes the sigmoid floor).
+    """
+    t0 = time.perf_counter()
+    the_law = get_law(law)
+    if table.loss_rv is None or not table.loss_domains:
+        raise TableError("the table has no loss:* columns to fit (was it read with query=True?).")
+    table.size(size_column)
+    if bootstrap < 0 or starts < 1:
+        raise ValueError(f"bootstrap={bootstrap}, starts={starts}; allowed: bootstrap >= 0, starts >= 1.")
+    for d in table.loss_domains:
+        the_law.check(table, d, size_column)
+    chance = dict(chance or {})
+    unknown = [t for t in chance if t not in table.bench_tasks]
+    if unknown:
+        raise TableError(f"chance level given for task(s) {', '.join(unknown)} not in the table; its tasks: {', '.join(table.bench_tasks) or 'none'}.")
+    tasks, skipped = [], {}
+    for j, t in enumerate(table.bench_tasks):
+        n = int(np.isfinite(table.bench_rt[:, j]).sum())
+        if n >= MIN_SCORES:
+            tasks.append(t)
+        else:
+            skipped[t] = f"{n} scores (needs {MIN_SCORES})"
+
+    names, inverse = table.run_groups()
+    weights_br = resample_weights(inverse, len(names), bootstrap, seed)
+    total = len(table.loss_domains) * (1 + bootstrap * boot_starts) + len(tasks)
+    bar = tqdm(total=total, desc=f"fit {law}", disable=not progress)
+    point: dict[str, LawFit] = {}
+    boots: list[dict[str, LawFit]] = [dict() for _ in range(bootstrap)]
+    for d in table.loss_domains:
+        bar.set_postfix_str(d)
+        point[d] = the_law.fit(table, d, size_column=size_column, seed=seed, starts=starts)
+        bar.update(1)
+        if bootstrap:
+            members = the_law.fit_bootstrap(table, d, point[d], weights_br, size_column=size_column, seed=seed, starts=boot_starts, progress=bar)
+            for i, f in enumerate(members):
+                boots[i][d] = f
+    bench: dict[str, BenchFit] = {}
+    bench_boot: list[dict[str, BenchFit]] = [dict() for _ in range(bootstrap)] if tasks else []
+    for t in tasks:
+        bar.set_postfix_str(f"bench:{t}")
+        bench[t] = fit_bench(table, t, chance=chance.get(t), seed=seed, starts=starts)
+        if bootstrap:
+            for i, b in enumerate(fit_bench_bootstrap(table, bench[t], weights_br, seed=seed, starts=boot_starts)):
+                bench_boot[i][t] = b
+        bar.update(1)
+    bar.close()
+    size = table.size(size_column)
+    info: dict[str, Any] = {
+        "seed": seed,
+        "starts": starts,
+        "bootstrap": bootstrap,
+        "boot_starts": boot_starts,
+        "n_rows": len(table),
+        "n_runs": len(names),
+        "sizes": sorted({float(s) for s in size}),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "table_sha256": table_sha256(table),
+        "fit_seconds": time.perf_counter() - t0,
+        "bench_skipped": skipped,
+        "chance": chance,
+        "mixture_moves_with_scale": the_law.mixture_moves_with_scale,
+    }
+    return Fit(law, size_column, tuple(table.mix_domains), tuple(table.loss_domains), point, boots, bench, bench_boot, info)

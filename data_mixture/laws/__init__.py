@@ -1,0 +1,43 @@
+"""Mixture laws: one file each, one line each in :data:`LAWS` (name -> law class).
+
+=================  ========================================================================
+``mixing_law``     Ye et al. 2024 data mixing law with nested scaling laws in N and D
+``additive``       Shukor et al. 2025 additive law: E + A/N^a + B/D^b + 1/sum C_i r_i^g_i
+``regmix``         RegMix LightGBM regressor on [mixture, log N, log D]
+``regmix_linear``  linear regression on the same features
+``camel``          capacity-aware law (CAMEL, designed from its abstract)
+=================  ========================================================================
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from data_mixture.laws.additive import AdditiveLaw
+from data_mixture.laws.base import Law, LawFit
+from data_mixture.laws.camel import CamelLaw
+from data_mixture.table import TableError
+
+LAWS: dict[str, type[Law]] = {
+    cls.name: cls
+    for cls in (
+        AdditiveLaw,
+        CamelLaw,
+    )
+}
+
+_INSTANCES: dict[str, Law] = {}
+
+
+def get_law(name: str) -> Law:
+    """The law registered under ``name``; a clear error (with the valid names) otherwise."""
+    if name not in LAWS:
+        near = difflib.get_close_matches(str(name), list(LAWS), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise TableError(f"unknown law {name!r}.{hint} Valid laws: {', '.join(LAWS)}.")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = LAWS[name]()
+    return _INSTANCES[name]
+
+
+__all__ = ["LAWS", "Law", "LawFit", "get_law"]

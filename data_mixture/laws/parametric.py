@@ -1,0 +1,156 @@
+"""Base class of the laws written in ``jax.numpy``: spec of parameters + log-loss function.
+
+A subclass defines :meth:`spec` (named parameters with bounds and start ranges for M training
+domains) and :meth:`log_loss` (jnp, ``(params, data) -> (R,) log L``), where ``data`` holds
+``logn = log(N / n_ref)``, ``logd = log(D / d_ref)`` and ``mix`` (R, M). ``n_ref`` and
+``d_ref`` are the geometric means of N and D over the fit table's rows, stored in
+``LawFit.info`` (fixed, not fitted): they make coefficients O(1) (A is the size term's value at
+N = n_ref) whatever the scale of the table, 1M or 100B parameters.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from data_mixture.fitting import HUBER_DELTA, Fitter, ParamSpec, starts_rng
+from data_mixture.laws.base import Law, LawFit
+from data_mixture.table import RunsTable, TableError
+
+_FITTERS: dict[tuple[str, int], Fitter] = {}
+_PREDICT: dict[str, Any] = {}
+
+
+def safe_pow(r, g):
+    """r ** g for r >= 0 with finite gradients at r = 0 (0 ** g = 0 for g > 0)."""
+    pos = r > 0
+    lr = jnp.log(jnp.where(pos, r, 1.0))
+    return jnp.where(pos, jnp.exp(g * lr), 0.0)
+
+
+class ParametricLaw(Law):
+    iters: int = 200          # stage-1 L-BFGS iterations of a point fit
+    boot_iters: int = 100     # ... of a warm-started bootstrap resample
+    polish: int = 3           # best starts polished with scipy L-BFGS-B (point fit)
+    delta: float = HUBER_DELTA
+    needs_tokens: bool = True  # the form has a D term: the table needs >= 2 distinct token counts
+
+    @abc.abstractmethod
+    def spec(self, m: int) -> ParamSpec:
+        """Parameters for M training domains."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def log_loss(x: dict, data: dict) -> jax.Array:
+        """(R,) log of the predicted loss (jnp)."""
+
+    def num_params(self, m: int) -> int:
+        return self.spec(m).size
+
+    def min_sizes(self) -> int:
+        return 2
+
+    def min_runs(self, m: int) -> int:
+        return self.num_params(m) + 2
+
+    def check(self, table: RunsTable, domain: str, size_column: str) -> None:
+        super().check(table, domain, size_column)
+        if self.needs_tokens and len(np.unique(table.tokens)) < 2:
+            raise TableError(
+                f"law {self.name!r} has a token term B / D^beta, but every row of the table has tokens = "
+                f"{table.tokens[0]:g}; it needs at least 2 distinct token counts (several checkpoints per run, or runs of different lengths)."
+            )
+        if len(table) < self.num_params(len(table.mix_domains)) + 2:
+            raise TableError(
+                f"law {self.name!r} has {self.num_params(len(table.mix_domains))} parameters for "
+                f"{len(table.mix_domains)} training domains; the table has only {len(table)} rows (needs at least "
+                f"{self.num_params(len(table.mix_domains)) + 2})."
+            )
+
+    # -- data ---------------------------------------------------------------------------------
+    @staticmethod
+    def references(table: RunsTable, size_column: str) -> dict[str, float]:
+        size = table.size(size_column)
+        return {"n_ref": float(np.exp(np.mean(np.log(size)))), "d_ref": float(np.exp(np.mean(np.log(table.tokens))))}
+
+    def features(self, size_r, tokens_r, mix_rm, info: dict) -> dict[str, np.ndarray]:
+        return {
+            "logn": np.log(np.asarray(size_r, np.float64) / info["n_ref"]),
+            "logd": np.log(np.asarray(tokens_r, np.float64) / info["d_ref"]),
+            "mix": np.asarray(mix_rm, np.float64),
+        }
+
+    def fitter(self, m: int) -> Fitter:
+        key = (self.name, m)
+        if key not in _FITTERS:
+            _FITTERS[key] = Fitter(self.spec(m), self.log_loss, delta=self.delta, iters=self.iters)
+        return _FITTERS[key]
+
+    # -- fitting ------------------------------------------------------------------------------
+    def _make_fit(self, table, domain, w, objective, info_extra, refs, size_column) -> LawFit:
+        spec = self.spec(len(table.mix_domains))
+        info = {"size_column": size_column, **refs, "objective": float(objective), "huber_delta": self.delta, **info_extra}
+        return LawFit(self.name, domain, tuple(table.mix_domains), spec.to_dict(w), spec.size, info)
+
+    def fit(self, table, domain, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False):
+        self.check(table, domain, size_column)
+        t0 = time.perf_counter()
+        m = len(table.mix_domains)
+        spec = self.spec(m)
+        refs = self.references(table, size_column) if init is None else {k: init.info[k] for k in ("n_ref", "d_ref")}
+        data = self.features(table.size(size_column), table.tokens, table.mix_rm, refs)
+        y = np.log(table.loss(domain))
+        wts = np.ones(len(table)) if weights is None else np.asarray(weights, np.float64)
+        w0 = spec.sample(starts_rng(seed, 1), max(1, starts))
+        if init is not None:
+            w0 = np.concatenate([spec.pack(init.params)[None], w0])
+        bar = tqdm(total=w0.shape[0], desc=f"{self.name} {domain}", disable=not progress, leave=False)
+        w, v, infos = self.fitter(m).solve(w0[None], data, y[None], wts[None], polish=self.polish, progress=bar)
+        bar.close()
+        return self._make_fit(table, domain, w[0], v[0], {**infos[0], "fit_seconds": time.perf_counter() - t0}, refs, size_column)
+
+    def fit_bootstrap(self, table, domain, point, weights_br, *, size_column="params_total", seed=0, starts=4, progress=None):
+        m = len(table.mix_domains)
+        spec = self.spec(m)
+        refs = {k: point.info[k] for k in ("n_ref", "d_ref")}
+        data = self.features(table.size(size_column), table.tokens, table.mix_rm, refs)
+        y = np.log(table.loss(domain))
+        b = weights_br.shape[0]
+        w_point = spec.pack(point.params)
+        w0 = np.stack(
+            [np.concatenate([w_point[None], spec.sample(starts_rng(seed, 2, i), max(0, starts - 1))]) for i in range(b)]
+        )
+        w, v, infos = self.fitter(m).solve(
+            w0, data, np.repeat(y[None], b, 0), weights_br, polish=0, iters=self.boot_iters, progress=progress
+        )
+        return [self._make_fit(table, domain, w[i], v[i], {**infos[i], "resample": i}, refs, size_column) for i in range(b)]
+
+    # -- prediction ---------------------------------------------------------------------------
+    def _jitted(self):
+        if self.name not in _PREDICT:
+            _PREDICT[self.name] = jax.jit(lambda x, d: jnp.exp(self.log_loss(x, d)))
+        return _PREDICT[self.name]
+
+    def predict(self, fit, size_r, tokens_r, mix_rm):
+        with jax.enable_x64(True):
+            if "x64" not in fit._cache:
+                fit._cache["x64"] = {k: jnp.asarray(v, jnp.float64) for k, v in fit.params.items()}
+            data = {k: jnp.asarray(v) for k, v in self.features(size_r, tokens_r, mix_rm, fit.info).items()}
+            return np.asarray(self._jitted()(fit._cache["x64"], data), np.float64)
+
+    def predict_jax(self, fit):
+        n_ref, d_ref = fit.info["n_ref"], fit.info["d_ref"]
+        params = fit.params
+
+        def f(size_r, tokens_r, mix_rm):
+            x = {k: jnp.asarray(v) for k, v in params.items()}
+            data = {"logn": jnp.log(jnp.asarray(size_r) / n_ref), "logd": jnp.log(jnp.asarray(tokens_r) / d_ref), "mix": jnp.asarray(mix_rm)}
+            return jnp.exp(self.log_loss(x, data))
+
+        return f
