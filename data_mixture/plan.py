@@ -1,0 +1,324 @@
+"""Compute allocation: which proxy runs (sizes, mixtures, tokens) to train under a FLOP budget.
+
+Cost model: a run of N_active active parameters trained on D tokens costs ``6 x N_active x D``
+FLOPs (forward 2, backward 4 per parameter per token; attention and embeddings ignored, as in
+the usual scaling-law accounting). The plan's total never exceeds ``--budget-flops``.
+
+Candidate allocations: size presets (model overrides; ``params_total``/``params_active`` from
+moejax's own ``param_counts``) below the target size, sorted by size. A candidate is a
+*contiguous window* of presets (at least the law's ``min_sizes``), a tokens-per-parameter ratio
+r (D = r x N, N in the prior's size column), and the largest number n of runs per size the
+budget affords for that window (equal at every size, at least ``--min-runs-per-size`` and the
+law's ``min_runs``; at most 32). Small windows of small models buy many mixtures; windows that
+reach close to the target buy a shorter extrapolation. Mixtures: the same space-filling design
+at every size (uniform first, then scrambled-Sobol points mapped to the simplex by sorted
+spacings, projected exactly onto the per-domain bounds), so that size x mixture interactions
+are identified.
+
+Method: **simulate each candidate's extrapolation error from a prior law**. The prior is a
+fitted law (``--prior fit.json``: its point fit per validation domain) or, without one, a
+documented default (:func:`default_prior`). For every candidate and simulation s = 1..S: draw
+its ladder's losses from the prior (checkpoints at half and all of each run's tokens) times
+log-normal noise ``exp(noise x z)``, fit the law being planned for on that synthetic table,
+and predict 64 held-out mixtures at the target (N, D). Scored by the mean relative error
+against the prior's own prediction there (``sim_error``, averaged over domains, mixtures and
+simulations), with ``sim_regret`` (the prior's mean loss of the mixture the simulated fit ranks
+best among the 64, minus the best of the 64) reported alongside. The candidate with the lowest
+``sim_error`` wins. Validated on synthetic ground truth in tests/test_dm_plan.py and by
+leave-one-scale-out on the ladder table (docs/data_mixture.md, "Planning").
+
+The plan JSON (schema in docs/data_mixture.md, "Planning") lists every run with the overrides
+``launch.sh`` needs; the sweep runner executes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import numpy as np
+
+PLAN_VERSION = 1
+MAX_RUNS_PER_SIZE = 32
+TEST_MIXTURES = 64
+
+# Default size presets: the ladder's four (experiments/mixture_ladder.py) and four larger ones,
+# all MoE with the tiny default's 8 experts top-2 plus one shared expert.
+DEFAULT_PRESETS: dict[str, dict[str, Any]] = {
+    "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
+           "model.mlp_dim": 256, "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
+    "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, "model.num_kv_heads": 1,
+           "model.mlp_dim": 384, "model.moe.expert_dim": 192, "model.moe.shared_expert_dim": 192},
+    "s3": {},
+    "s4": {"model.d_model": 192, "model.num_layers": 4, "model.num_heads": 6, "model.num_kv_heads": 2,
+           "model.mlp_dim": 768, "model.moe.expert_dim": 384, "model.moe.shared_expert_dim": 384},
+    "s5": {"model.d_model": 256, "model.num_layers": 6, "model.num_heads": 8, "model.num_kv_heads": 2,
+           "model.mlp_dim": 1024, "model.moe.expert_dim": 512, "model.moe.shared_expert_dim": 512},
+    "s6": {"model.d_model": 384, "model.num_layers": 8, "model.num_heads": 12, "model.num_kv_heads": 4,
+           "model.mlp_dim": 1536, "model.moe.expert_dim": 768, "model.moe.shared_expert_dim": 768},
+    "s7": {"model.d_model": 512, "model.num_layers": 12, "model.num_heads": 16, "model.num_kv_heads": 4,
+           "model.mlp_dim": 2048, "model.moe.expert_dim": 1024, "model.moe.shared_expert_dim": 1024},
+    "s8": {"model.d_model": 768, "model.num_layers": 16, "model.num_heads": 12, "model.num_kv_heads": 4,
+           "model.head_dim": 64, "model.mlp_dim": 3072, "model.moe.expert_dim": 1536,
+           "model.moe.shared_expert_dim": 1536},
+}
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made: the budget, presets, prior or bounds at fault, with the numbers."""
+
+
+@dataclasses.dataclass
+class PlanSpec:
+    budget_flops: float
+    target_size: float
+    target_tokens: float
+    prior: str | None = None  # fit JSON; None: default_prior
+    law: str | None = None  # default: the prior's law, else camel
+    presets: Mapping[str, Mapping[str, Any]] | None = None
+    tokens_per_param: Sequence[float] = (20.0,)
+    min_weight: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    max_weight: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    noise: float = 0.01
+    simulations: int = 3
+    sim_starts: int = 16
+    seed: int = 0
+    config: str = "experiments/tiny_moe.py"
+    batch: int = 16
+    seq_len: int = 256
+    domains: str | None = None  # comma-separated training domains (default: the prior's)
+    min_runs_per_size: int = 3
+    max_candidates: int = 12
+
+
+def preset_sizes(presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """params_total/params_active of each preset, from moejax's default config + its overrides."""
+    from moejax.config import ConfigError, default_config
+    from moejax.model.transformer import param_counts
+
+    out = {}
+    for name, overrides in presets.items():
+        cfg = default_config()
+        for key, value in overrides.items():
+            parts = key.split(".")
+            group = cfg
+            try:
+                for p in parts[:-1]:
+                    group = group[p]
+                if parts[-1] not in group:
+                    raise KeyError(parts[-1])
+                group[parts[-1]] = value
+            except (KeyError, TypeError, ConfigError):
+                raise PlanError(f"preset {name!r}: override {key!r} is not a moejax config key (see moejax/config.py).") from None
+        counts = param_counts(cfg.model)
+        out[name] = {"params_total": float(counts["total"]), "params_active": float(counts["active"])}
+    return out
+
+
+def space_filling_mixtures(n: int, m: int, lo_m: np.ndarray, hi_m: np.ndarray, seed: int) -> np.ndarray:
+    """(n, m) mixtures inside the bounds: the (projected) uniform mixture, then scrambled Sobol
+    points mapped to the simplex by sorted uniform spacings (uniform on the simplex), projected."""
+    from scipy.stats import qmc
+
+    from data_mixture.optimize import project
+
+    pts = [np.full((1, m), 1.0 / m)]
+    if n > 1:
+        k = max(1, math.ceil(math.log2(n)))
+        u = qmc.Sobol(d=max(1, m - 1), scramble=True, seed=seed).random(2 ** k)[: n - 1]
+        u = np.sort(u, axis=1)
+        spacings = np.diff(np.concatenate([np.zeros((n - 1, 1)), u, np.ones((n - 1, 1))], axis=1), axis=1)
+        pts.append(spacings)
+    return project(np.concatenate(pts), lo_m, hi_m)
+
+
+def default_prior(domains: Sequence[str]) -> Callable:
+    """A weakly informative prior when no fit is given: per validation domain v (one per training
+    domain) ``L_v = 1.0 + 40 / N^0.3 + 300 / D^0.3 + 0.8 exp(-3 w_v)(1 + 5e3 / N^0.5)``: a Chinchilla-like
+    scaling in N and D plus a mixture term whose weight shrinks with size, so the optimum moves."""
+    def loss_fn(v, n_r, d_r, mix_rm):
+        return 1.0 + 40.0 / n_r ** 0.3 + 300.0 / d_r ** 0.3 + 0.8 * np.exp(-3.0 * mix_rm[:, v]) * (1 + 5e3 / n_r ** 0.5)
+    return loss_fn
+
+
+def _prior_fn(fit) -> Callable:
+    def loss_fn(v, n_r, d_r, mix_rm):
+        return fit.point[fit.loss_domains[v]].predict(n_r, d_r, mix_rm)
+    return loss_fn
+
+
+def _candidates(spec: PlanSpec, sizes: dict[str, dict[str, float]], size_column: str, min_sizes: int,
+                min_runs: int) -> list[dict[str, Any]]:
+    names = sorted((n for n in sizes if sizes[n][size_column] < spec.target_size), key=lambda n: sizes[n][size_column])
+    if len(names) < min_sizes:
+        raise PlanError(f"{len(names)} preset(s) are below the target size {spec.target_size:.4g} ({size_column}): "
+                        f"{', '.join(names) or 'none'}; the law needs at least {min_sizes} sizes. Add presets (--presets).")
+    out, cheapest = [], math.inf
+    for ratio in spec.tokens_per_param:
+        for k in range(min_sizes, len(names) + 1):
+            for start in range(0, len(names) - k + 1):
+                window = names[start:start + k]
+                per_mixture = sum(6.0 * sizes[n]["params_active"] * ratio * sizes[n][size_column] for n in window)
+                need = max(spec.min_runs_per_size, math.ceil(min_runs / k))
+                cheapest = min(cheapest, per_mixture * need)
+                runs = min(MAX_RUNS_PER_SIZE, int(spec.budget_flops // per_mixture))
+                if runs >= need:
+                    out.append({"sizes": window, "tokens_per_param": ratio, "runs_per_size": runs,
+                                "flops": per_mixture * runs})
+    if not out:
+        raise PlanError(f"budget {spec.budget_flops:.4g} FLOPs affords no allocation: the cheapest needs {cheapest:.4g} "
+                        f"(the {min_sizes} smallest presets x {spec.min_runs_per_size} runs each at "
+                        f"{min(spec.tokens_per_param):g} tokens/param, FLOPs = 6 x N_active x D). Raise --budget-flops, "
+                        "lower --tokens-per-param or --min-runs-per-size, or add smaller presets.")
+    if len(out) > spec.max_candidates:  # keep an even spread, always including the ones reaching highest
+        idx = np.unique(np.linspace(0, len(out) - 1, spec.max_candidates).round().astype(int))
+        out = [out[i] for i in idx]
+    return out
+
+
+def simulate(truth: Callable, law_name: str, cand: Mapping[str, Any], sizes, size_column: str, mix_domains, loss_domains,
+             lo_m, hi_m, *, target_size: float, target_tokens: float, noise: float, simulations: int,
+             starts: int, seed: int) -> dict[str, float]:
+    """Simulated extrapolation error of one candidate allocation (see the module docstring)."""
+    from data_mixture.laws import get_law
+    from data_mixture.table import from_columns
+
+    law = get_law(law_name)
+    m = len(mix_domains)
+    rng = np.random.default_rng(seed)
+    test_km = rng.dirichlet(np.ones(m), TEST_MIXTURES)
+    from data_mixture.optimize import project
+
+    test_km = project(test_km, lo_m, hi_m)
+    n_t, d_t = np.full(TEST_MIXTURES, target_size), np.full(TEST_MIXTURES, target_tokens)
+    true_kv = np.stack([np.asarray(truth(v, n_t, d_t, test_km)) for v in range(len(loss_domains))], axis=1)
+    errors, regrets = [], []
+    for s in range(simulations):
+        mix = space_filling_mixtures(cand["runs_per_size"], m, lo_m, hi_m, seed=seed + 1000 * s)
+        cols: dict[str, list] = {"run": [], "params_total": [], "params_active": [], "tokens": []}
+        cols.update({f"mix:{d}": [] for d in mix_domains})
+        for name in cand["sizes"]:
+            total = cand["tokens_per_param"] * sizes[name][size_column]
+            for k in range(mix.shape[0]):
+                for frac in (0.5, 1.0):
+                    cols["run"].append(f"{name}_m{k}")
+                    cols["params_total"].append(sizes[name]["params_total"])
+                    cols["params_active"].append(sizes[name]["params_active"])
+                    cols["tokens"].append(frac * total)
+                    for j, d in enumerate(mix_domains):
+                        cols[f"mix:{d}"].append(float(mix[k, j]))
+        n_r = np.asarray(cols[size_column])
+        d_r = np.asarray(cols["tokens"])
+        mix_rm = np.stack([np.asarray(cols[f"mix:{d}"]) for d in mix_domains], axis=1)
+        for v, dom in enumerate(loss_domains):
+            clean = np.asarray(truth(v, n_r, d_r, mix_rm), np.float64)
+            cols[f"loss:{dom}"] = list(clean * np.exp(noise * rng.standard_normal(clean.shape)))
+        table = from_columns(cols)
+        pred_kv = np.stack([law.fit(table, dom, size_column=size_column, seed=seed + s, starts=starts).predict(n_t, d_t, test_km)
+                            for dom in loss_domains], axis=1)
+        errors.append(float(np.mean(np.abs(pred_kv - true_kv) / true_kv)))
+        true_mean = true_kv.mean(axis=1)
+        regrets.append(float(true_mean[np.argmin(pred_kv.mean(axis=1))] - true_mean.min()))
+    return {"sim_error": float(np.mean(errors)), "sim_error_std": float(np.std(errors)),
+            "sim_regret": float(np.mean(regrets))}
+
+
+def _bounds(domains, spec: PlanSpec):
+    from data_mixture.optimize import Constraints, OptimizeError, feasible_bounds
+
+    try:
+        lo, hi, _ = feasible_bounds(domains, Constraints(min_weight=spec.min_weight, max_weight=spec.max_weight), 1.0)
+    except OptimizeError as e:
+        raise PlanError(str(e).replace("target tokens", "tokens")) from None
+    return lo, hi
+
+
+def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
+    """The plan JSON (see docs/data_mixture.md, "Planning")."""
+    t0 = time.perf_counter()
+    for name, value in (("--budget-flops", spec.budget_flops), ("--target-size", spec.target_size),
+                        ("--target-tokens", spec.target_tokens)):
+        if not (math.isfinite(value) and value > 0):
+            raise PlanError(f"{name} is {value!r}; allowed: a number > 0.")
+    if spec.noise < 0 or spec.simulations < 1 or spec.sim_starts < 1:
+        raise PlanError(f"--noise {spec.noise}, --simulations {spec.simulations}, --sim-starts {spec.sim_starts}: "
+                        "allowed: noise >= 0, at least 1 simulation and 1 start.")
+    if any(not (math.isfinite(r) and r > 0) for r in spec.tokens_per_param):
+        raise PlanError(f"--tokens-per-param {list(spec.tokens_per_param)}: allowed: numbers > 0.")
+    if spec.prior:
+        from data_mixture.fit import Fit
+
+        prior = Fit.load(spec.prior)
+        truth, size_column = _prior_fn(prior), prior.size_column
+        mix_domains, loss_domains = tuple(prior.mix_domains), tuple(prior.loss_domains)
+        law = spec.law or prior.law
+        prior_desc = {"kind": "fit", "path": str(spec.prior), "law": prior.law}
+        if spec.domains and tuple(x.strip() for x in spec.domains.split(",")) != mix_domains:
+            raise PlanError(f"--domains {spec.domains!r} differs from the prior fit's training domains {', '.join(mix_domains)}.")
+    else:
+        if not spec.domains:
+            raise PlanError("without --prior, give the training domains with --domains, e.g. --domains code,prose,math,knowledge.")
+        mix_domains = tuple(x.strip() for x in spec.domains.split(",") if x.strip())
+        loss_domains, size_column = mix_domains, "params_active"
+        truth, law = default_prior(mix_domains), spec.law or "camel"
+        prior_desc = {"kind": "default", "formula": default_prior.__doc__.split("``")[1]}
+    from data_mixture.laws import get_law
+
+    law_obj = get_law(law)
+    lo, hi = _bounds(mix_domains, spec)
+    presets = dict(spec.presets or DEFAULT_PRESETS)
+    sizes = preset_sizes(presets)
+    cands = _candidates(spec, sizes, size_column, law_obj.min_sizes(), law_obj.min_runs(len(mix_domains)))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cands), desc="plan: simulating allocations", unit="allocation")
+    for c in cands:
+        c.update(simulate(truth, law, c, sizes, size_column, mix_domains, loss_domains, lo, hi,
+                          target_size=spec.target_size, target_tokens=spec.target_tokens, noise=spec.noise,
+                          simulations=spec.simulations, starts=spec.sim_starts, seed=spec.seed))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    best = min(cands, key=lambda c: (c["sim_error"], c["flops"]))
+    mix = space_filling_mixtures(best["runs_per_size"], len(mix_domains), lo, hi, seed=spec.seed)
+    runs = []
+    per_step = spec.batch * spec.seq_len
+    for name in best["sizes"]:
+        tokens_goal = best["tokens_per_param"] * sizes[name][size_column]
+        steps = max(2, math.floor(tokens_goal / per_step))
+        tokens = float(steps * per_step)
+        for k in range(mix.shape[0]):
+            mixture = {d: float(w) for d, w in zip(mix_domains, mix[k])}
+            overrides = {**presets[name], "train.steps": steps, "train.global_batch_size": spec.batch,
+                         "train.seq_len": spec.seq_len, "checkpoint.every_steps": max(1, steps // 2),
+                         "train.eval_every": max(1, steps // 2), "train.seed": spec.seed,
+                         "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture}
+            runs.append({
+                "name": f"{name}_m{k}", "preset": name, "config": spec.config, "overrides": overrides,
+                "mixture": mixture, "tokens": tokens, "steps": steps,
+                "params_total": sizes[name]["params_total"], "params_active": sizes[name]["params_active"],
+                "flops": 6.0 * sizes[name]["params_active"] * tokens,
+            })
+    total = float(sum(r["flops"] for r in runs))
+    return {
+        "version": PLAN_VERSION,
+        "budget_flops": float(spec.budget_flops), "total_flops": total,
+        "flops_formula": "6 * params_active * tokens",
+        "target": {"size": float(spec.target_size), "size_column": size_column, "tokens": float(spec.target_tokens)},
+        "law": law, "prior": prior_desc,
+        "mix_domains": list(mix_domains), "loss_domains": list(loss_domains),
+        "bounds": {"min_weight": dict(zip(mix_domains, lo.tolist())), "max_weight": dict(zip(mix_domains, hi.tolist()))},
+        "method": {"noise": spec.noise, "simulations": spec.simulations, "sim_starts": spec.sim_starts,
+                   "test_mixtures": TEST_MIXTURES, "score": "sim_error"},
+        "seed": spec.seed,
+        "chosen": {k: best[k] for k in ("sizes", "tokens_per_param", "runs_per_size", "sim_error", "sim_error_std", "sim_regret")},
+        "candidates": cands,
+        "runs": runs,
+        "seconds": time.perf_counter() - t0,
+    }
