@@ -290,7 +290,6 @@ def summary_line(summary: dict, workdir: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv if argv is None else argv
-    warnings.showwarning = _show_warning
     command = parse_command_line(argv)
     if "MOEJAX_LOCAL_PROCESSES" in os.environ:
         sys.exit(run_local_processes(_env_int("MOEJAX_LOCAL_PROCESSES", 1), argv[1:]))
@@ -320,4 +319,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    warnings.showwarning = _show_warning
     main()

@@ -31,6 +31,43 @@ from moejax.data.streams import TokenStream
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 BUILTIN_CORPUS_SEED = 0
+# Written by ``prepare`` while it runs, and kept with the error when it fails; dataset.json, which
+# makes the directory a dataset, is written only once every domain is complete.
+PROGRESS_FILE = "prepare-progress.json"
+# Below these a domain's held-out loss is noise: with a few documents it measures those documents
+# (between-document spread dominates the per-token spread), and 8,192 tokens is what one
+# evaluation of the tiny default reads (train.eval_batches 2 x batch 16 x seq_len 256). `prepare`
+# warns below either, and training warns too when an evaluation would read more tokens than exist.
+MIN_HELDOUT_DOCUMENTS = 20
+MIN_HELDOUT_TOKENS = 8192
+
+
+class HeldoutWarning(UserWarning):
+    """A domain's held-out split is too small for its evaluation loss to mean much."""
+
+
+def small_heldout_message(domain: str, documents: int, tokens: int, *, total_documents: int,
+                          total_tokens: int, fraction: float | None,
+                          min_tokens: int = MIN_HELDOUT_TOKENS) -> str:
+    """'' if the held-out split is big enough, else a warning that says how to fix it."""
+    if documents >= MIN_HELDOUT_DOCUMENTS and tokens >= min_tokens:
+        return ""
+    message = (f"domain {domain!r} has a held-out split of {documents:,} documents / {tokens:,} tokens, "
+               f"below the minimum of {MIN_HELDOUT_DOCUMENTS} documents and {min_tokens:,} tokens: its "
+               f"eval_loss/{domain} will be noise.")
+    # The fraction that would hold out the minimum, with a 20% margin for the hash split's luck.
+    needed = max(MIN_HELDOUT_DOCUMENTS / max(total_documents, 1), min_tokens / max(total_tokens, 1)) * 1.2
+    if total_documents < 2 * MIN_HELDOUT_DOCUMENTS:
+        return message + (f" The source has only {total_documents:,} documents; give it more, smaller "
+                          "documents (e.g. one JSONL record per document).")
+    if needed > 0.5:
+        return message + (f" The source holds only {total_tokens:,} tokens in {total_documents:,} documents; "
+                          "give it more text, or accept a noisy eval loss for it.")
+    if fraction is not None:
+        suggested = float(f"{needed:.2g}")
+        return message + (f" Rerun the prepare command with --heldout-fraction {suggested:g} (now "
+                          f"{fraction:g}); the shards are redone with the new split.")
+    return message + f" Prepare it with --heldout-fraction {float(f'{needed:.2g}'):g}."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +125,15 @@ def describe_dataset(path: str | os.PathLike[str] = "") -> DatasetInfo:
             f"moejax.data.prepare --source DOMAIN=PATH --out {path}; or set data.path='' for the "
             "built-in corpus."
         )
+    _check_prepare_finished(directory, str(path))
     dataset = _read_json(directory / layout.DATASET_FILE, f"data.path {str(path)!r}")
     if dataset.get("format") != layout.FORMAT:
         raise DataError(f"{directory / layout.DATASET_FILE} has format {dataset.get('format')!r}, "
                         f"expected {layout.FORMAT!r}; prepare the sources again.")
-    if not dataset.get("domains"):
-        raise DataError(f"prepared dataset {path} has no finished domain: its prepare run was "
-                        "interrupted. Rerun the same prepare command to finish it.")
+    if not dataset.get("domains"):  # written by an older prepare, which wrote dataset.json first
+        raise DataError(f"prepared dataset {path} has no finished domain: its prepare run failed or "
+                        "was interrupted. Rerun the prepare command (after fixing its input if it "
+                        "failed); it keeps the shards already done.")
     return DatasetInfo(str(path), f"prepared dataset {path}", tuple(sorted(dataset["domains"])),
                        load_tokenizer(directory))
 
@@ -158,6 +197,30 @@ def combined_hash(hashes) -> str:
     for item in hashes:
         h.update(item.encode())
     return h.hexdigest()
+
+
+def _check_prepare_finished(directory: Path, path: str) -> None:
+    """A directory with a prepare progress record but no dataset.json: say what happened."""
+    progress_path = directory / PROGRESS_FILE
+    if (directory / layout.DATASET_FILE).is_file() or not progress_path.is_file():
+        return
+    try:
+        with open(progress_path, encoding="utf-8") as f:
+            progress = json.load(f)
+    except (OSError, ValueError):
+        progress = {}
+    domains = ", ".join(progress.get("domains", ())) or "its sources"
+    if progress.get("state") == "failed":
+        raise DataError(
+            f"data.path {path!r} is not a prepared dataset: the prepare run into it failed, so it "
+            f"has no {layout.DATASET_FILE}. Its error was: {progress.get('error', '(not recorded)')} "
+            "Fix that input, then rerun the prepare command (it keeps the shards already done)."
+        )
+    raise DataError(
+        f"data.path {path!r} is not a prepared dataset yet: a prepare run into it (domains {domains}) "
+        f"was interrupted or is still running, so it has no {layout.DATASET_FILE}. Rerun the same "
+        "prepare command to finish it (shards already done are kept)."
+    )
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

@@ -10,11 +10,13 @@ then opens the dataset and returns the train iterator, the fixed eval batches, t
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from moejax.data.dataset import DatasetInfo, TokenDataset, describe_dataset, open_dataset
-from moejax.data.errors import DataError
+from moejax.data.dataset import (DatasetInfo, HeldoutWarning, TokenDataset, describe_dataset, open_dataset,
+                                 small_heldout_message)
+from moejax.data.errors import DataError, user_stacklevel
 from moejax.data.mixture import Schedule, schedule_from_config
 from moejax.data.packing import Example
 from moejax.data.pipeline import MixtureIterator, make_eval_batches
@@ -67,7 +69,27 @@ def make_data(
         dataset.domains, seq_len=t.seq_len, batch_size=t.global_batch_size,
         batches_per_domain=t.eval_batches, dataset=dataset, rows=eval_rows,
     )
+    warn_small_heldout(dataset)
     return TrainData(train_iter, eval_batches, dataset.domains, dataset.tokenizer, schedule, dataset)
+
+
+def warn_small_heldout(dataset: TokenDataset) -> None:
+    """A ``HeldoutWarning`` per domain of a prepared dataset whose held-out split is below the
+    documented minimum (``dataset.MIN_HELDOUT_*``), as ``prepare`` warned when it was made."""
+    if not dataset.info.path:
+        return  # the built-in corpus holds thousands of held-out documents per domain
+    for domain in dataset.domains:
+        streams = dataset.streams(domain, "heldout")
+        manifest = dataset.manifest.get("domain_manifests", {}).get(domain, {})
+        splits = manifest.get("splits", {})
+        problem = small_heldout_message(
+            domain, sum(s.num_documents for s in streams), sum(s.num_tokens for s in streams),
+            total_documents=sum(split.get("documents", 0) for split in splits.values()),
+            total_tokens=sum(split.get("tokens", 0) for split in splits.values()),
+            fraction=manifest.get("heldout_fraction"),
+        )
+        if problem:
+            warnings.warn(f"{dataset.info.description}: {problem}", HeldoutWarning, stacklevel=user_stacklevel())
 
 
 def _round_up(n: int, multiple: int = 128) -> int:

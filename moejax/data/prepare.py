@@ -46,8 +46,8 @@ import numpy as np
 import tqdm
 
 from moejax.data import layout, sources as sources_lib
-from moejax.data.dataset import combined_hash
-from moejax.data.errors import DataError
+from moejax.data.dataset import PROGRESS_FILE, HeldoutWarning, combined_hash, small_heldout_message
+from moejax.data.errors import DataError, user_stacklevel
 from moejax.data.sources import Piece, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
@@ -104,10 +104,10 @@ def prepare_dataset(
     shard_bytes = max(1, int(shard_mb * MB))
     plans = {s.domain: sources_lib.plan_pieces(sources_lib.list_files(s), shard_bytes, text_field)
              for s in parsed}
-    existing = _read_existing(out)
+    existing, progress = _read_existing(out)
     options = _tokenizer_options(tokenizer, vocab_size)
     bpe_seconds = 0.0
-    tok_json = _reuse_tokenizer(out, existing, options)
+    tok_json = _reuse_tokenizer(out, existing or progress, options)
     if tokenizer == "bpe" and tok_json is None:
         bpe_start = time.perf_counter()
         tok_json = _train_tokenizer(plans, vocab_size, bpe_sample_mb, text_field, out)
@@ -115,8 +115,28 @@ def prepare_dataset(
     tok = _load(tok_json)
     dataset = existing or {"format": layout.FORMAT, "domains": {}}
     dataset.update(tokenizer=tok.name, tokenizer_options=options)
+    # dataset.json is what makes a directory a dataset, so it is written last, only on success.
+    # Until then a progress record holds the tokenizer (for a resumed run) and, after a failure,
+    # the error, so that training on the directory says what happened.
+    record = {"format": layout.FORMAT, "tokenizer": tok.name, "tokenizer_options": options,
+              "domains": sorted(plans), "state": "running"}
+    _write_json(out / PROGRESS_FILE, record)
+    try:
+        summary = _tokenize_and_summarise(out, parsed, plans, dataset, tok, tok_json, heldout_fraction,
+                                          text_field, shard_bytes, workers, progress)
+    except DataError as e:
+        _write_json(out / PROGRESS_FILE, {**record, "state": "failed", "error": str(e)})
+        raise
     _write_json(out / layout.DATASET_FILE, dataset)
+    (out / PROGRESS_FILE).unlink()
+    return {**summary, "bpe_train_s": bpe_seconds, "seconds": time.perf_counter() - start_time}
 
+
+def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str, list[Piece]],
+                            dataset: dict[str, Any], tok: Tokenizer, tok_json: str | None,
+                            heldout_fraction: float, text_field: str, shard_bytes: int,
+                            workers: int | None, progress: bool) -> dict[str, Any]:
+    """Tokenize every shard not already done, write the domain manifests and fill ``dataset``."""
     tasks = {domain: _shard_tasks(out, domain, pieces, tok, tok_json, heldout_fraction, text_field,
                                   shard_bytes) for domain, pieces in plans.items()}
     records, pending = {}, []
@@ -145,7 +165,6 @@ def prepare_dataset(
         }
         summary_domains[source.domain] = manifest["splits"]
     dataset["sha256"] = combined_hash(dataset["domains"][d]["sha256"] for d in sorted(dataset["domains"]))
-    _write_json(out / layout.DATASET_FILE, dataset)
     return {
         "out": str(out),
         "tokenizer": tok.name,
@@ -154,9 +173,7 @@ def prepare_dataset(
         "shards_skipped": skipped,
         "input_bytes": sum(t.input_bytes for ts in tasks.values() for t in ts),
         "tokenized_bytes": sum(t.input_bytes for t in pending),
-        "bpe_train_s": bpe_seconds,
         "workers": workers,
-        "seconds": time.perf_counter() - start_time,
     }
 
 
@@ -228,18 +245,25 @@ def _tokenizer_options(tokenizer: str, vocab_size: int) -> dict[str, Any]:
     return {"kind": "bpe", "vocab_size": vocab_size} if tokenizer == "bpe" else {"kind": "byte"}
 
 
-def _read_existing(out: Path) -> dict[str, Any] | None:
-    """The ``dataset.json`` of an earlier run into ``out``, or None for a new dataset."""
-    path = out / layout.DATASET_FILE
-    if path.is_file():
+def _read_existing(out: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the ``dataset.json`` of an earlier run into ``out``, the progress record of an unfinished
+    one); (None, None) for a new dataset."""
+    def read(path: Path) -> dict[str, Any] | None:
+        if not path.is_file():
+            return None
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    # A BPE trained by a run interrupted before its first dataset.json is simply trained again.
-    leftovers = {layout.TOKENIZER_FILE, layout.tmp_path(Path(layout.TOKENIZER_FILE)).name}
+
+    existing, progress = read(out / layout.DATASET_FILE), read(out / PROGRESS_FILE)
+    if existing is not None or progress is not None:
+        return existing, progress
+    # A BPE trained by a run interrupted before its progress record is simply trained again.
+    leftovers = {layout.TOKENIZER_FILE, layout.tmp_path(Path(layout.TOKENIZER_FILE)).name,
+                 layout.tmp_path(Path(PROGRESS_FILE)).name}
     if out.exists() and (not out.is_dir() or any(p.name not in leftovers for p in out.iterdir())):
         raise DataError(f"--out {out} exists and is not a prepared dataset (no {layout.DATASET_FILE}); "
                         "choose a new or empty directory.")
-    return None
+    return None, None
 
 
 def _reuse_tokenizer(out: Path, existing: dict | None, options: dict) -> str | None:
@@ -399,7 +423,14 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
                       f"({sum(s['documents'] for s in splits.values())} documents, heldout "
                       f"fraction {heldout_fraction}); training or evaluating on it will fail. Use "
                       "more, smaller documents (e.g. JSONL) or another --heldout-fraction.",
-                      stacklevel=3)
+                      HeldoutWarning, stacklevel=user_stacklevel())
+    else:
+        problem = small_heldout_message(
+            domain, splits["heldout"]["documents"], splits["heldout"]["tokens"],
+            total_documents=splits["train"]["documents"] + splits["heldout"]["documents"],
+            total_tokens=splits["train"]["tokens"] + splits["heldout"]["tokens"], fraction=heldout_fraction)
+        if problem:
+            warnings.warn(problem, HeldoutWarning, stacklevel=user_stacklevel())
     manifest = {
         "format": layout.FORMAT,
         "domain": domain,
@@ -521,5 +552,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    """On the command line, warnings about the user's data are one line, without a source line."""
+    if issubclass(category, HeldoutWarning):
+        (file or sys.stderr).write(f"prepare: warning: {message}\n")
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 if __name__ == "__main__":
+    warnings.showwarning = _show_warning
     sys.exit(main())

@@ -20,6 +20,7 @@ import numpy as np
 from moejax import code_version, sharding
 from moejax import config as config_lib
 from moejax.data.from_config import check_data_config, make_data
+from moejax.data.mixture import stage_index
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train.checkpoint import Checkpointer, any_process, check_same_on_every_process, load_params
@@ -164,7 +165,14 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                 logger.log(0, first_eval)
                 summary["initial_eval_loss"] = first_eval["eval_loss"]
             interval_start, interval_steps = time.perf_counter(), 0
+            stage = stage_index(train_data.schedule, step)
+            if len(train_data.schedule) > 1 and is_main:
+                logger.bar.write(_stage_line(train_data.schedule, stage, step))
+            if step < t.steps and is_main:
+                logger.bar.write("moejax: compiling the train step... (the first step waits for it)")
             while step < t.steps:
+                stage_now = stage_index(train_data.schedule, step)  # the stage of the batch drawn next
+                stage_switched, stage = stage_now != stage, stage_now
                 batch = next(data_iter)
                 domain_tokens += np.bincount(data_iter.global_domains, minlength=len(train_data.domains)) * t.seq_len
                 state, metrics = train_step(
@@ -176,6 +184,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                     jax.block_until_ready(state)
                     summary["compile_and_first_step_s"] = time.perf_counter() - interval_start
                     interval_start, interval_steps = time.perf_counter(), 0
+                    if is_main:
+                        logger.bar.write(f"moejax: compiled; first step took {summary['compile_and_first_step_s']:.1f} s")
                 # A skipped (non-finite) step left the state unchanged; too many in a row end the run.
                 if bool(metrics["skipped"]):
                     bad_streak, skipped_steps = bad_streak + 1, skipped_steps + 1
@@ -183,8 +193,12 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                     bad_streak = 0
                 diverged = bad_streak >= t.max_bad_steps
                 logger.advance()
+                if step == summary["start_step"] + 1 and is_main:
+                    _restart_eta(logger.bar, step)  # the rate and ETA from here on are of steps alone
                 record = {}
-                if step % t.log_every == 0 or step == t.steps or diverged:
+                if stage_switched and is_main:
+                    logger.bar.write(_stage_line(train_data.schedule, stage, step - 1))
+                if step % t.log_every == 0 or step == t.steps or diverged or stage_switched:
                     step_time = (  # right after the first step, its time (with compilation) is all there is
                         (time.perf_counter() - interval_start) / interval_steps if interval_steps
                         else summary["compile_and_first_step_s"]
@@ -192,6 +206,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
                     record = step_record(jax.device_get(metrics), step_time, tokens_per_step, flops_tok, peak)
                     record.update({f"tokens/{d}": int(n) for d, n in zip(train_data.domains, domain_tokens)})
                     record["skipped_steps"] = skipped_steps
+                    if len(train_data.schedule) > 1:  # which data.schedule stage this step trained on
+                        record["stage"] = stage
                     logger.advance(0, loss=record["loss"])
                 if step % t.eval_every == 0 or step == t.steps:
                     record.update(evaluate(eval_step, state, eval_batches, eval_sharding, t.global_batch_size))
@@ -219,4 +235,38 @@ def train(cfg, workdir: str) -> dict[str, Any]:
         checkpointer.close()
         logger.close()
     summary["final_step"] = step
+    summary["resumed_from"] = summary["start_step"] if resumed else None
+    if is_main:  # the whole run's first and last evaluation, also when this process resumed it
+        summary["first_eval"], summary["last_eval"] = eval_losses_from_metrics(workdir)
     return summary
+
+
+def eval_losses_from_metrics(workdir: str) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
+    """(step, eval_loss) of the first and of the last evaluation in ``workdir/metrics.jsonl``."""
+    first = last = None
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return None, None
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record.get("eval_loss"), (int, float)):
+                last = (int(record["step"]), float(record["eval_loss"]))
+                first = first or last
+    return first, last
+
+
+def _stage_line(schedule, stage: int, batch: int) -> str:
+    weights = ", ".join(f"{d} {w:.3g}" for d, w in schedule[stage].weights.items())
+    return (f"moejax: data.schedule stage {stage + 1} of {len(schedule)} (from batch "
+            f"{schedule[stage].start_step}) trains step {batch + 1} on: {weights}")
+
+
+def _restart_eta(bar, done: int) -> None:
+    """Restart the progress bar's clock after compilation, so its rate and ETA are of steps alone."""
+    bar.reset()
+    bar.initial = bar.n = bar.last_print_n = done
+    bar.refresh()
