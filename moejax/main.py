@@ -296,16 +296,11 @@ def main(argv: list[str] | None = None) -> None:
     maybe_initialize_distributed()
     import jax
 
-    try:  # cheap, and it knows which keys the command line set (to name those in the message)
-        config_lib.validate(command.config, jax.device_count(), changed=command.changed)
-    except ConfigError as e:
-        _die(f"{e}")
-
     from moejax.train.loop import Diverged, train
     from moejax.train.preemption import Preempted
 
-    try:
-        summary = train(command.config, command.workdir)
+    try:  # ``changed``: a conflict between two keys is reported against the one the user set
+        summary = train(command.config, command.workdir, changed=command.changed)
     except ConfigError as e:
         _die(f"{e}")
     except Preempted as e:

@@ -29,9 +29,11 @@ from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metric
 from moejax.train.state import Run, check_l3_allocation_matches, init_state, process_rows, setup, to_global
 from moejax.train.step import make_eval_step, make_train_step
 
-def check_config(cfg) -> dict[str, int]:
-    """Everything that can be checked before compiling; returns the resolved mesh shape."""
-    mesh_shape = config_lib.validate(cfg, jax.device_count())
+def check_config(cfg, changed=()) -> dict[str, int]:
+    """Everything that can be checked before compiling; returns the resolved mesh shape.
+
+    ``changed``: the keys the command line set (messages about two conflicting keys name those)."""
+    mesh_shape = config_lib.validate(cfg, jax.device_count(), changed=changed)
     check_data_config(cfg)  # dataset, mixture/schedule domains and weights, vocab vs tokenizer
     return mesh_shape
 
@@ -96,9 +98,11 @@ def restore_or_init(cfg, run: Run, checkpointer: Checkpointer, tokenizer_name: s
     return state, None
 
 
-def train(cfg, workdir: str) -> dict[str, Any]:
-    """Trains ``cfg`` into ``workdir``, resuming from its latest checkpoint. Returns a summary."""
-    mesh_shape = check_config(cfg)
+def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
+    """Trains ``cfg`` into ``workdir``, resuming from its latest checkpoint. Returns a summary.
+
+    ``changed``: the config keys set on the command line (for the config errors' wording)."""
+    mesh_shape = check_config(cfg, changed)
     os.makedirs(workdir, exist_ok=True)
     t = cfg.train
     mesh = sharding.make_mesh(mesh_shape)

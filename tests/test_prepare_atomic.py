@@ -1,0 +1,83 @@
+"""``prepare`` writes dataset.json last, only on success; what a failed or interrupted run leaves is
+never taken for a dataset, and training says what happened and how to fix it."""
+import json
+
+import pytest
+
+from moejax.data import prepare as prepare_lib
+from moejax.data.dataset import PROGRESS_FILE, describe_dataset
+from moejax.data.errors import DataError
+from moejax.data.prepare import main as prepare_main, prepare_dataset
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("atomic")
+    for domain in ("good", "other"):
+        (root / domain).mkdir()
+        with open(root / domain / "docs.jsonl", "w") as f:
+            for i in range(120):
+                f.write(json.dumps({"text": f"{domain} document {i} " + "word " * (i % 17 + 5)}) + "\n")
+    (root / "blank").mkdir()
+    (root / "blank" / "empty.txt").write_text("  \n\n")
+    return root
+
+
+def _prepare(out, *specs):
+    return prepare_dataset(list(specs), out, heldout_fraction=0.3, workers=1, progress=False, shard_mb=0.002)
+
+
+def test_failed_prepare_leaves_no_dataset_and_training_names_the_error(sources, tmp_path, capsys):
+    out = tmp_path / "ds"
+    code = prepare_main(["--source", f"good={sources / 'good'}", "--source", f"blank={sources / 'blank'}",
+                         "--out", str(out), "--workers", "1", "--heldout-fraction", "0.3", "--shard-mb", "0.002"])
+    assert code == 2
+    assert "blank" in capsys.readouterr().err
+    assert not (out / "dataset.json").exists()  # nothing marks it as a dataset
+    with pytest.raises(DataError) as error:
+        describe_dataset(str(out))
+    message = str(error.value)
+    assert "the prepare run into it failed" in message and "was interrupted" not in message
+    assert f"source blank={sources / 'blank'} holds no non-empty documents" in message  # what happened
+    assert "Fix that input, then rerun the prepare command" in message  # and the fix
+
+    # The same --out with the input fixed resumes (the finished shards of 'good' are kept) and completes.
+    summary = _prepare(out, f"good={sources / 'good'}")
+    assert summary["shards_skipped"] > 0 and (out / "dataset.json").is_file()
+    assert not (out / PROGRESS_FILE).exists()
+    assert describe_dataset(str(out)).domains == ("good",)
+
+
+def test_interrupted_prepare_is_reported_as_interrupted_and_finishes_on_rerun(sources, tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    real = prepare_lib.tokenize_shard
+    calls = []
+
+    def interrupted_on_the_third_shard(task):
+        calls.append(task)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(task)
+
+    monkeypatch.setattr(prepare_lib, "tokenize_shard", interrupted_on_the_third_shard)
+    with pytest.raises(KeyboardInterrupt):
+        _prepare(out, f"good={sources / 'good'}", f"other={sources / 'other'}")
+    monkeypatch.undo()
+    assert not (out / "dataset.json").exists()
+    with pytest.raises(DataError, match=r"a prepare run into it \(domains good, other\) was interrupted or is "
+                                        r"still running, so it has no dataset.json\. Rerun the same prepare "
+                                        r"command to finish it"):
+        describe_dataset(str(out))
+    summary = _prepare(out, f"good={sources / 'good'}", f"other={sources / 'other'}")
+    assert summary["shards_skipped"] == 2  # the two shards finished before the interruption
+    assert describe_dataset(str(out)).domains == ("good", "other")
+
+
+def test_failed_addition_leaves_the_existing_dataset_untouched(sources, tmp_path):
+    out = tmp_path / "ds"
+    _prepare(out, f"good={sources / 'good'}")
+    before = (out / "dataset.json").read_bytes()
+    with pytest.raises(DataError, match="holds no non-empty documents"):
+        _prepare(out, f"good={sources / 'good'}", f"blank={sources / 'blank'}")
+    assert (out / "dataset.json").read_bytes() == before
+    assert describe_dataset(str(out)).domains == ("good",)  # still a dataset, of its finished domains
