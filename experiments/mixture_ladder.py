@@ -42,6 +42,8 @@ DOMAINS = ("code", "prose", "math", "knowledge")
 
 # name -> model overrides (everything else: the tiny default of moejax/config.py).
 SIZES: dict[str, dict[str, int]] = {
+    "s0": {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 1, "model.num_kv_heads": 1,
+           "model.mlp_dim": 128, "model.moe.expert_dim": 64, "model.moe.shared_expert_dim": 64},
     "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
            "model.mlp_dim": 256, "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
     "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, "model.num_kv_heads": 1,
@@ -93,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=140)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--mixtures", type=int, default=5)
+    parser.add_argument("--mixtures", default="5",
+                        help="mixtures per size: N for every size, or per size, e.g. s0=8,s1=8,s2=5 (the first N of "
+                             "the same greedy design, so a size with fewer mixtures trains a subset)")
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated subset of " + ",".join(SIZES))
     parser.add_argument("--max-items", type=int, default=32)
     parser.add_argument("--loss-batches", type=int, default=4)
@@ -103,18 +107,28 @@ def main(argv: list[str] | None = None) -> None:
     root.mkdir(parents=True, exist_ok=True)
     ladder_log = root / "ladder.log"
     py = sys.executable
-    mixtures = design_mixtures(args.mixtures, seed=args.seed)
     sizes = [s for s in args.sizes.split(",") if s]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"--sizes names {unknown}; known sizes: {', '.join(SIZES)}")
+    try:
+        if "=" in args.mixtures:
+            per_size = {k.strip(): int(v) for k, v in (p.split("=") for p in args.mixtures.split(","))}
+        else:
+            per_size = {s: int(args.mixtures) for s in sizes}
+    except ValueError:
+        parser.error(f"--mixtures {args.mixtures!r}: expected N or SIZE=N,SIZE=N")
+    missing = [s for s in sizes if s not in per_size]
+    if missing:
+        parser.error(f"--mixtures gives no count for size(s) {missing}")
+    mixtures = design_mixtures(max(per_size[s] for s in sizes), seed=args.seed)
     (root / "design.json").write_text(json.dumps({"sizes": {s: SIZES[s] for s in sizes}, "mixtures": mixtures,
                                                   "args": vars(args)}, indent=1))
     half = args.steps // 2
     workdirs = []
     t_start = time.time()
     for size in sizes:
-        for k, mixture in enumerate(mixtures):
+        for k, mixture in enumerate(mixtures[:per_size[size]]):
             name = f"{size}_m{k}"
             wd = root / name
             workdirs.append(str(wd))

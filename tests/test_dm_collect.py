@@ -1,0 +1,111 @@
+"""collect: moejax workdirs -> runs table (real trained + evaluated fixture run; schedules; errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import ml_collections
+import numpy as np
+import pytest
+
+from data_mixture.collect import CollectError, collect, stage_average, write_columns
+from data_mixture.table import read_runs
+from moejax.model.transformer import param_counts
+
+
+def evaluated_workdir(base: str, cache_dir: str) -> str:
+    """A very small MoE trained for 5 steps (checkpoints 3 and 5) and evaluated cheaply (2 items
+    of knowledge and math), made once per pytest session under ``base``."""
+    from moejax.config import default_config
+    from moejax.eval.__main__ import main as eval_main
+    from moejax.train.loop import train
+
+    workdir = os.path.join(base, "dm_collect_run")
+    if not os.path.isfile(os.path.join(workdir, "evaluated")):
+        shutil.rmtree(workdir, ignore_errors=True)
+        cfg = default_config()
+        t, m = cfg.train, cfg.model
+        t.steps, t.global_batch_size, t.seq_len, t.log_every, t.eval_every, t.eval_batches = 5, 8, 64, 1, 5, 1
+        cfg.checkpoint.every_steps, cfg.optim.warmup_steps = 3, 1
+        m.d_model, m.num_layers, m.mlp_dim, m.num_heads, m.num_kv_heads, m.head_dim = 32, 2, 64, 2, 1, 16
+        m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
+        cfg.data.cache_dir = cache_dir
+        train(cfg, workdir)
+        eval_main(["--workdir", workdir, "--all", "--max-items", "2", "--tasks", "knowledge", "math",
+                   "--max-new-tokens", "4", "--no-progress"])
+        open(os.path.join(workdir, "evaluated"), "w").close()
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, corpus_cache):
+    return evaluated_workdir(str(tmp_path_factory.getbasetemp()), corpus_cache)
+
+
+def test_one_row_per_evaluated_checkpoint(workdir, tmp_path):
+    got = collect([workdir])
+    cols = got.columns
+    assert cols["step"] == [3, 5] and got.unevaluated == []
+    cfg = ml_collections.ConfigDict(json.load(open(os.path.join(workdir, "config.json"))))
+    counts = param_counts(cfg.model)
+    assert cols["params_total"] == [float(counts["total"])] * 2
+    assert cols["params_active"] == [float(counts["active"])] * 2
+    per_step = cfg.train.global_batch_size * cfg.train.seq_len
+    assert cols["tokens"] == [3.0 * per_step, 5.0 * per_step]
+    assert cols["flops"] == [6.0 * counts["active"] * t for t in cols["tokens"]]
+    for d in ("code", "prose", "math", "knowledge"):
+        assert cols[f"mix:{d}"] == [0.25, 0.25]
+        ev = json.load(open(os.path.join(workdir, "eval", "step_5.json")))
+        assert cols[f"loss:{d}"][1] == ev["losses"]["domains"][d]["loss"]
+    assert cols["bench:knowledge"][1] == ev["benchmarks"]["knowledge"]["accuracy"]
+    assert cols["bench:math"][1] == ev["benchmarks"]["math"]["exact_match"]
+    out = tmp_path / "runs.csv"
+    write_columns(cols, out)
+    table = read_runs(out)  # the table validates, floats round-trip
+    assert table.loss_rv[1, table.loss_domains.index("code")] == cols["loss:code"][1]
+    assert table.extra["workdir"][0] == workdir
+
+
+def test_unevaluated_checkpoints_are_reported(workdir, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(workdir, bare)
+    os.remove(bare / "eval" / "step_5.json")
+    got = collect([str(bare)])
+    assert got.columns["step"] == [3]
+    assert got.unevaluated == [(str(bare), 5)]
+
+
+def test_a_ladder_root_is_expanded_and_names_are_the_workdirs(workdir, tmp_path):
+    root = tmp_path / "ladder"
+    for name in ("a", "b"):
+        shutil.copytree(workdir, root / name, ignore=shutil.ignore_patterns("checkpoints"))
+    got = collect([str(root)])
+    assert got.columns["run"] == ["a", "a", "b", "b"]
+
+
+def test_schedule_is_the_token_weighted_average_of_its_stages(workdir, tmp_path):
+    staged = tmp_path / "staged"
+    shutil.copytree(workdir, staged, ignore=shutil.ignore_patterns("checkpoints"))
+    cfg = json.load(open(staged / "config.json"))
+    cfg["data"]["schedule"] = json.dumps([[0, {"code": 1.0}], [2, {"math": 3, "prose": 1}]])
+    json.dump(cfg, open(staged / "config.json", "w"))
+    got = collect([str(staged)]).columns
+    # step 3: 2 steps of code, 1 of (math 0.75, prose 0.25); step 5: 2 of code, 3 of the second stage.
+    np.testing.assert_allclose([got["mix:code"][0], got["mix:math"][0], got["mix:prose"][0]], [2 / 3, 0.25, 1 / 12])
+    np.testing.assert_allclose([got["mix:code"][1], got["mix:math"][1], got["mix:prose"][1]], [0.4, 0.45, 0.15])
+    assert got["mix:knowledge"] == [0.0, 0.0]
+
+
+def test_stage_average_before_the_second_stage():
+    stages = [(0, {"a": 1.0}), (10, {"b": 1.0})]
+    assert stage_average(stages, 10) == {"a": 1.0, "b": 0.0}
+    assert stage_average(stages, 20) == {"a": 0.5, "b": 0.5}
+
+
+def test_not_a_workdir_is_a_clear_error(tmp_path):
+    with pytest.raises(CollectError, match="not a moejax workdir"):
+        collect([str(tmp_path)])
+    with pytest.raises(CollectError, match="does not exist"):
+        collect([str(tmp_path / "missing")])
