@@ -1,7 +1,14 @@
 """Command-line entry point: ``python -m moejax.main --config FILE --workdir DIR [--config.key=value]``.
 
-``launch.sh`` wraps this. Bad options and bad config values end with a one-paragraph message that
-says how to fix them, before anything is compiled.
+``launch.sh`` wraps this. Every mistake on the command line (unknown options, misspelled keys at
+any depth, values of the wrong type, unknown mixture domains, JSON text that does not parse,
+conflicting values) ends with a one-paragraph ``moejax: error: ...`` naming the key and the fix,
+exit status 2 and no traceback, before anything is compiled. Override paths are checked here
+against ``config.default_config()`` (ml_collections' own errors are tracebacks), absl parses the
+values, and the ``data.mixture`` overrides are taken out and applied by
+``config.apply_mixture_overrides``, because a mixture's keys are the dataset's domains, which the
+config cannot know in advance: ``--config.data.mixture.DOMAIN=W`` per domain, or
+``--config.data.mixture='{"DOMAIN": W, ...}'``.
 
 Multi-host (docs/multihost.md): the same command on every host, with the coordinator in the
 environment; ``MOEJAX_LOCAL_PROCESSES=N`` runs N such processes on this machine instead.

@@ -19,13 +19,14 @@ from typing import Any
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from etils import epath
 
 from moejax import config as config_lib
 from moejax import sharding
 from moejax.config import ConfigError, ConfigDict
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
-from moejax.train.checkpoint import load_params
+from moejax.train.checkpoint import CheckpointMismatch, _flat_shapes, describe_mismatch
 from moejax.train.state import Run, setup
 
 
@@ -63,22 +64,22 @@ class EvalRun:
         step = self.steps[-1] if step is None else step
         if step not in self.steps:
             raise ConfigError(f"{self.checkpoint_dir} has no checkpoint at step {step}; steps: {list(self.steps)}.")
-        params, _ = load_params(self.checkpoint_dir, self.run.abstract_state["params"], step)
-        balance = {}
+        abstract = {"params": self.run.abstract_state["params"]}
         if self.run.abstract_state["balance"]:
-            balance = _restore_subtree(self.checkpoint_dir, step, "balance", self.run.abstract_state["balance"])
-        return Checkpoint(step, params, balance)
+            abstract["balance"] = self.run.abstract_state["balance"]
+        restored = _restore_state_items(os.path.join(self.checkpoint_dir, str(step)), abstract)
+        return Checkpoint(step, restored["params"], restored.get("balance", {}))
 
 
 def open_run(workdir: str) -> EvalRun:
     """Reads the run's config and data description; builds the model on the local devices."""
     checkpoint_dir = os.path.join(workdir, "checkpoints")
-    manager = _manager(checkpoint_dir)
-    steps = tuple(sorted(manager.all_steps()))
+    if not os.path.isdir(checkpoint_dir):
+        raise ConfigError(f"{checkpoint_dir} does not exist: pass the --workdir of a training run.")
+    steps = tuple(sorted(ocp.utils.checkpoint_steps(checkpoint_dir)))  # finished (committed) ones
     if not steps:
         raise ConfigError(f"{workdir} holds no checkpoint (looked in {checkpoint_dir}); train it first.")
-    meta = manager.restore(steps[-1], args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta or {}
-    manager.close()
+    meta = _read_meta(os.path.join(checkpoint_dir, str(steps[-1])))
     cfg = eval_config(meta.get("config") or _read_config_json(workdir))
     dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
     if "tokenizer" in meta:
@@ -129,24 +130,39 @@ def _setup_on_local_devices(cfg: ConfigDict) -> Run:
         return setup(cfg, sharding.make_mesh(shape, jax.devices()[:devices]))
 
 
-def _manager(checkpoint_dir: str) -> ocp.CheckpointManager:
-    if not os.path.isdir(checkpoint_dir):
-        raise ConfigError(f"{checkpoint_dir} does not exist: pass the --workdir of a training run.")
-    return ocp.CheckpointManager(
-        checkpoint_dir, options=ocp.CheckpointManagerOptions(read_only=True),
-        item_handlers={"meta": ocp.JsonCheckpointHandler(), "state": ocp.PyTreeCheckpointHandler()},
-    )
+# Reading: each item of a step directory (``state``, ``meta``; see moejax.train.checkpoint) is read
+# by its own handler, not through a CheckpointManager: a read-only manager logs warnings about its
+# options, and a restore that names some items logs one per item it skips ("Item 'data' was found
+# in the checkpoint, but could not be restored"), which read like failures. Only what evaluation
+# needs is read: the parameters and the balancing state, never the optimizer state.
 
 
-def _restore_subtree(checkpoint_dir: str, step: int, key: str, abstract: Any) -> Any:
-    """One top-level entry of the saved train state (a partial restore), into its shardings."""
-    manager = _manager(checkpoint_dir)
-    target = {key: abstract}
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True,
-    )))
-    manager.close()
-    return restored.state[key]
+def _read_meta(step_dir: str) -> dict[str, Any]:
+    """The run metadata (config, tokenizer id, ...) of one checkpoint; {} if it has none."""
+    path = epath.Path(step_dir) / "meta"
+    if not path.is_dir():
+        return {}
+    return ocp.JsonCheckpointHandler().restore(path, args=ocp.args.JsonRestore()) or {}
+
+
+def _restore_state_items(step_dir: str, abstract: dict[str, Any]) -> dict[str, Any]:
+    """The top-level entries of the saved train state named in ``abstract`` (a partial restore),
+    into their shardings; the parameters' shapes are checked first, naming every mismatch."""
+    path = epath.Path(step_dir) / "state"
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        saved = handler.metadata(path)
+        saved = getattr(saved, "tree", saved)
+        problems = describe_mismatch(_flat_shapes(saved["params"]), _flat_shapes(abstract["params"]))
+        if problems:
+            raise CheckpointMismatch(f"checkpoint {step_dir} does not fit the configured model:\n  "
+                                     + "\n  ".join(problems[:20]))
+        return handler.restore(path, args=ocp.args.PyTreeRestore(
+            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+            partial_restore=True,
+        ))
+    finally:
+        handler.close()
 
 
 def _read_config_json(workdir: str) -> dict[str, Any]:
