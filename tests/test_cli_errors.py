@@ -113,3 +113,20 @@ def test_mixture_overrides_for_any_domains(tmp_path):
     assert dict(new.data.mixture) == {"recipes": 0.4, "logs": 0.6}
     text = apply_mixture_overrides(default_config(), [(None, '{"chat": 1, "logs": 3}'), ("chat", "2")])
     assert dict(text.data.mixture) == {"chat": 2.0, "logs": 3.0}
+
+
+def test_mixture_warning_points_at_the_callers_line():
+    """Not at a line of library source (the stray line under the message in the terminal)."""
+    import warnings
+
+    from moejax.data.mixture import MixtureWarning, schedule_from_config
+    from moejax.config import default_config
+
+    cfg = default_config()
+    cfg.data.mixture = {"code": 3.0, "math": 1.0}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schedule_from_config(cfg.data, ("code", "prose", "math", "knowledge"), "the built-in corpus")
+    (warning,) = [w for w in caught if issubclass(w.category, MixtureWarning)]
+    assert warning.filename == __file__
+    assert "weights sum to 4, not 1; normalised to {code: 0.75, math: 0.25}" in str(warning.message)

@@ -81,3 +81,35 @@ def test_failed_addition_leaves_the_existing_dataset_untouched(sources, tmp_path
         _prepare(out, f"good={sources / 'good'}", f"blank={sources / 'blank'}")
     assert (out / "dataset.json").read_bytes() == before
     assert describe_dataset(str(out)).domains == ("good",)  # still a dataset, of its finished domains
+
+
+def test_tiny_heldout_split_warns_in_prepare_and_at_training_start(sources, tmp_path):
+    from moejax.config import default_config
+    from moejax.data.dataset import MIN_HELDOUT_DOCUMENTS, MIN_HELDOUT_TOKENS, HeldoutWarning
+    from moejax.data.from_config import make_data
+
+    out = tmp_path / "ds"
+    with pytest.warns(HeldoutWarning) as caught:
+        prepare_dataset([f"good={sources / 'good'}"], out, heldout_fraction=0.05, workers=1, progress=False)
+    (warning,) = caught
+    message = str(warning.message)
+    assert (MIN_HELDOUT_DOCUMENTS, MIN_HELDOUT_TOKENS) == (20, 8192)  # the documented minimum (docs/data.md)
+    assert "domain 'good' has a held-out split of" in message
+    assert "below the minimum of 20 documents and 8,192 tokens" in message
+    assert "give it more text" in message  # 120 short documents: no fraction reaches 8,192 tokens
+    assert warning.filename == __file__  # points at the caller, not at library code
+
+    cfg = default_config()
+    cfg.train.seq_len, cfg.train.global_batch_size, cfg.train.eval_batches = 32, 8, 1
+    cfg.data.path, cfg.data.mixture = str(out), {"good": 1.0}
+    with pytest.warns(HeldoutWarning, match=rf"prepared dataset {out}: domain 'good' has a held-out split"):
+        make_data(cfg)
+
+
+def test_heldout_warning_suggests_the_fraction_that_reaches_the_minimum():
+    from moejax.data.dataset import small_heldout_message
+
+    message = small_heldout_message("logs", 6, 853, total_documents=600, total_tokens=85_000, fraction=0.01)
+    # max(20 / 600, 8192 / 85000) = 0.0964, with a 20% margin: 0.12
+    assert "Rerun the prepare command with --heldout-fraction 0.12 (now 0.01)" in message
+    assert small_heldout_message("logs", 40, 9000, total_documents=600, total_tokens=85_000, fraction=0.1) == ""

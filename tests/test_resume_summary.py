@@ -79,3 +79,33 @@ def test_sigterm_then_resume_prints_first_and_last_eval_of_the_whole_run(dataset
     assert "nan" not in done
     assert evals[-1][1] < evals[0][1]  # it trained: the loss fell from the initial one
     assert records[-1]["tokens/recipes"] > records[-1]["tokens/logs"] > 0  # the per-domain mixture applied
+
+
+def test_schedule_stage_switch_is_logged_to_stdout_metrics_and_tensorboard(dataset, tmp_path, capsys):
+    from moejax.config import default_config
+    from moejax.train.loop import train
+
+    cfg = default_config()
+    for arg in TINY:
+        key, value = arg[len("--config."):].split("=")
+        section, *rest = key.split(".")
+        group = cfg[section]
+        for part in rest[:-1]:
+            group = group[part]
+        group[rest[-1]] = type(group[rest[-1]])(value)
+    cfg.train.steps, cfg.train.eval_every = 4, 4
+    cfg.data.path = dataset
+    cfg.data.schedule = '[[0, {"recipes": 1}], [2, {"logs": 1}]]'
+    workdir = str(tmp_path / "staged")
+    train(cfg, workdir)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "data.schedule stage 1 of 2 (from batch 0) trains step 1 on: recipes 1" in text
+    assert "data.schedule stage 2 of 2 (from batch 2) trains step 3 on: logs 1" in text
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        records = {r["step"]: r for r in map(json.loads, f)}
+    assert records[3]["stage"] == 1 and records[3]["tokens/logs"] > 0  # a logged step although log_every=5
+    assert records[4]["stage"] == 1 and 2 not in records
+    (events,) = [name for name in os.listdir(workdir) if name.startswith("events.out.tfevents")]
+    with open(os.path.join(workdir, events), "rb") as f:
+        assert b"stage" in f.read()  # the scalar's tag
