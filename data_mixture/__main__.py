@@ -71,7 +71,8 @@ def cmd_collect(args) -> None:
     from data_mixture.collect import collect, write_columns
     from data_mixture.table import read_runs
 
-    got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args))
+    got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args),
+                  losses_from_log=args.losses_from_log)
     for note in got.skipped:
         print(f"collect: skipped {note}", file=sys.stderr)
     if got.unevaluated:
@@ -211,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluate", action="store_true",
                    help="evaluate checkpoints that have no eval/step_N.json first (python -m moejax.eval); "
                         "default: leave them out and list them")
+    p.add_argument("--losses-from-log", action="store_true",
+                   help="for checkpoints without an evaluation, take the held-out losses the training loop logged "
+                        "at that step (metrics.jsonl eval_loss/<domain>; no benchmark scores)")
     p.add_argument("--eval-args", default="", help="extra moejax.eval flags for --evaluate, e.g. '--max-items 32'")
     p.set_defaults(func=cmd_collect)
 

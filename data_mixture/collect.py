@@ -29,7 +29,11 @@ config), ``checkpoints/<step>/`` and, once evaluated with ``python -m moejax.eva
 A checkpoint without an evaluation is **reported, not guessed**: by default it is left out and
 named in :attr:`Collected.unevaluated` (the CLI prints it with the command that evaluates it);
 with ``evaluate=True`` collect first runs ``python -m moejax.eval --workdir W --step N`` for each
-such checkpoint (a subprocess, so JAX owns the devices only there). A directory without
+such checkpoint (a subprocess, so JAX owns the devices only there). With
+``losses_from_log=True`` such a checkpoint instead takes its held-out losses from the training
+log (``eval_loss/<domain>`` of ``metrics.jsonl`` at that step, which the training loop computes on
+the same held-out batches as ``moejax.eval --loss-batches <train.eval_batches>``) and has no
+benchmark scores; the ``loss_source`` column says ``eval`` or ``train_log`` per row. A directory without
 ``config.json`` whose sub-directories are workdirs is expanded one level (a ladder's root).
 """
 
@@ -170,8 +174,21 @@ def _run_names(workdirs: Sequence[Path]) -> list[str]:
     return [str(r.relative_to(common)) or r.name for r in resolved]
 
 
+def _log_losses(workdir: Path) -> dict[int, dict[str, float]]:
+    """step -> {domain: held-out loss} from the training log's evaluation records."""
+    path = workdir / "metrics.jsonl"
+    out: dict[int, dict[str, float]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            losses = {k[len("eval_loss/"):]: float(v) for k, v in rec.items() if k.startswith("eval_loss/")}
+            if losses:
+                out[int(rec["step"])] = losses
+    return out
+
+
 def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
-            eval_args: Sequence[str] = ()) -> Collected:
+            eval_args: Sequence[str] = (), losses_from_log: bool = False) -> Collected:
     """Reads moejax workdirs into runs-table columns (see the module docstring)."""
     from moejax.model.transformer import param_counts
 
@@ -187,8 +204,14 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     tasks: list[str] = []
     for name, wd in zip(_run_names(dirs), dirs):
         cfg = _run_config(wd)
-        evals = _eval_steps(wd)
-        unevaluated += [(str(wd), s) for s in _checkpoint_steps(wd) if s > 0 and s not in evals]
+        evals: dict[int, Any] = dict(_eval_steps(wd))
+        missing = [s for s in _checkpoint_steps(wd) if s > 0 and s not in evals]
+        if losses_from_log and missing:
+            logged = _log_losses(wd)
+            for s in missing:
+                if s in logged:
+                    evals[s] = logged[s]
+        unevaluated += [(str(wd), s) for s in missing if s not in evals]
         if not evals:
             continue
         counts = param_counts(cfg.model)
@@ -197,7 +220,12 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             if step == 0:
                 skipped.append(f"{wd}: eval/step_0.json (no training tokens yet)")
                 continue
-            result = _read_json(evals[step])
+            if isinstance(evals[step], dict):  # from the training log
+                result = {"losses": {"domains": {d: {"loss": v} for d, v in evals[step].items()}}, "benchmarks": {}}
+                source = "train_log"
+            else:
+                result = _read_json(evals[step])
+                source = "eval"
             try:
                 domain_losses = result["losses"]["domains"]
             except (KeyError, TypeError):
@@ -225,11 +253,12 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
                 value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
                 row["bench:" + task] = "" if value is None else float(value)
             row["step"] = step
+            row["loss_source"] = source
             row["workdir"] = str(wd)
             rows.append(row)
     columns: dict[str, list[Any]] = {}
     order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
-             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + ["step", "workdir"])
+             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + ["step", "loss_source", "workdir"])
     for col in order:
         if col.startswith("mix:"):
             columns[col] = [r.get(col, 0.0) for r in rows]  # a domain the run's dataset lacks: weight 0

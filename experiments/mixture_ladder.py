@@ -44,6 +44,8 @@ DOMAINS = ("code", "prose", "math", "knowledge")
 SIZES: dict[str, dict[str, int]] = {
     "s0": {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 1, "model.num_kv_heads": 1,
            "model.mlp_dim": 128, "model.moe.expert_dim": 64, "model.moe.shared_expert_dim": 64},
+    "s0b": {"model.d_model": 48, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
+            "model.mlp_dim": 192, "model.moe.expert_dim": 96, "model.moe.shared_expert_dim": 96},
     "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
            "model.mlp_dim": 256, "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
     "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, "model.num_kv_heads": 1,
@@ -100,8 +102,14 @@ def main(argv: list[str] | None = None) -> None:
                              "the same greedy design, so a size with fewer mixtures trains a subset)")
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated subset of " + ",".join(SIZES))
     parser.add_argument("--max-items", type=int, default=32)
+    parser.add_argument("--bench-sizes", default="",
+                        help="comma-separated sizes evaluated on the benchmarks too ('': every size); the others "
+                             "get held-out losses only (evaluation is half of a small run's cost on 2 cores)")
     parser.add_argument("--loss-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--order", choices=("size", "mixture"), default="size",
+                        help="size: every mixture of one size, then the next size; mixture: mixture k at every "
+                             "size, then k+1 (an interrupted ladder then has as many mixtures at each size)")
     args = parser.parse_args(argv)
     root = Path(args.workdir)
     root.mkdir(parents=True, exist_ok=True)
@@ -127,37 +135,44 @@ def main(argv: list[str] | None = None) -> None:
     half = args.steps // 2
     workdirs = []
     t_start = time.time()
-    for size in sizes:
-        for k, mixture in enumerate(mixtures[:per_size[size]]):
-            name = f"{size}_m{k}"
-            wd = root / name
-            workdirs.append(str(wd))
-            final_ckpt = wd / "checkpoints" / str(args.steps)
-            t0 = time.time()
-            if not final_ckpt.exists():
-                overrides = {
-                    "train.steps": args.steps, "train.global_batch_size": args.batch,
-                    "train.seq_len": args.seq_len, "train.eval_every": half, "train.log_every": 10,
-                    "checkpoint.every_steps": half, "checkpoint.max_to_keep": 4,
-                    "optim.warmup_steps": max(1, args.steps // 10), "train.seed": args.seed, **SIZES[size],
-                }
-                cmd = [py, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", str(wd),
-                       f"--config.data.mixture={json.dumps(mixture)}"]
-                cmd += [f"--config.{key}={value}" for key, value in overrides.items()]
-                log(ladder_log, f"train {name} {mixture}")
-                run_logged(cmd, wd.parent / f"{name}.train.log")
-            t1 = time.time()
-            evals = [wd / "eval" / f"step_{s}.json" for s in (half, args.steps)]
-            if not all(p.exists() for p in evals):
-                log(ladder_log, f"eval {name}")
-                run_logged([py, "-m", "moejax.eval", "--workdir", str(wd), "--all", "--no-progress",
-                            "--max-items", str(args.max_items), "--loss-batches", str(args.loss_batches)],
-                           wd.parent / f"{name}.eval.log")
-            t2 = time.time()
-            log(ladder_log, f"done {name}: train {t1 - t0:.0f}s eval {t2 - t1:.0f}s, total {t2 - t_start:.0f}s")
+    pairs = [(size, k) for size in sizes for k in range(per_size[size])]
+    if args.order == "mixture":
+        pairs.sort(key=lambda p: (p[1], sizes.index(p[0])))
+    for size, k in pairs:
+        mixture = mixtures[k]
+        name = f"{size}_m{k}"
+        bench = not args.bench_sizes or size in args.bench_sizes.split(",")
+        wd = root / name
+        workdirs.append(str(wd))
+        final_ckpt = wd / "checkpoints" / str(args.steps)
+        t0 = time.time()
+        if not final_ckpt.exists():
+            overrides = {
+                "train.steps": args.steps, "train.global_batch_size": args.batch,
+                "train.seq_len": args.seq_len, "train.eval_every": half, "train.log_every": 10,
+                "checkpoint.every_steps": half, "checkpoint.max_to_keep": 4,
+                "optim.warmup_steps": max(1, args.steps // 10), "train.seed": args.seed, **SIZES[size],
+            }
+            if not bench:  # the training log's held-out losses are the evaluation (same batches)
+                overrides["train.eval_batches"] = args.loss_batches
+            cmd = [py, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", str(wd),
+                   f"--config.data.mixture={json.dumps(mixture)}"]
+            cmd += [f"--config.{key}={value}" for key, value in overrides.items()]
+            log(ladder_log, f"train {name} {mixture}")
+            run_logged(cmd, wd.parent / f"{name}.train.log")
+        t1 = time.time()
+        evals = [wd / "eval" / f"step_{s}.json" for s in (half, args.steps)]
+        if bench and not all(p.exists() for p in evals):
+            log(ladder_log, f"eval {name}")
+            run_logged([py, "-m", "moejax.eval", "--workdir", str(wd), "--all", "--no-progress",
+                        "--max-items", str(args.max_items), "--loss-batches", str(args.loss_batches)]
+                       + ([] if bench else ["--tasks"]), wd.parent / f"{name}.eval.log")
+        t2 = time.time()
+        log(ladder_log, f"done {name}: train {t1 - t0:.0f}s eval {t2 - t1:.0f}s, total {t2 - t_start:.0f}s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_logged([py, "-m", "data_mixture", "collect", *workdirs, "--out", str(out)], root / "collect.log")
+    run_logged([py, "-m", "data_mixture", "collect", *workdirs, "--out", str(out), "--losses-from-log"],
+               root / "collect.log")
     log(ladder_log, f"wrote {out} ({time.time() - t_start:.0f}s)")
 
 

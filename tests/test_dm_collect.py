@@ -109,3 +109,17 @@ def test_not_a_workdir_is_a_clear_error(tmp_path):
         collect([str(tmp_path)])
     with pytest.raises(CollectError, match="does not exist"):
         collect([str(tmp_path / "missing")])
+
+
+def test_losses_from_the_training_log_for_unevaluated_checkpoints(workdir, tmp_path):
+    bare = tmp_path / "logonly"
+    shutil.copytree(workdir, bare)
+    shutil.rmtree(bare / "eval")
+    assert collect([str(bare)]).unevaluated == [(str(bare), 3), (str(bare), 5)]
+    got = collect([str(bare)], losses_from_log=True)
+    cols = got.columns
+    logged = [json.loads(line) for line in open(bare / "metrics.jsonl")]
+    at5 = next(r for r in logged if r.get("step") == 5 and "eval_loss/code" in r)
+    assert cols["step"] == [5] and got.unevaluated == [(str(bare), 3)]  # the log evaluates every 5 steps here
+    assert cols["loss:code"] == [at5["eval_loss/code"]] and cols["loss_source"] == ["train_log"]
+    assert "bench:math" not in cols
