@@ -38,8 +38,9 @@ import optax
 import scipy.optimize
 
 HUBER_DELTA = 1e-3
-CHUNK = 512
-LINESEARCH = lambda: optax.scale_by_backtracking_linesearch(max_backtracking_steps=20, decrease_factor=0.5, store_grad=True)  # noqa: E731  # problems per vmapped stage-1 call (bounds memory; padded so one compile serves all)
+CHUNK = 64  # problems per vmapped stage-1 call; every call is padded to it, so one compile serves point fits and bootstraps
+FTOL = 1e-10  # stage 1 stops when a step improves the objective by less than this (relative)
+LINESEARCH = lambda: optax.scale_by_backtracking_linesearch(max_backtracking_steps=20, decrease_factor=0.5, store_grad=True)  # noqa: E731
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,16 +190,23 @@ class Fitter:
             f = lambda u: self.objective_w(_u_to_w(u, lo, hi), data, y, wts)  # noqa: E731
             vg = optax.value_and_grad_from_state(f)
 
-            def step(carry, _):
-                u, st = carry
+            def cond(carry):
+                _, _, it, dv = carry
+                return (it < iters) & (dv > FTOL)
+
+            def step(carry):
+                u, st, it, _ = carry
                 v, g = vg(u, state=st)
                 g = jnp.where(jnp.isfinite(g), g, 0.0)
                 upd, st = opt.update(g, st, u, value=v, grad=g, value_fn=f)
                 u_new = optax.apply_updates(u, upd)
                 u_new = jnp.where(jnp.all(jnp.isfinite(u_new)), u_new, u)
-                return (u_new, st), None
+                v_new = optax.tree_utils.tree_get(st, "value")
+                dv = jnp.where(jnp.isfinite(v_new), (v - v_new) / (1.0 + jnp.abs(v)), jnp.inf)
+                dv = jnp.where(it < 5, jnp.inf, jnp.abs(dv))  # a few steps before judging progress
+                return u_new, st, it + 1, dv
 
-            (u, _), _ = jax.lax.scan(step, (u0, opt.init(u0)), None, length=iters)
+            u, _, _, _ = jax.lax.while_loop(cond, step, (u0, opt.init(u0), jnp.asarray(0), jnp.asarray(jnp.inf)))
             v = f(u)
             return _u_to_w(u, lo, hi), jnp.where(jnp.isfinite(v), v, jnp.inf)
 
@@ -228,6 +236,7 @@ class Fitter:
         """
         iters = self.iters if iters is None else int(iters)
         q, s, p = w0_qsp.shape
+        t_start = time.perf_counter()
         with jax.enable_x64(True):
             if iters not in self._stage1:
                 self._stage1[iters] = self._build_stage1(iters)
@@ -250,6 +259,7 @@ class Fitter:
                 v_out[a:b] = np.asarray(v_c)[: b - a]
                 if progress is not None:
                     progress.update(b - a)
+            t_stage1 = time.perf_counter() - t_start
             w_out = w_out.reshape(q, s, p)
             v_out = v_out.reshape(q, s)
             best_w = np.empty((q, p))
@@ -267,14 +277,16 @@ class Fitter:
                     v, g = vg(jnp.asarray(w), data_j, y_j, wt_j)
                     return float(v), np.asarray(g, np.float64)
 
+                n_polish = 0
                 for k in order[: max(0, polish)]:
                     if not np.isfinite(v_out[i, k]):
                         continue
                     start = np.clip(w_out[i, k], np.where(np.isfinite(lo), lo, -np.inf), np.where(np.isfinite(hi), hi, np.inf))
                     r = scipy.optimize.minimize(
                         fun, start, jac=True, method="L-BFGS-B", bounds=bounds,
-                        options={"maxiter": 500, "ftol": 1e-15, "gtol": 1e-10},
+                        options={"maxiter": 300, "ftol": 1e-15, "gtol": 1e-10},
                     )
+                    n_polish += int(r.nit)
                     if np.isfinite(r.fun):
                         cand_w.append(np.asarray(r.x))
                         cand_v.append(float(r.fun))
@@ -287,8 +299,12 @@ class Fitter:
                         "starts": int(s),
                         "starts_near_best": int(np.sum(v_out[i] <= best_v[i] + tol)),
                         "polished": j > 0,
+                        "polish_iterations": n_polish,
                     }
                 )
+            t_total = time.perf_counter() - t_start
+            for inf in infos:
+                inf["stage1_seconds"], inf["polish_seconds"] = t_stage1 / q, (t_total - t_stage1) / q
         return best_w, best_v, infos
 
 

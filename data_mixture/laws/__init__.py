@@ -16,12 +16,17 @@ import difflib
 from data_mixture.laws.additive import AdditiveLaw
 from data_mixture.laws.base import Law, LawFit
 from data_mixture.laws.camel import CamelLaw
+from data_mixture.laws.mixing_law import MixingLaw
+from data_mixture.laws.regmix import RegMixLaw, RegMixLinearLaw
 from data_mixture.table import TableError
 
 LAWS: dict[str, type[Law]] = {
     cls.name: cls
     for cls in (
+        MixingLaw,
         AdditiveLaw,
+        RegMixLaw,
+        RegMixLinearLaw,
         CamelLaw,
     )
 }

@@ -66,11 +66,11 @@ class ParametricLaw(Law):
                 f"law {self.name!r} has a token term B / D^beta, but every row of the table has tokens = "
                 f"{table.tokens[0]:g}; it needs at least 2 distinct token counts (several checkpoints per run, or runs of different lengths)."
             )
-        if len(table) < self.num_params(len(table.mix_domains)) + 2:
+        p = self.table_spec(table).size
+        if len(table) < p + 2:
             raise TableError(
-                f"law {self.name!r} has {self.num_params(len(table.mix_domains))} parameters for "
-                f"{len(table.mix_domains)} training domains; the table has only {len(table)} rows (needs at least "
-                f"{self.num_params(len(table.mix_domains)) + 2})."
+                f"law {self.name!r} has {p} parameters for {len(table.mix_domains)} training domains; the table has "
+                f"only {len(table)} rows (needs at least {p + 2})."
             )
 
     # -- data ---------------------------------------------------------------------------------
@@ -86,50 +86,62 @@ class ParametricLaw(Law):
             "mix": np.asarray(mix_rm, np.float64),
         }
 
-    def fitter(self, m: int) -> Fitter:
-        key = (self.name, m)
+    def table_spec(self, table: RunsTable) -> ParamSpec:
+        """The parameters for this table (default: from its number of training domains)."""
+        return self.spec(len(table.mix_domains))
+
+    def table_features(self, table: RunsTable, size_column: str, refs: dict) -> dict[str, np.ndarray]:
+        return self.features(table.size(size_column), table.tokens, table.mix_rm, refs)
+
+    def extra_info(self, table: RunsTable, weights: np.ndarray | None) -> dict:
+        """Fixed quantities a fit stores in ``info`` besides the reference scales."""
+        return {}
+
+    def fitter(self, spec: ParamSpec) -> Fitter:
+        key = (self.name, spec.size)
         if key not in _FITTERS:
-            _FITTERS[key] = Fitter(self.spec(m), self.log_loss, delta=self.delta, iters=self.iters)
+            _FITTERS[key] = Fitter(spec, self.log_loss, delta=self.delta, iters=self.iters)
         return _FITTERS[key]
 
     # -- fitting ------------------------------------------------------------------------------
-    def _make_fit(self, table, domain, w, objective, info_extra, refs, size_column) -> LawFit:
-        spec = self.spec(len(table.mix_domains))
-        info = {"size_column": size_column, **refs, "objective": float(objective), "huber_delta": self.delta, **info_extra}
+    def _make_fit(self, table, domain, w, objective, info_extra, refs, size_column, weights=None) -> LawFit:
+        spec = self.table_spec(table)
+        info = {"size_column": size_column, **refs, **self.extra_info(table, weights), "objective": float(objective), "huber_delta": self.delta, **info_extra}
         return LawFit(self.name, domain, tuple(table.mix_domains), spec.to_dict(w), spec.size, info)
 
     def fit(self, table, domain, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False):
         self.check(table, domain, size_column)
         t0 = time.perf_counter()
-        m = len(table.mix_domains)
-        spec = self.spec(m)
+        spec = self.table_spec(table)
         refs = self.references(table, size_column) if init is None else {k: init.info[k] for k in ("n_ref", "d_ref")}
-        data = self.features(table.size(size_column), table.tokens, table.mix_rm, refs)
+        data = self.table_features(table, size_column, refs)
         y = np.log(table.loss(domain))
         wts = np.ones(len(table)) if weights is None else np.asarray(weights, np.float64)
         w0 = spec.sample(starts_rng(seed, 1), max(1, starts))
         if init is not None:
             w0 = np.concatenate([spec.pack(init.params)[None], w0])
         bar = tqdm(total=w0.shape[0], desc=f"{self.name} {domain}", disable=not progress, leave=False)
-        w, v, infos = self.fitter(m).solve(w0[None], data, y[None], wts[None], polish=self.polish, progress=bar)
+        w, v, infos = self.fitter(spec).solve(w0[None], data, y[None], wts[None], polish=self.polish, progress=bar)
         bar.close()
-        return self._make_fit(table, domain, w[0], v[0], {**infos[0], "fit_seconds": time.perf_counter() - t0}, refs, size_column)
+        return self._make_fit(table, domain, w[0], v[0], {**infos[0], "fit_seconds": time.perf_counter() - t0}, refs, size_column, weights)
 
     def fit_bootstrap(self, table, domain, point, weights_br, *, size_column="params_total", seed=0, starts=4, progress=None):
-        m = len(table.mix_domains)
-        spec = self.spec(m)
+        spec = self.table_spec(table)
         refs = {k: point.info[k] for k in ("n_ref", "d_ref")}
-        data = self.features(table.size(size_column), table.tokens, table.mix_rm, refs)
+        data = self.table_features(table, size_column, refs)
         y = np.log(table.loss(domain))
         b = weights_br.shape[0]
         w_point = spec.pack(point.params)
         w0 = np.stack(
             [np.concatenate([w_point[None], spec.sample(starts_rng(seed, 2, i), max(0, starts - 1))]) for i in range(b)]
         )
-        w, v, infos = self.fitter(m).solve(
+        w, v, infos = self.fitter(spec).solve(
             w0, data, np.repeat(y[None], b, 0), weights_br, polish=0, iters=self.boot_iters, progress=progress
         )
-        return [self._make_fit(table, domain, w[i], v[i], {**infos[i], "resample": i}, refs, size_column) for i in range(b)]
+        return [
+            self._make_fit(table, domain, w[i], v[i], {**infos[i], "resample": i}, refs, size_column, weights_br[i])
+            for i in range(b)
+        ]
 
     # -- prediction ---------------------------------------------------------------------------
     def _jitted(self):
