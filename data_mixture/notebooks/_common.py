@@ -1,0 +1,18 @@
+"""Shared setup of the notebooks: which runs table, which laws, where figures go (environment variables).
+
+``DM_RUNS``: runs-table CSV (default: the committed moejax ladder, data_mixture/results/ladder_runs.csv);
+``DM_LAWS``: comma-separated laws to compare; ``DM_LAW``: the one law of the single-law notebooks;
+``DM_STARTS``: random starts per fit; ``DM_OUT``: directory for figures (default results/dm_notebooks).
+The tests run every notebook on a small synthetic table with fast settings.
+"""
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = os.environ.get("DM_RUNS", str(ROOT / "data_mixture" / "results" / "ladder_runs.csv"))
+LAWS = [x for x in os.environ.get("DM_LAWS", "additive,regmix_linear,regmix,camel").split(",") if x]
+LAW = os.environ.get("DM_LAW", "camel")
+STARTS = int(os.environ.get("DM_STARTS", "64"))
+OUT = Path(os.environ.get("DM_OUT", str(ROOT / "results" / "dm_notebooks")))
+OUT.mkdir(parents=True, exist_ok=True)
