@@ -116,6 +116,9 @@ def _config_file(args: list[str]) -> str | None:
 def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, args: list[str]) -> str:
     """A one-paragraph message for absl's parse errors (bad override values, unknown options)."""
     text = str(error)
+    if "Error whilst parsing config file" in text:  # the experiment file raised while loading
+        given = re.match(r"flag --config=(.*?): Error whilst", text, re.DOTALL)
+        return _describe_config_file_error(text[text.index("Error whilst"):], given.group(1) if given else "")
     if isinstance(error, _config_flags_module.FlagOrderError):
         return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
     if isinstance(error, flags.UnrecognizedFlagError):
@@ -135,6 +138,18 @@ def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, a
             value = f"={given[-1]}" if given else ""
             return f"flag --config.{path}{value}: {config_lib.describe_expected(path, default)}"
     return f"{text}. {USAGE}"
+
+
+def _describe_config_file_error(text: str, config_file: str) -> str:
+    """ml_collections wraps an error raised while loading the experiment file with its whole
+    traceback; one paragraph keeps the error and the innermost place it was raised."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or "Error whilst parsing config file" not in lines[0]:
+        return text
+    places = [line for line in lines if line.startswith("File ") and "site-packages" not in line]
+    where = f" ({places[-1]})" if places else ""
+    return (f"config file {config_file!r} could not be loaded: {lines[-1]}{where}. Fix the file's "
+            "get_config(), or the ':argument' after the file name if you gave one.")
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:
@@ -166,7 +181,7 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     except flags.Error as e:  # a bad override value, an unknown option, overrides in a bad order
         _die(_describe_flag_error(e, config_lib.default_config(), args))
     except (TypeError, ValueError) as e:  # a broken experiment file (the message holds its traceback)
-        _die(f"{e}")
+        _die(_describe_config_file_error(str(e), config_file))
     if positional:
         _die(f"unexpected argument {positional[0]!r}. {USAGE}")
     if workdir.value is None:

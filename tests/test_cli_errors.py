@@ -52,6 +52,9 @@ CASES = {
     "missing dataset": (["--config.data.path=/nonexistent/ds"], ["data.path '/nonexistent/ds' does not exist",
                                                                  "python -m moejax.data.prepare"]),
     "missing config file": (None, ["config file 'nope.py' not found", "experiments/tiny_moe.py"]),
+    "argument to a config without one": ("tiny_moe.py:foo", ["config file 'experiments/tiny_moe.py:foo' could not be "
+                                                             "loaded", "get_config() takes 0 positional arguments",
+                                                             "the ':argument' after the file name"]),
     # impossible values and combinations, reported against the key the user changed
     "too many experts per token": (["--config.model.moe.experts_per_token=20"],
                                    ["'model.moe.experts_per_token' has value 20", "at most model.moe.num_experts=8"]),
@@ -72,6 +75,8 @@ CASES = {
 def _argv(extra, workdir):
     if extra is None:  # the config file itself is wrong
         return ["moejax.main", "--config", "nope.py", "--workdir", workdir]
+    if isinstance(extra, str):  # a config file with an argument
+        return ["moejax.main", "--config", f"experiments/{extra}", "--workdir", workdir]
     # A short run, in case a mistake were ever accepted (given last: the rows' own values come first).
     return ["moejax.main", "--config", CONFIG, "--workdir", workdir, *extra, "--config.train.steps=2",
             "--config.optim.warmup_steps=1"]
