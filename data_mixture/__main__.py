@@ -131,7 +131,9 @@ def cmd_evaluate(args) -> None:
     text = format_report(report)
     (out / "evaluation.md").write_text(text + "\n")
     print(text)
-    if not args.no_plot:
+    if not any("predictions" in e for e in report["laws"].values()):
+        print("no law could be fitted on these rows (see 'skipped' above): no plot")
+    elif not args.no_plot:
         from data_mixture.plots import plot_pred_vs_obs
 
         png = plot_pred_vs_obs(report, out / "pred_vs_obs.png")

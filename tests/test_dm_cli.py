@@ -158,3 +158,17 @@ def test_every_subcommand_has_help_with_an_example(capsys):
             main([cmd, "--help"])
         out = capsys.readouterr().out
         assert "example:" in out and f"python -m data_mixture {cmd}" in out
+
+
+def test_evaluate_compares_laws_and_reports_the_unidentifiable(pipeline, capsys):
+    out = pipeline["dir"] / "evaluate"
+    main(["evaluate", "--runs", str(pipeline["runs"]), "--laws", "regmix_linear,camel", "--starts", "2",
+          "--out-dir", str(out)])
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["holdout"].startswith("largest size 1e+06")
+    lin = report["laws"]["regmix_linear"]
+    assert set(lin["domains"]) == set(DOMAINS) and lin["mean"]["mre"] < 0.2
+    assert abs(sum(lin["optimal_mixture"].values()) - 1) < 1e-9
+    assert "needs at least 15" in report["laws"]["camel"]["skipped"]  # 13 runs below the largest size
+    assert (out / "pred_vs_obs.png").stat().st_size > 1000
+    assert "| regmix_linear |" in (out / "evaluation.md").read_text()
