@@ -246,7 +246,7 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
         else:
             seen[key] = i
     if dups:
-        listed = "; ".join(f"rows {a + 1} and {b + 1} (run {run[a]!r}, tokens {tokens[a]:g})" for a, b in dups[:MAX_LISTED])
+        listed = "; ".join(f"rows {a + 1} and {b + 1} (run {str(run[a])!r}, tokens {tokens[a]:g})" for a, b in dups[:MAX_LISTED])
         more = f" and {len(dups) - MAX_LISTED} more" if len(dups) > MAX_LISTED else ""
         raise TableError(f"duplicate (run, tokens) rows: {listed}{more}; allowed: one row per checkpoint of a run.")
 
@@ -259,12 +259,12 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
         for col, arr in (("params_total", params_total), ("params_active", params_active)):
             if arr[i] != arr[j]:
                 raise TableError(
-                    f"run {run[i]!r} has {col} {arr[j]:g} in row {j + 1} but {arr[i]:g} in row {i + 1}; "
+                    f"run {str(run[i])!r} has {col} {arr[j]:g} in row {j + 1} but {arr[i]:g} in row {i + 1}; "
                     "allowed: one model size per run (give a different model its own run name)."
                 )
         if np.max(np.abs(mix_rm[i] - mix_rm[j])) > SIMPLEX_TOL:
             raise TableError(
-                f"run {run[i]!r} has mixture {np.round(mix_rm[j], 4).tolist()} in row {j + 1} but "
+                f"run {str(run[i])!r} has mixture {np.round(mix_rm[j], 4).tolist()} in row {j + 1} but "
                 f"{np.round(mix_rm[i], 4).tolist()} in row {i + 1} (columns {', '.join(mix_cols)}); allowed: one "
                 "mixture per run (for a staged schedule write its token-weighted average)."
             )

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_mixture.fitting import Fitter, Param, ParamSpec, starts_rng
+from data_mixture.laws.base import Law
 from data_mixture.laws.parametric import ParametricLaw
 from data_mixture.table import RunsTable, TableError, _rows
 
@@ -118,7 +119,11 @@ class MixingLaw(ParametricLaw):
         return jnp.log(loss)
 
     def check(self, table, domain, size_column):
+        Law.check(self, table, domain, size_column)
+        self._check_mixtures(table, size_column)
         super().check(table, domain, size_column)
+
+    def _check_mixtures(self, table, size_column):
         mixes, ids = mixture_ids(table.mix_rm)
         m = table.mix_rm.shape[1]
         size = table.size(size_column)
