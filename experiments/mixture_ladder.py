@@ -1,29 +1,41 @@
 """A small ladder of real moejax runs on the built-in corpus, for the data-mixture laws.
 
-4 model sizes x 5 training mixtures over the built-in domains (code, prose, math, knowledge), each
+Model sizes x training mixtures over the built-in domains (code, prose, math, knowledge), each
 trained for a short budget, evaluated at two checkpoints, and collected into one runs table
 (``data_mixture/results/ladder_runs.csv``, the format of docs/data_mixture.md). It is the
-moejax-produced table the leave-one-scale-out comparison of the laws is run on.
+moejax-produced table the leave-one-scale-out comparison of the laws is run on. The committed
+table was made with (about 75 minutes of a 2-core machine shared with four other jobs):
 
     nice -n 10 .venv/bin/python -m experiments.mixture_ladder --workdir runs/mixture_ladder \
+        --sizes s1,s0,s0b --mixtures s1=5,s0=8,s0b=8 --bench-sizes s1 --order mixture \
         --out data_mixture/results/ladder_runs.csv
 
 Resumable: a run whose final checkpoint exists is not retrained, a checkpoint with an
 ``eval/step_N.json`` is not re-evaluated (``moejax.eval --all`` reuses it), so rerunning the same
-command after an interruption continues where it stopped. Progress goes to stdout and to
-``WORKDIR/ladder.log``; each run's training and evaluation output to ``WORKDIR/<run>/*.log``.
+command after an interruption continues where it stopped (and, once every run is done, only
+collects). Progress goes to stdout and to ``WORKDIR/ladder.log``; each run's training and
+evaluation output to ``WORKDIR/<run>.{train,eval}.log``.
 
-Choices, all sized for a 2-core CPU shared with other jobs (the whole ladder in about an hour):
+Choices, all sized for a 2-core CPU shared with other jobs:
 
-- sizes (``SIZES``): 0.19M, 0.55M, 1.4M (the tiny default) and 3.1M active parameters, by width,
-  depth and expert width, all MoE with 8 experts top-2 plus a shared expert as the default;
-- mixtures (``design_mixtures``): uniform plus 4 points chosen greedily for the largest minimum
+- sizes (``SIZES``): s0 54k, s0b 115k, s1 191k, s2 600k, s3 1.4M (the tiny default) and s4 3.1M
+  active parameters (128k to 8.4M total), by width, depth and expert width, all MoE with 8
+  experts top-2 plus a shared expert as the default. Under the machine's load (5 jobs on 2
+  cores) one s1 run took 4-6 minutes, so the committed ladder stops at s1: the default size and
+  above were out of reach in the time available;
+- mixtures (``design_mixtures``): uniform, then points chosen greedily for the largest minimum
   distance (maximin) from 20,000 Dirichlet(1) draws inside per-domain bounds [0.05, 0.55] -- a
-  space-filling design on the simplex, deterministic from the seed;
+  space-filling design on the simplex, deterministic from the seed; a size with fewer mixtures
+  trains the first ones of the same sequence. The two smaller sizes get 8 mixtures, so that the
+  16 runs below the largest size can identify the parametric laws (13 parameters per domain for
+  4 training domains; they need 15 runs);
 - budget: ``--steps`` (140) steps of 16 x 128 tokens (2,048 tokens per step), checkpoints at half
   and at the end, so every run gives two rows (two token counts) of the table;
-- evaluation: ``moejax.eval --all --max-items 32 --loss-batches 4`` (held-out losses on 4 x 16 x
-  128 = 8,192 tokens per domain; 32 items per benchmark task).
+- evaluation: sizes in ``--bench-sizes`` with ``moejax.eval --all --max-items 32 --loss-batches
+  4`` (held-out losses on 4 x 16 x 128 = 8,192 tokens per domain; 32 items per benchmark task);
+  the others with the training loop's own held-out evaluation on the same 4 batches per domain
+  (``train.eval_batches=4``, collected with ``--losses-from-log``), which skips a second process
+  and its compilation per run (half of a small run's cost here) and gives no benchmark scores.
 """
 
 from __future__ import annotations
