@@ -1,7 +1,92 @@
-"""Test-wide setup: 8 fake CPU devices, so meshes such as (data=2, fsdp=2, expert=2) are real."""
+"""Test-wide setup: 8 fake CPU devices, and one corpus, one XLA compilation cache and one set of
+shared training runs per pytest run.
+
+- 8 fake CPU devices, so meshes such as (data=2, fsdp=2, expert=2) are real shardings.
+- One run directory (``$MOEJAX_TEST_RUN_DIR``, fresh under the system temp dir and removed at exit
+  unless set) holds, for the whole run and every pytest-xdist worker (they inherit the
+  environment of the main process):
+  ``corpus/``  the built-in corpus and benchmarks cache (``$MOEJAX_CACHE``, moejax/data/corpus.py),
+               built once per run instead of once per module; training subprocesses inherit it.
+               Set ``MOEJAX_CACHE`` yourself to reuse one between runs, e.g.
+               ``MOEJAX_CACHE=~/.cache/moejax ./launch.sh test``.
+  ``xla/``     JAX's persistent compilation cache (``$JAX_COMPILATION_CACHE_DIR``), shared with the
+               training subprocesses of the kill/resume drills: many tests compile the same tiny
+               train step (the same config on the same mesh), and a cache hit costs a fraction of
+               a second where a compile costs several seconds on 2 cores. The executable read back
+               is the one XLA compiled, so results are bit-identical with or without it.
+  ``shared/``  training runs that several tests only read (``run_once``).
+
+Fixtures for every test module (use them rather than building a corpus or a run of your own):
+
+- ``corpus_cache``: the corpus cache directory with the seed-0 corpus built; pass it as
+  ``data.cache_dir`` (or leave ``data.cache_dir=''``: ``$MOEJAX_CACHE`` is the same directory).
+- ``run_once``: ``run_once(name, build)`` returns ``<run dir>/shared/<name>``, made by
+  ``build(path)`` the first time any test of the run (on any xdist worker) asks for ``name``.
+  Tests must only read what it returns; copy it (``shutil.copytree``) to change it.
+"""
+import atexit
+import contextlib
+import fcntl
 import os
+import shutil
+import tempfile
+from typing import Callable, Iterator
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
+
+if not os.environ.get("MOEJAX_TEST_RUN_DIR"):
+    _created = tempfile.mkdtemp(prefix="moejax-test-")
+    atexit.register(shutil.rmtree, _created, ignore_errors=True)
+    os.environ["MOEJAX_TEST_RUN_DIR"] = _created
+RUN_DIR = os.environ["MOEJAX_TEST_RUN_DIR"]
+os.environ.setdefault("MOEJAX_CACHE", os.path.join(RUN_DIR, "corpus"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(RUN_DIR, "xla"))
+# Cache every compile that takes noticeable time (JAX's default threshold, 1 s, leaves out many of
+# the tests' small train steps on an idle machine).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+CORPUS_CACHE = os.environ["MOEJAX_CACHE"]
+
+
+@contextlib.contextmanager
+def _run_lock(name: str) -> Iterator[None]:
+    """An exclusive lock over the whole test run (all xdist workers), held while building ``name``."""
+    os.makedirs(os.path.join(RUN_DIR, "locks"), exist_ok=True)
+    with open(os.path.join(RUN_DIR, "locks", name), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_once(name: str, build: Callable[[str], None]) -> str:
+    """``<run dir>/shared/<name>``, made by ``build(path)`` once per test run (see ``run_once``)."""
+    path = os.path.join(RUN_DIR, "shared", name)
+    with _run_lock(name):
+        if not os.path.isfile(path + ".done"):
+            shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            build(path)
+            open(path + ".done", "w").close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_cache() -> str:
+    """The run's corpus cache directory, with the built-in seed-0 corpus built (once per run)."""
+    from moejax.data.corpus import load_tokenized_corpus
+
+    with _run_lock("corpus"):
+        load_tokenized_corpus(0, CORPUS_CACHE)
+    return CORPUS_CACHE
+
+
+@pytest.fixture(scope="session")
+def run_once(corpus_cache) -> Callable[[str, Callable[[str], None]], str]:
+    """``run_once(name, build)``: a directory made once per test run by ``build(path)``; read it only."""
+    return build_once

@@ -3,6 +3,7 @@ mismatches and warm starts."""
 
 import glob
 import os
+import shutil
 import signal
 
 import jax
@@ -17,12 +18,13 @@ from moejax.train.loop import Diverged, train
 from moejax.train.state import init_state, setup, to_global
 from moejax.train.step import make_train_step
 from tests.test_sharding import batches, tiny_cfg
-from tests.test_train import read_metrics, small_run_cfg
+from tests.test_train import copy_run, read_metrics, small_run, small_run_cfg  # noqa: F401 (small_run: shared fixture)
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus"))
+def cache_dir(corpus_cache):
+    """The run's shared corpus cache (tests/conftest.py)."""
+    return corpus_cache
 
 
 def test_retention_keeps_last_n_and_every_mth(tmp_path):
@@ -56,9 +58,34 @@ def test_restore_onto_another_mesh(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.state), saved)
 
 
-def test_sigkill_resumes_bit_for_bit(tmp_path):
-    done, divergent = fault_drill.drill(kills=1, steps=8, every=3, sig=signal.SIGKILL, seed=1, root=str(tmp_path))
-    assert done == 1 and divergent == []
+# The kill/resume tests below share one uninterrupted reference run (in its own process, like
+# theirs) of one drill config: same steps, hence the same compiled train step (a cache hit in every
+# later process, tests/conftest.py). The checkpoint interval is host-side and does not change it.
+DRILL_STEPS = 12
+
+
+def drill_config(directory, cache_dir, every=3) -> str:
+    return fault_drill.write_config(str(directory), steps=DRILL_STEPS, every=every, cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def drill_reference(run_once, cache_dir):
+    """Uninterrupted drill run: checkpoints at 3, 6, 9, 12, the last two kept (max_to_keep=2)."""
+    def build(root):
+        os.makedirs(root)
+        fault_drill.run_to_end(drill_config(root, cache_dir), os.path.join(root, "run"))
+
+    return os.path.join(run_once("drill_reference", build), "run")
+
+
+def test_sigkill_resumes_bit_for_bit(tmp_path, cache_dir, drill_reference):
+    config, workdir = drill_config(tmp_path, cache_dir), str(tmp_path / "run")
+    code = fault_drill.run_and_kill(config, workdir, at_step=5, sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert max(fault_drill.logged_steps(workdir)) >= 5  # killed mid-run (checkpoint interval 3)
+    fault_drill.run_to_end(config, workdir)  # resumes from the newest readable checkpoint
+    divergent = fault_drill.divergent_steps(fault_drill.logged_steps(drill_reference), fault_drill.logged_steps(workdir))
+    assert divergent == []
 
 
 @pytest.mark.slow
@@ -67,26 +94,25 @@ def test_sigkill_at_several_steps_resumes_bit_for_bit(tmp_path):
     assert done >= 3 and divergent == []
 
 
-def test_sigterm_saves_at_the_current_step_and_resumes(tmp_path):
-    config = fault_drill.write_config(str(tmp_path), steps=12, every=100, cache_dir=str(tmp_path / "cache"))
+def test_sigterm_saves_at_the_current_step_and_resumes(tmp_path, cache_dir, drill_reference):
+    config = drill_config(tmp_path, cache_dir, every=100)
     workdir = str(tmp_path / "run")
     code = fault_drill.run_and_kill(config, workdir, at_step=4, sig=signal.SIGTERM)
     assert code == 128 + signal.SIGTERM
     saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
-    assert len(saved) == 1 and saved[0] >= 4  # saved on the signal, not on the (100-step) interval
+    assert len(saved) == 1 and 4 <= saved[0] < DRILL_STEPS  # saved on the signal, not on the (100-step) interval
     fault_drill.run_to_end(config, workdir)
-    reference = str(tmp_path / "reference")
-    fault_drill.run_to_end(config, reference)
-    assert fault_drill.divergent_steps(fault_drill.logged_steps(reference), fault_drill.logged_steps(workdir)) == []
+    reference = fault_drill.logged_steps(drill_reference)
+    assert fault_drill.divergent_steps(reference, fault_drill.logged_steps(workdir)) == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "missing_item"])
-def test_corrupt_latest_checkpoint_is_set_aside_and_previous_used(tmp_path, damage):
+def test_corrupt_latest_checkpoint_is_set_aside_and_previous_used(tmp_path, cache_dir, drill_reference, damage):
     # Separate processes, as after a real crash (tensorstore caches what a process wrote itself).
-    config = fault_drill.write_config(str(tmp_path), steps=6, every=3, cache_dir=str(tmp_path / "cache"))
+    config = drill_config(tmp_path, cache_dir)
     workdir = str(tmp_path / "run")
-    fault_drill.run_to_end(config, workdir)  # checkpoints at 3 and 6
-    latest = os.path.join(workdir, "checkpoints", "6")
+    shutil.copytree(drill_reference, workdir)  # checkpoints 9 and 12
+    latest = os.path.join(workdir, "checkpoints", "12")
     if damage == "truncate":
         for path in glob.glob(os.path.join(latest, "state", "**", "d", "*"), recursive=True):  # array data
             with open(path, "r+b") as f:
@@ -95,10 +121,10 @@ def test_corrupt_latest_checkpoint_is_set_aside_and_previous_used(tmp_path, dama
         os.rename(os.path.join(latest, "data"), os.path.join(latest, "data_gone"))
     reference = fault_drill.logged_steps(workdir)
     err = fault_drill.run_to_end(config, workdir)
-    assert "checkpoints/6 is unreadable" in err and "falling back to the previous checkpoint" in err
-    kept = glob.glob(os.path.join(workdir, "checkpoints_corrupt", "6-*"))
+    assert "checkpoints/12 is unreadable" in err and "falling back to the previous checkpoint" in err
+    kept = glob.glob(os.path.join(workdir, "checkpoints_corrupt", "12-*"))
     assert len(kept) == 1 and os.listdir(kept[0])  # moved aside, not deleted
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]  # 6 saved anew
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints")), key=int) == ["9", "12"]  # 12 saved anew
     assert fault_drill.divergent_steps(reference, fault_drill.logged_steps(workdir)) == []
 
 
@@ -133,27 +159,23 @@ def test_consecutive_bad_steps_stop_the_run_keeping_a_good_checkpoint(tmp_path, 
     assert records[-1]["skipped_steps"] == 3
 
 
-def test_incompatible_config_names_the_mismatched_parameters(tmp_path, cache_dir):
+def test_incompatible_config_names_the_mismatched_parameters(tmp_path, cache_dir, small_run):
     cfg = small_run_cfg(cache_dir)
-    cfg.train.steps, cfg.checkpoint.every_steps, cfg.optim.warmup_steps = 1, 1, 0
-    workdir = str(tmp_path / "run")
-    train(cfg, workdir)
+    workdir = copy_run(small_run, tmp_path / "run")  # checkpoints at 3 and 6
     cfg.model.mlp_dim = 48
     with pytest.raises(CheckpointMismatch, match=r"layers/0/mlp/w_gate_df: checkpoint \(1, 32, 64\) vs model \(1, 32, 48\)"):
         train(cfg, workdir)
-    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]  # nothing moved or deleted
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]  # nothing moved or deleted
 
 
-def test_init_from_takes_parameters_only(tmp_path, cache_dir):
-    cfg = small_run_cfg(cache_dir)
-    cfg.train.steps, cfg.checkpoint.every_steps = 4, 4
-    source = str(tmp_path / "source")
-    first = train(cfg, source)
+def test_init_from_takes_parameters_only(tmp_path, cache_dir, small_run):
+    cfg = small_run_cfg(cache_dir)  # the shared run's config: its compiled step is reused
+    source_eval_loss = [r for r in read_metrics(small_run) if "eval_loss" in r][-1]["eval_loss"]
 
-    cfg.checkpoint.init_from = source
+    cfg.checkpoint.init_from = small_run
     cfg.data.mixture = {"code": 1.0, "prose": 0.0, "math": 0.0, "knowledge": 0.0}
     warm = train(cfg, str(tmp_path / "warm"))
     assert warm["start_step"] == 0
-    assert warm["initial_eval_loss"] == pytest.approx(first["eval_loss"], rel=1e-6)  # same params
+    assert warm["initial_eval_loss"] == pytest.approx(source_eval_loss, rel=1e-6)  # same params
     records = read_metrics(str(tmp_path / "warm"))
     assert records[-1]["tokens/prose"] == 0  # the new mixture, from a fresh data stream

@@ -12,8 +12,9 @@ from moejax.train.loop import train
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus"))
+def cache_dir(corpus_cache):
+    """The run's shared corpus cache (tests/conftest.py)."""
+    return corpus_cache
 
 
 def small_run_cfg(cache_dir):
@@ -36,11 +37,26 @@ def read_metrics(workdir):
         return [json.loads(line) for line in f]
 
 
-def test_run_writes_outputs_and_resumes_exactly(tmp_path, cache_dir):
+def train_small_run(workdir: str) -> None:
+    """``small_run_cfg`` as it is (6 steps, checkpoints at 3 and 6), on the run's corpus cache."""
+    train(small_run_cfg(os.environ["MOEJAX_CACHE"]), workdir)
+
+
+@pytest.fixture(scope="module")
+def small_run(run_once):
+    """One finished ``small_run_cfg`` run per pytest run, shared (read-only) with test_checkpoint.py."""
+    return run_once("small_run", train_small_run)
+
+
+def copy_run(source: str, workdir) -> str:
+    workdir = str(workdir)
+    shutil.copytree(source, workdir)
+    return workdir
+
+
+def test_run_writes_outputs_and_resumes_exactly(tmp_path, cache_dir, small_run):
     cfg = small_run_cfg(cache_dir)
-    workdir = str(tmp_path / "run")
-    summary = train(cfg, workdir)
-    assert summary["final_step"] == 6
+    workdir = copy_run(small_run, tmp_path / "run")
 
     records = read_metrics(workdir)
     train_records = [r for r in records if "loss" in r]
@@ -72,24 +88,22 @@ def test_run_writes_outputs_and_resumes_exactly(tmp_path, cache_dir):
         assert again["tokens/code"] == original["tokens/code"]  # per-domain accounting carries over
 
 
-def test_rerun_of_a_finished_run_does_nothing(tmp_path, cache_dir):
-    cfg = small_run_cfg(cache_dir)
-    cfg.train.steps, cfg.checkpoint.every_steps = 2, 2
-    workdir = str(tmp_path / "run")
-    train(cfg, workdir)
-    again = train(cfg, workdir)
-    assert again["start_step"] == again["final_step"] == 2
+def test_rerun_of_a_finished_run_does_nothing(tmp_path, cache_dir, small_run):
+    workdir = copy_run(small_run, tmp_path / "run")
+    again = train(small_run_cfg(cache_dir), workdir)
+    assert again["start_step"] == again["final_step"] == 6
+    assert [r["step"] for r in read_metrics(workdir)] == [r["step"] for r in read_metrics(small_run)]
 
 
 def test_a_dense_model_trains_checkpoints_and_resumes(tmp_path, cache_dir):
     """No MoE layers: no routing state to save (orbax cannot save empty arrays), no routing metrics."""
     cfg = small_run_cfg(cache_dir)
     cfg.model.first_k_dense = cfg.model.num_layers
-    cfg.train.steps, cfg.checkpoint.every_steps = 2, 1
+    cfg.train.steps, cfg.checkpoint.every_steps = 3, 1
     workdir = str(tmp_path / "dense")
     train(cfg, workdir)
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2"]
-    cfg.train.steps = 3
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2", "3"]
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))  # resume from 2 (the same config: one compile)
     assert train(cfg, workdir)["start_step"] == 2
     records = [r for r in read_metrics(workdir) if "loss" in r]
     assert [r["step"] for r in records] == [1, 2, 3] and "max_vio" not in records[-1]
