@@ -18,14 +18,14 @@ import pytest
 
 from data_mixture.__main__ import main
 from data_mixture.table import read_runs
-from tests.test_dm_collect import evaluated_workdir
+from tests.test_dm_collect import build_evaluated_run
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, corpus_cache):
-    return evaluated_workdir(str(tmp_path_factory.getbasetemp()), corpus_cache)
+def workdir(run_once):
+    return run_once("dm_collect_run", build_evaluated_run)
 
 
 def _synthetic_rows(header: list[str], seed: int = 0) -> list[dict]:

@@ -15,33 +15,27 @@ from data_mixture.table import read_runs
 from moejax.model.transformer import param_counts
 
 
-def evaluated_workdir(base: str, cache_dir: str) -> str:
-    """A very small MoE trained for 5 steps (checkpoints 3 and 5) and evaluated cheaply (2 items
-    of knowledge and math), made once per pytest session under ``base``."""
+def build_evaluated_run(workdir: str) -> None:
+    """A very small MoE trained for 5 steps (checkpoints 3 and 5) and evaluated cheaply (2 items of
+    knowledge and math) into ``workdir``; built once per test run through ``run_once``."""
     from moejax.config import default_config
     from moejax.eval.__main__ import main as eval_main
     from moejax.train.loop import train
 
-    workdir = os.path.join(base, "dm_collect_run")
-    if not os.path.isfile(os.path.join(workdir, "evaluated")):
-        shutil.rmtree(workdir, ignore_errors=True)
-        cfg = default_config()
-        t, m = cfg.train, cfg.model
-        t.steps, t.global_batch_size, t.seq_len, t.log_every, t.eval_every, t.eval_batches = 5, 8, 64, 1, 5, 1
-        cfg.checkpoint.every_steps, cfg.optim.warmup_steps = 3, 1
-        m.d_model, m.num_layers, m.mlp_dim, m.num_heads, m.num_kv_heads, m.head_dim = 32, 2, 64, 2, 1, 16
-        m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
-        cfg.data.cache_dir = cache_dir
-        train(cfg, workdir)
-        eval_main(["--workdir", workdir, "--all", "--max-items", "2", "--tasks", "knowledge", "math",
-                   "--max-new-tokens", "4", "--no-progress"])
-        open(os.path.join(workdir, "evaluated"), "w").close()
-    return workdir
+    cfg = default_config()
+    t, m = cfg.train, cfg.model
+    t.steps, t.global_batch_size, t.seq_len, t.log_every, t.eval_every, t.eval_batches = 5, 8, 64, 1, 5, 1
+    cfg.checkpoint.every_steps, cfg.optim.warmup_steps = 3, 1
+    m.d_model, m.num_layers, m.mlp_dim, m.num_heads, m.num_kv_heads, m.head_dim = 32, 2, 64, 2, 1, 16
+    m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
+    train(cfg, workdir)
+    eval_main(["--workdir", workdir, "--all", "--max-items", "2", "--tasks", "knowledge", "math",
+               "--max-new-tokens", "4", "--no-progress"])
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, corpus_cache):
-    return evaluated_workdir(str(tmp_path_factory.getbasetemp()), corpus_cache)
+def workdir(run_once):
+    return run_once("dm_collect_run", build_evaluated_run)
 
 
 def test_one_row_per_evaluated_checkpoint(workdir, tmp_path):
