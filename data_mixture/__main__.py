@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--laws", default="mixing_law,additive,regmix,camel")
     p.add_argument("--holdout", default="largest",
                    help="'largest' (default: fit below the largest size, predict it), 'size=N' (hold out the "
-                        "size closest to N), or 'runs=a,b,...'")
+                        "size closest to N), 'runs=a,b,...', or 'none' (in-sample fit, scored at the largest size)")
     p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
     p.add_argument("--tokens", default="all", help="held-out rows to score: 'all' checkpoints or 'last' per run")
     p.add_argument("--seed", type=int, default=0)

@@ -3,7 +3,9 @@
 Default hold-out (``holdout="largest"``): **leave one scale out** -- fit on every row whose
 model size (the ``size_column``) is below the largest, predict every row at the largest size.
 ``"size=N"`` holds out the size closest to N instead (fitting on all the others, so it can also
-test interpolation), ``"runs=a,b"`` holds out named runs.
+test interpolation), ``"runs=a,b"`` holds out named runs, and ``"none"`` fits and scores every
+row (in-sample goodness of fit, *not* an extrapolation test: for tables too small to hold a size
+out; Spearman and the optimum are then computed at the largest size).
 
 Per law and validation domain, on the held-out rows:
 
@@ -59,6 +61,8 @@ def split_holdout(table: RunsTable, holdout: str, size_column: str) -> tuple[np.
     """Boolean (R,) mask of held-out rows and a description."""
     size = table.size(size_column)
     sizes = np.unique(size)
+    if holdout == "none":
+        return size == sizes[-1], f"none (in-sample; scored at the largest size {sizes[-1]:.4g})"
     if holdout == "largest":
         test = size == sizes[-1]
         what = f"largest size {sizes[-1]:.4g} ({size_column})"
@@ -106,7 +110,7 @@ def evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str = "larg
     for name in laws:
         get_law(name)  # unknown names fail before any fitting
     test, what = split_holdout(table, holdout, size_column)
-    train_t, test_t = table.take(~test), table.take(test)
+    train_t, test_t = (table, table.take(test)) if holdout == "none" else (table.take(~test), table.take(test))
     if tokens == "last":
         keep = np.array([test_t.tokens[i] == test_t.tokens[test_t.run == r].max() for i, r in enumerate(test_t.run)])
         test_t = test_t.take(keep)

@@ -200,8 +200,8 @@ def simulate(truth: Callable, law_name: str, cand: Mapping[str, Any], sizes, siz
         mix = space_filling_mixtures(cand["runs_per_size"], m, lo_m, hi_m, seed=seed + 1000 * s)
         cols: dict[str, list] = {"run": [], "params_total": [], "params_active": [], "tokens": []}
         cols.update({f"mix:{d}": [] for d in mix_domains})
-        for name in cand["sizes"]:
-            total = cand["tokens_per_param"] * sizes[name][size_column]
+        for name in cand["sizes"]:  # cand["tokens"] {preset: tokens} (a fixed-budget ladder) overrides the ratio
+            total = cand.get("tokens", {}).get(name) or cand["tokens_per_param"] * sizes[name][size_column]
             for k in range(mix.shape[0]):
                 for frac in (0.5, 1.0):
                     cols["run"].append(f"{name}_m{k}")
