@@ -112,6 +112,24 @@ class MixingLaw(ParametricLaw):
         present = np.bincount(ids, weights=w, minlength=len(mixes)) > 0
         return {"mixtures": mixes.tolist(), "mixture_present": present.tolist()}
 
+    def extra_starts(self, spec, data, y, wts):
+        """Variable projection: for fixed (alpha, beta) the law is linear in (E_k, A_k, B_k), so
+        a grid of exponents with per-mixture least squares gives good starts in 3K + 2 dims."""
+        oh = data["onehot"]
+        loss = np.exp(y)
+        starts = []
+        for a in (0.2, 0.35, 0.5, 0.7):
+            for b in (0.2, 0.35, 0.5, 0.7):
+                e_k, a_k, b_k = [], [], []
+                for k in range(oh.shape[1]):
+                    rows = (oh[:, k] > 0) & (wts > 0)
+                    x = np.stack([np.ones(rows.sum()), np.exp(-a * data["logn"][rows]), np.exp(-b * data["logd"][rows])], 1)
+                    coef = np.linalg.lstsq(x, loss[rows], rcond=None)[0] if rows.sum() >= 3 else np.array([loss.mean(), 0.3, 0.3])
+                    coef = np.clip(coef, [0.0, 1e-3, 1e-3], [20.0, 1e3, 1e3])
+                    e_k.append(coef[0]), a_k.append(coef[1]), b_k.append(coef[2])
+                starts.append(spec.pack({"E": e_k, "A": a_k, "B": b_k, "alpha": a, "beta": b}))
+        return np.stack(starts)
+
     @staticmethod
     def log_loss(x, data):
         oh = data["onehot"]

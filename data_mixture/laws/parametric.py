@@ -36,8 +36,8 @@ def safe_pow(r, g):
 
 class ParametricLaw(Law):
     iters: int = 200          # stage-1 L-BFGS iterations of a point fit
-    boot_iters: int = 100     # ... of a warm-started bootstrap resample
-    polish: int = 3           # best starts polished with scipy L-BFGS-B (point fit)
+    boot_iters: int = 200     # ... of a warm-started bootstrap resample
+    polish: int = 2           # best starts polished with scipy L-BFGS-B (point fit)
     delta: float = HUBER_DELTA
     needs_tokens: bool = True  # the form has a D term: the table needs >= 2 distinct token counts
 
@@ -97,6 +97,10 @@ class ParametricLaw(Law):
         """Fixed quantities a fit stores in ``info`` besides the reference scales."""
         return {}
 
+    def extra_starts(self, spec: ParamSpec, data: dict, y: np.ndarray, wts: np.ndarray) -> np.ndarray | None:
+        """Data-driven starts (working vectors) added to the random ones; none by default."""
+        return None
+
     def fitter(self, spec: ParamSpec) -> Fitter:
         key = (self.name, spec.size)
         if key not in _FITTERS:
@@ -118,6 +122,9 @@ class ParametricLaw(Law):
         y = np.log(table.loss(domain))
         wts = np.ones(len(table)) if weights is None else np.asarray(weights, np.float64)
         w0 = spec.sample(starts_rng(seed, 1), max(1, starts))
+        extra = self.extra_starts(spec, data, y, wts)
+        if extra is not None and len(extra):
+            w0 = np.concatenate([spec.clip(extra), w0])
         if init is not None:
             w0 = np.concatenate([spec.pack(init.params)[None], w0])
         bar = tqdm(total=w0.shape[0], desc=f"{self.name} {domain}", disable=not progress, leave=False)

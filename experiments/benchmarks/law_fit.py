@@ -1,0 +1,80 @@
+"""Fit time of every mixture law on a synthetic 1,000-row, 5-domain runs table.
+
+    .venv/bin/python -m experiments.benchmarks.law_fit [--laws camel,additive] [--bootstrap 100]
+        [--starts 64] [--out results/law_fit.json]
+
+The table: 5 training domains, 5 validation domains, 4 sizes (1e7..1e9) x 50 mixtures x 5
+checkpoints = 1,000 rows, drawn from a camel law (validation domain v shifts the truth) with
+0.5 % log-normal noise; mixing_law gets the same 50 mixtures at every size (it needs them).
+Times are wall-clock for ``fit_table`` (point fit of all 5 domains + bootstrap), including
+jit compilation, with the machine's load printed alongside: on shared machines the numbers
+are upper bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from data_mixture.fit import fit_table
+from data_mixture.laws import LAWS, LawFit
+from data_mixture.synthetic import draw_design, synthetic_table
+
+DOMS = ("code", "prose", "math", "knowledge", "web")
+VALID = ("v_code", "v_prose", "v_math", "v_knowledge", "v_web")
+TRUTH = {"E": 1.6, "A": 0.6, "alpha": 0.35, "B": 0.8, "beta": 0.3, "rho": 0.5, "t": [0.2, -0.3, 0.1, 0.0], "s": [0.0, 0.1, 0.0, 0.5, 0.2]}
+
+
+def make_table(shared_mixtures: bool):
+    design = draw_design(
+        mix_domains=DOMS, sizes=(1e7, 3e7, 1e8, 1e9), runs_per_size=50, checkpoints=(0.25, 0.5, 1.0, 1.5, 2.0), seed=0, shared_mixtures=shared_mixtures
+    )
+    truth = LawFit("camel", "valid", DOMS, TRUTH, 0, {"n_ref": 1e8, "d_ref": 2e9})
+    return synthetic_table(lambda v, n, d, m: truth.predict(n, d, m) * (1 + 0.05 * v), design, DOMS, domains=VALID, noise=0.005)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--laws", default=",".join(LAWS))
+    ap.add_argument("--bootstrap", type=int, default=100)
+    ap.add_argument("--starts", type=int, default=64)
+    ap.add_argument("--out", default="results/law_fit.json")
+    args = ap.parse_args(argv)
+    rows = []
+    for law in args.laws.split(","):
+        table = make_table(shared_mixtures=law == "mixing_law")
+        load0 = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        fit = fit_table(table, law, bootstrap=args.bootstrap, starts=args.starts, seed=0, progress=False)
+        seconds = time.perf_counter() - t0
+        rows.append(
+            {
+                "law": law,
+                "rows": len(table),
+                "mix_domains": len(table.mix_domains),
+                "loss_domains": len(table.loss_domains),
+                "starts": args.starts,
+                "bootstrap": args.bootstrap,
+                "seconds": round(seconds, 2),
+                "num_params_per_domain": fit.point[VALID[0]].num_params,
+                "load_avg_1min_before": round(load0, 2),
+                "load_avg_1min_after": round(os.getloadavg()[0], 2),
+            }
+        )
+        print(f"{law:14s} {seconds:8.1f} s  (params/domain {rows[-1]['num_params_per_domain']}, load {load0:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+    result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
