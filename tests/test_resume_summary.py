@@ -24,6 +24,9 @@ TINY = [
     "--config.train.global_batch_size=8", "--config.train.eval_batches=1", "--config.model.d_model=32",
     "--config.model.num_layers=1", "--config.model.mlp_dim=64", "--config.model.moe.expert_dim=32",
     "--config.model.moe.shared_expert_dim=32",
+    # The signal comes during the first compile, which can take a minute on a loaded machine: the
+    # grace period (exit anyway after this long) must outlast it, or the stop is not a clean one.
+    "--config.checkpoint.grace_seconds=600",
 ]
 
 
