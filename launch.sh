@@ -5,7 +5,8 @@
 #       Train. With no arguments: experiments/tiny_moe.py into runs/tiny_moe.
 #       Rerunning the same command resumes from the latest checkpoint in DIR.
 #   ./launch.sh test [pytest arguments]
-#       Run the test suite (CPU, 8 fake devices).
+#       Run the test suite (CPU, 8 fake devices, 2 pytest-xdist workers; MOEJAX_TEST_WORKERS=0
+#       for one process). Slow drills are left out; add -m slow to run them.
 #
 # Python: $MOEJAX_PYTHON if set (e.g. an environment with jax[cuda] or jax[tpu]); otherwise
 # ./.venv, created and filled from requirements.txt on first use (and refreshed when that file
@@ -46,7 +47,14 @@ python_env() {
 python_env
 if [[ "${1:-}" == "test" ]]; then
   shift
-  exec "$PY" -m pytest -q "$@"
+  # Two pytest-xdist workers by default (XLA compiles are mostly single-threaded, so one process
+  # leaves a core idle); whole files go to one worker, so module fixtures are built once.
+  # MOEJAX_TEST_WORKERS=0 runs everything in this process (e.g. for --pdb); -n N overrides.
+  workers=()
+  if [[ " $* " != *" -n "* && " $* " != *" --numprocesses"* && " $* " != *" -n"[0-9a]* ]]; then
+    workers=(-n "${MOEJAX_TEST_WORKERS:-2}" --dist loadfile)
+  fi
+  exec "$PY" -m pytest -q ${workers[@]+"${workers[@]}"} "$@"
 fi
 
 config=experiments/tiny_moe.py

@@ -274,8 +274,9 @@ def test_a_non_finite_step_keeps_the_balance_state():
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("corpus"))
+def cache_dir(corpus_cache):
+    """The run's shared corpus cache (tests/conftest.py)."""
+    return corpus_cache
 
 
 def test_stateful_objectives_resume_exactly_and_log_routing_health(tmp_path, cache_dir):

@@ -33,22 +33,29 @@ UNIFORM = {domain: 0.25 for domain in DOMAINS}
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> str:
-    """A cache directory holding the seed-0 corpus, built once for the whole module."""
+def rebuilt():
+    """The seed-0 corpus built from scratch, independently of the run's shared cache."""
+    return build_corpus(0)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory, rebuilt) -> str:
+    """A fresh cache directory of this module, written by ``load_tokenized_corpus`` from ``rebuilt``.
+
+    Building is the slow part and ``rebuilt`` is already built, so the build is handed in; the
+    tokenising, writing and reading are load_tokenized_corpus's own.
+    """
     path = str(tmp_path_factory.mktemp("moejax_cache"))
-    load_tokenized_corpus(0, path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(corpus_lib, "build_corpus", lambda seed: rebuilt)
+        load_tokenized_corpus(0, path)
     return path
 
 
 @pytest.fixture(scope="module")
-def tokenized(cache_dir):
-    return load_tokenized_corpus(0, cache_dir)
-
-
-@pytest.fixture(scope="module")
-def rebuilt():
-    """The seed-0 corpus built a second time, from scratch."""
-    return build_corpus(0)
+def tokenized(corpus_cache):
+    """The run's shared corpus (tests/conftest.py): a build independent of ``rebuilt``."""
+    return load_tokenized_corpus(0, corpus_cache)
 
 
 def _take(iterator, n: int) -> list[dict[str, np.ndarray]]:
@@ -472,8 +479,9 @@ def test_eval_batches_reject_bad_input(cache_dir):
 
 
 @pytest.fixture(scope="module")
-def benchmarks(cache_dir):
-    return load_benchmarks(0, cache_dir)
+def benchmarks(builtin_benchmarks):
+    """The run's shared benchmarks (tests/conftest.py), built from the shared corpus cache."""
+    return builtin_benchmarks
 
 
 def test_benchmarks_have_the_documented_sizes_formats_and_hash(benchmarks, tokenized, cache_dir):

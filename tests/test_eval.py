@@ -28,28 +28,24 @@ from moejax.train.loop import train
 from tests.test_train import read_metrics, small_run_cfg
 
 
-def trained_workdir(base) -> str:
-    """A tiny run trained for 5 steps (checkpoints at 3 and 5), made once per pytest session.
-
-    It uses the default corpus cache (``$MOEJAX_CACHE`` or ``~/.cache/moejax``, shared with
-    training runs): the built-in corpus and benchmarks are deterministic and written atomically,
-    and building them again would take most of this file's time budget.
-    """
-    workdir = os.path.join(base, "eval_run")
-    if not os.path.isfile(os.path.join(workdir, "done")):
-        cfg = small_run_cfg("")
-        # An odd step count: the loss-free bias moves by +-u per step, so it cannot be back at 0.
-        cfg.train.steps = 5
-        # A loss-free bias, so that evaluation must restore it and route with it to match training.
-        cfg.model.moe.balancing = (("loss_free", {"u": 0.01}), ("switch", {"weight": 1e-2}))
-        train(cfg, workdir)
-        open(os.path.join(workdir, "done"), "w").close()
-    return workdir
+def train_eval_run(workdir: str) -> None:
+    """A tiny run trained for 5 steps (checkpoints at 3 and 5), on the run's shared corpus cache."""
+    cfg = small_run_cfg("")
+    # An odd step count: the loss-free bias moves by +-u per step, so it cannot be back at 0.
+    cfg.train.steps = 5
+    # A loss-free bias, so that evaluation must restore it and route with it to match training.
+    cfg.model.moe.balancing = (("loss_free", {"u": 0.01}), ("switch", {"weight": 1e-2}))
+    train(cfg, workdir)
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return trained_workdir(str(tmp_path_factory.getbasetemp()))
+def workdir(run_once, builtin_benchmarks):
+    """The tiny eval run, trained once per pytest run (tests/conftest.py) and shared with test_generate.py.
+
+    test_eval_cli_writes_documented_json_and_curves adds its eval/ directory; nothing else writes to it.
+    The built-in benchmarks the CLI scores are built first, once per run (``builtin_benchmarks``).
+    """
+    return run_once("eval_run", train_eval_run)
 
 
 @pytest.fixture(scope="module")

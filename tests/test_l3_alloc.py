@@ -1,9 +1,8 @@
 """Tests for moejax.data.l3_alloc: rows per token of a Large Lookup Layer (LZW and uniform
 allocations), validation, the allocation file, token sampling and the command line.
 
-The CLI test on the built-in corpus uses the default corpus cache (``$MOEJAX_CACHE`` or
-``~/.cache/moejax``), as tests/test_eval.py does: the corpus is deterministic and cached
-atomically, and building it again would take most of this file's time."""
+The CLI test on the built-in corpus uses the default corpus cache, ``$MOEJAX_CACHE``, which
+tests/conftest.py points at the run's shared cache (built once per run, ``corpus_cache``)."""
 
 from __future__ import annotations
 
@@ -307,7 +306,7 @@ def test_sample_train_tokens_shares_domains_and_crosses_shards():
 # --- command line -------------------------------------------------------------------------------
 
 
-def test_cli_on_the_builtin_corpus(tmp_path, capsys):
+def test_cli_on_the_builtin_corpus(tmp_path, capsys, corpus_cache):  # corpus_cache: built once per run
     out = tmp_path / "alloc.json"
     code = l3_alloc.main(["--budget", "4096", "--max-rows", "64", "--sample-tokens", "20000",
                           "--out", str(out)])

@@ -153,19 +153,19 @@ def launch_two_processes(config: str, workdir: str, compile_cache: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def setup_dir(tmp_path_factory):
-    """Config file, corpus cache and compilation cache shared by the tests of this module."""
+def setup_dir(tmp_path_factory, corpus_cache):
+    """Config file (on the run's corpus cache) and compilation cache shared by the tests of this module."""
     root = tmp_path_factory.mktemp("multihost")
     config = root / "config.py"
-    config.write_text(CONFIG.format(cache_dir=str(root / "corpus")))
+    config.write_text(CONFIG.format(cache_dir=corpus_cache))
     return root
 
 
 @pytest.fixture(scope="module")
-def corpus(setup_dir):
-    """The built-in corpus, tokenised once into the module's cache before any process needs it."""
-    open_dataset("", str(setup_dir / "corpus"))
-    return str(setup_dir / "corpus")
+def corpus(corpus_cache):
+    """The built-in corpus, tokenised once per run (tests/conftest.py) before any process needs it."""
+    open_dataset("", corpus_cache)
+    return corpus_cache
 
 
 @pytest.fixture(scope="module")
