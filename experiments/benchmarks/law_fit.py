@@ -68,10 +68,10 @@ def main(argv=None) -> dict:
             }
         )
         print(f"{law:14s} {seconds:8.1f} s  (params/domain {rows[-1]['num_params_per_domain']}, load {load0:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
-    result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+        result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": rows}
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))  # after every law, so a cut-short run keeps its numbers
     print(f"wrote {out}")
     return result
 
