@@ -12,7 +12,8 @@ Procedure (``docs/data_mixture.md``, "Fitting"):
    e.g. the coefficients A, B spanning decades; exponents and weights in natural units). Stage 1
    runs all random starts of all problems at once: ``jax.vmap`` over starts of
    ``optax.lbfgs`` (zoom line search) in an unconstrained space (sigmoid / softplus maps onto
-   the bounds, so bounds hold exactly), ``jax.lax.scan`` over a fixed number of iterations, jitted.
+   the bounds, so bounds hold exactly), in a jitted ``jax.lax.while_loop`` that stops when a step
+   improves the objective by less than ``FTOL`` (relative) or after ``iters`` iterations.
 3. Stage 2 polishes the best few starts of each problem with ``scipy.optimize.minimize(method=
    "L-BFGS-B", bounds=...)`` in the working space, with the exact gradient from a jitted
    ``jax.value_and_grad``. The best value wins.
@@ -322,12 +323,3 @@ def resample_weights(run_index_r: np.ndarray, n_runs: int, resamples: int, seed:
 def starts_rng(seed: int, *tag: int) -> np.random.Generator:
     """A generator for random starts, independent per (seed, tag...)."""
     return np.random.default_rng(np.random.SeedSequence([int(seed), *[int(t) for t in tag]]))
-
-
-class Timer:
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.t0
