@@ -11,8 +11,15 @@ from flax import nnx
 from moejax.sharding import constrain
 
 # Query block of causal_attention: key blocks above the diagonal are skipped. 64 measured best at
-# T=256 on the 2-core CPU machines (128 skips less, 32 adds per-block overhead).
+# T=256 on the 2-core CPU machines (128 skips less, 32 adds per-block overhead). Longer sequences
+# use at most MAX_ATTENTION_BLOCKS blocks (compile time grows with their square).
 ATTENTION_BLOCK = 64
+MAX_ATTENTION_BLOCKS = 8
+
+
+def attention_block(seq_len: int) -> int:
+    """The query block of :func:`causal_attention` for a sequence of ``seq_len`` tokens."""
+    return max(ATTENTION_BLOCK, -(-seq_len // MAX_ATTENTION_BLOCKS))
 
 
 def param(
@@ -65,7 +72,8 @@ def causal_attention(
     computed (about half of the score matrix at long sequences; 10 of 16 blocks at T = 4 *
     block). Each query row's softmax is still over all its visible keys at once (no running
     max), so the result is ``jax.nn.dot_product_attention`` with the causal and document mask
-    up to float reassociation. On XLA:CPU this is about 1.4-1.6x faster forward and backward
+    up to float reassociation. Used on CPU only (GPU/TPU keep the fused kernels of
+    ``jax.nn.dot_product_attention``). On XLA:CPU this is about 1.4-1.6x faster forward and backward
     than ``jax.nn.dot_product_attention`` at T=256 (which computes and masks the whole [T, T]
     matrix); see experiments/benchmarks/README.md. Scores and softmax run in float32.
 
@@ -114,7 +122,6 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(h, cfg.norm_eps, param_dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(h, cfg.norm_eps, param_dtype) if cfg.qk_norm else None
         self.rope_theta = cfg.rope_theta
-        self.attn_block = ATTENTION_BLOCK
         self.dtype = dtype
 
     def project_qkv(self, x_btd, positions_bt):
@@ -139,7 +146,13 @@ class Attention(nnx.Module):
     def __call__(self, x_btd, positions_bt, segment_ids_bt):
         dt = self.dtype
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
-        o_btnh = causal_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, self.attn_block)
+        if jax.default_backend() == "cpu":
+            o_btnh = causal_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, attention_block(x_btd.shape[1]))
+        else:  # GPU/TPU: XLA's or cuDNN's fused attention kernels
+            t = x_btd.shape[1]
+            causal_ts = jnp.tril(jnp.ones((t, t), bool))
+            same_doc_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+            o_btnh = jax.nn.dot_product_attention(q_btnh, k_btkh, v_btkh, mask=(causal_ts & same_doc_bts)[:, None])
         return jnp.einsum("btnh,nhd->btd", o_btnh, self.w_o_nhd[...].astype(dt))
 
     def decode(self, x_btd, k_bskh, v_bskh, index_b):
