@@ -1,11 +1,16 @@
-"""Train-step throughput: tokens/s and achieved FLOP/s for the tiny and small configs, both backends.
+"""Train-step throughput: tokens/s, achieved FLOP/s as a fraction of the matmul peak measured in the
+same process, and peak memory, for the tiny and small configs, both backends (the peer
+architecture: experiments/benchmarks/peer.py).
 
     python experiments/benchmarks/step_time.py [--configs tiny,small] [--steps 10] [--out results/step_time.json]
 
 Runs on whatever devices JAX sees (one mesh over all of them). Batches are real text from the
 built-in corpus. On CPU the small config runs with a reduced batch (``--small-batch``,
 ``--small-seq``) so the benchmark finishes in minutes; the batch used is in the JSON.
-Compilation is excluded: the first step is run and waited for before timing starts.
+Compilation is excluded: the first step is run and waited for before timing starts. Peak
+memory is XLA's own account of the compiled step (``compiled.memory_analysis()``: arguments,
+outputs and temporaries, donated buffers counted once), the number that decides whether a
+config fits a device.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import jax
 import numpy as np
 
 from experiments import small_moe, tiny_moe
+from experiments.benchmarks.timing import machine, matmul_peak_flops
 from moejax import config as config_lib, sharding
 from moejax.data.pipeline import make_train_iterator
 from moejax.model.transformer import flops_per_token, param_counts
@@ -39,6 +45,7 @@ def measure(cfg, steps: int) -> dict:
     )
     batches = [to_global(next(data), run.batch_sharding(True), t.grad_accum_steps) for _ in range(steps + 1)]
     with jax.set_mesh(mesh):
+        memory = train_step.lower(state, batches[0]).compile().memory_analysis()
         start = time.perf_counter()
         state, _ = train_step(state, batches[0])
         jax.block_until_ready(state)
@@ -62,7 +69,16 @@ def measure(cfg, steps: int) -> dict:
         "tokens_per_sec": tokens_per_sec,
         "flops_per_token": flops_tok,
         "achieved_gflops": flops_tok * tokens_per_sec / 1e9,
+        "peak_memory_mib": _peak_bytes(memory) / 2**20,
     }
+
+
+def _peak_bytes(memory) -> float:
+    """Arguments + outputs + temporaries, with donated (aliased) buffers counted once."""
+    if memory is None:
+        return float("nan")
+    return float(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                 - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
 
 
 def main() -> None:
@@ -75,6 +91,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/step_time.json")
     args = parser.parse_args()
 
+    peak = matmul_peak_flops()
+    print(f"matmul peak (jitted 1024x1024 float32, this process): {peak / 1e9:.0f} GFLOP/s")
     rows = []
     for name in args.configs.split(","):
         for backend in args.backends.split(","):
@@ -85,16 +103,18 @@ def main() -> None:
                 cfg.train.compute_dtype = "float32"  # bf16 matmuls are slower than f32 on CPU
             row = {"config": name, "backend": backend, "platform": jax.default_backend(),
                    "devices": jax.device_count(), **measure(cfg, args.steps)}
+            row["fraction_of_matmul_peak"] = row["achieved_gflops"] * 1e9 / peak
             rows.append(row)
             print(
                 f"{name:6s} {backend:9s} batch {row['global_batch_size']:3d}x{row['seq_len']:<5d} "
                 f"step {row['step_time_s'] * 1e3:8.1f} ms  {row['tokens_per_sec']:9.0f} tok/s  "
-                f"{row['achieved_gflops']:7.1f} GFLOP/s  (compile {row['compile_and_first_step_s']:.1f} s)",
+                f"{row['achieved_gflops']:7.1f} GFLOP/s = {row['fraction_of_matmul_peak']:4.0%} of peak  "
+                f"peak mem {row['peak_memory_mib']:7.0f} MiB  (compile {row['compile_and_first_step_s']:.1f} s)",
                 flush=True,
             )
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump({"rows": rows, "matmul_peak_flops": peak, "machine": machine()}, f, indent=2)
     print(f"wrote {args.out}")
 
 

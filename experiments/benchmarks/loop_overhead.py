@@ -1,0 +1,79 @@
+"""The full training loop (what ``./launch.sh`` runs) against the bare jitted step, then evaluation
+and generation throughput of the checkpoint it wrote.
+
+    python -m experiments.benchmarks.loop_overhead [--steps 60] [--out results/loop_overhead.json]
+
+1. The bare step: :func:`experiments.benchmarks.step_time.measure` on the tiny default config
+   (median step time, no data loading, no logging).
+2. The loop: ``python -m moejax.main`` (the command ``launch.sh`` runs) on the same config for
+   ``--steps`` steps into a temporary workdir, with the default logging, evaluation and
+   checkpointing scaled to the run (eval and a checkpoint at the end). Reported: wall time of the
+   whole command (start-up, data, compilation included), the loop's steady tokens/s as it logs
+   them (``tokens_per_sec`` in metrics.jsonl, evaluation and checkpoints excluded), and
+   tokens/s over the training part of the wall time.
+3. ``python -m moejax.eval`` on the final checkpoint: tokens/s of held-out scoring, of
+   multiple-choice scoring and of greedy generation with the KV cache (its ``throughput``).
+
+The ratio loop/bare is the loop's host overhead (data, metrics, syncs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from experiments import tiny_moe
+from experiments.benchmarks.step_time import measure
+from experiments.benchmarks.timing import machine, write_json
+
+
+def run_loop(steps: int, workdir: str) -> dict:
+    cmd = [sys.executable, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", workdir,
+           f"--config.train.steps={steps}", f"--config.train.eval_every={steps}",
+           f"--config.checkpoint.every_steps={steps}", f"--config.optim.warmup_steps={max(1, steps // 10)}"]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    logged = [r["tokens_per_sec"] for r in records if "tokens_per_sec" in r][1:]  # the first includes compilation
+    return {"steps": steps, "wall_s": wall, "logged_tokens_per_sec_median": float(np.median(logged)),
+            "command": " ".join(cmd)}
+
+
+def run_eval(workdir: str) -> dict:
+    subprocess.run([sys.executable, "-m", "moejax.eval", "--workdir", workdir], check=True, stdout=subprocess.DEVNULL)
+    path = sorted(glob.glob(os.path.join(workdir, "eval", "step_*.json")))[-1]
+    return json.load(open(path))["throughput"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--bare-steps", type=int, default=10)
+    parser.add_argument("--out", default="results/loop_overhead.json")
+    args = parser.parse_args()
+    cfg = tiny_moe.get_config()
+    bare = measure(cfg, args.bare_steps)
+    with tempfile.TemporaryDirectory() as workdir:
+        loop = run_loop(args.steps, workdir)
+        throughput = run_eval(workdir)
+    ratio = loop["logged_tokens_per_sec_median"] / bare["tokens_per_sec"]
+    print(f"bare step        {bare['tokens_per_sec']:8.0f} tokens/s")
+    print(f"loop (logged)    {loop['logged_tokens_per_sec_median']:8.0f} tokens/s  = {ratio:.2f} x bare")
+    print(f"loop wall        {loop['wall_s']:8.1f} s for {args.steps} steps (start-up, compile, eval, checkpoint incl.)")
+    for phase, v in throughput.items():
+        print(f"eval {phase:16s} {v['tokens_per_sec']:8.0f} tokens/s ({v['tokens']} tokens in {v['seconds']:.1f} s)")
+    write_json(args.out, {"bare": bare, "loop": loop, "loop_over_bare": ratio, "eval_throughput": throughput,
+                          "machine": machine()})
+
+
+if __name__ == "__main__":
+    main()
