@@ -75,11 +75,7 @@ def plot_loss_vs_share(table, domain: str, mix_domain: str, path: str | os.PathL
     ax.set_xlabel(f"share of {mix_domain}")
     ax.set_ylabel(f"loss:{domain}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_optimal_vs_size(sizes: Sequence[float], weights_sm: np.ndarray, domains: Sequence[str],
@@ -95,11 +91,7 @@ def plot_optimal_vs_size(sizes: Sequence[float], weights_sm: np.ndarray, domains
     ax.legend(fontsize=7, loc="upper left")
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_bench_curves(loss_r: np.ndarray, acc_r: np.ndarray, curve_loss: np.ndarray, curve_acc: np.ndarray,
@@ -112,8 +104,12 @@ def plot_bench_curves(loss_r: np.ndarray, acc_r: np.ndarray, curve_loss: np.ndar
     ax.set_xlabel("loss feeding the task")
     ax.set_ylabel(f"bench:{task}")
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _plt().close(fig)
     return path

@@ -7,7 +7,7 @@ moejax-produced table the leave-one-scale-out comparison of the laws is run on. 
 table was made with (about 75 minutes of a 2-core machine shared with four other jobs):
 
     nice -n 10 .venv/bin/python -m experiments.mixture_ladder --workdir runs/mixture_ladder \
-        --sizes s1,s0,s0b --mixtures s1=5,s0=8,s0b=8 --bench-sizes s1 --order mixture \
+        --sizes s1,s0,s0b --mixtures s1=5,s0=5,s0b=5 --bench-sizes s1 --order mixture \
         --out data_mixture/results/ladder_runs.csv
 
 Resumable: a run whose final checkpoint exists is not retrained, a checkpoint with an
@@ -50,21 +50,19 @@ from pathlib import Path
 
 import numpy as np
 
+from data_mixture.plan import DEFAULT_PRESETS
+
 DOMAINS = ("code", "prose", "math", "knowledge")
 
 # name -> model overrides (everything else: the tiny default of moejax/config.py).
 SIZES: dict[str, dict[str, int]] = {
+    # two sizes below the planner's presets, for a ladder that fits in minutes on 2 CPU cores
     "s0": {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 1, "model.num_kv_heads": 1,
            "model.mlp_dim": 128, "model.moe.expert_dim": 64, "model.moe.shared_expert_dim": 64},
     "s0b": {"model.d_model": 48, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
             "model.mlp_dim": 192, "model.moe.expert_dim": 96, "model.moe.shared_expert_dim": 96},
-    "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
-           "model.mlp_dim": 256, "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
-    "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, "model.num_kv_heads": 1,
-           "model.mlp_dim": 384, "model.moe.expert_dim": 192, "model.moe.shared_expert_dim": 192},
-    "s3": {},  # the tiny default: d_model 128, 4 layers, expert_dim 256
-    "s4": {"model.d_model": 192, "model.num_layers": 4, "model.num_heads": 6, "model.num_kv_heads": 2,
-           "model.mlp_dim": 768, "model.moe.expert_dim": 384, "model.moe.shared_expert_dim": 384},
+    # s3 is the tiny default: d_model 128, 4 layers, expert_dim 256
+    **{name: DEFAULT_PRESETS[name] for name in ("s1", "s2", "s3", "s4")},
 }
 
 
