@@ -4,10 +4,11 @@ Model sizes x training mixtures over the built-in domains (code, prose, math, kn
 trained for a short budget, evaluated at two checkpoints, and collected into one runs table
 (``data_mixture/results/ladder_runs.csv``, the format of docs/data_mixture.md). It is the
 moejax-produced table the leave-one-scale-out comparison of the laws is run on. The committed
-table was made with (about 75 minutes of a 2-core machine shared with four other jobs):
+table was made with (about 75 minutes of a 2-core machine shared with four other jobs for the
+first 15 runs, 13 minutes for the last 6):
 
     nice -n 10 .venv/bin/python -m experiments.mixture_ladder --workdir runs/mixture_ladder \
-        --sizes s1,s0,s0b --mixtures s1=5,s0=5,s0b=5 --bench-sizes s1 --order mixture \
+        --sizes s1,s0,s0b --mixtures s1=5,s0=8,s0b=8 --bench-sizes s1 --order mixture \
         --out data_mixture/results/ladder_runs.csv
 
 Resumable: a run whose final checkpoint exists is not retrained, a checkpoint with an
