@@ -183,7 +183,7 @@ def cmd_plan(args) -> None:
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
         noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
         config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
-        min_runs_per_size=args.min_runs_per_size,
+        min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints,
     )
     plan = make_plan(spec, progress=not args.no_progress)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -292,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulations", type=int, default=3, help="simulated ladders per candidate allocation")
     p.add_argument("--sim-starts", type=int, default=16, help="random starts per simulated fit")
     p.add_argument("--min-runs-per-size", type=int, default=3)
+    p.add_argument("--checkpoints", type=int, default=2,
+                   help="evaluated checkpoints per run, evenly spaced (default 2: at half and at the end)")
     p.add_argument("--config", default="experiments/tiny_moe.py", help="config file each planned run starts from")
     p.add_argument("--batch", type=int, default=16, help="global batch size of the planned runs")
     p.add_argument("--seq-len", type=int, default=256)

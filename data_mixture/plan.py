@@ -18,7 +18,7 @@ are identified.
 Method: **simulate each candidate's extrapolation error from a prior law**. The prior is a
 fitted law (``--prior fit.json``: its point fit per validation domain) or, without one, a
 documented default (:func:`default_prior`). For every candidate and simulation s = 1..S: draw
-its ladder's losses from the prior (checkpoints at half and all of each run's tokens) times
+its ladder's losses from the prior (``--checkpoints`` evenly spaced checkpoints per run, default 2: at half and all of its tokens) times
 log-normal noise ``exp(noise x z)``, fit the law being planned for on that synthetic table,
 and predict 64 held-out mixtures at the target (N, D). Scored by the mean relative error
 against the prior's own prediction there (``sim_error``, averaged over domains, mixtures and
@@ -92,6 +92,12 @@ class PlanSpec:
     domains: str | None = None  # comma-separated training domains (default: the prior's)
     min_runs_per_size: int = 3
     max_candidates: int = 12
+    checkpoints: int = 2  # evaluated checkpoints per run, evenly spaced (rows of the runs table per run)
+
+
+def checkpoint_fractions(checkpoints: int) -> tuple[float, ...]:
+    """The fractions of a run's tokens at which its ``checkpoints`` evaluated checkpoints fall."""
+    return tuple((k + 1) / checkpoints for k in range(checkpoints))
 
 
 def preset_sizes(presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -203,7 +209,7 @@ def simulate(truth: Callable, law_name: str, cand: Mapping[str, Any], sizes, siz
         for name in cand["sizes"]:  # cand["tokens"] {preset: tokens} (a fixed-budget ladder) overrides the ratio
             total = cand.get("tokens", {}).get(name) or cand["tokens_per_param"] * sizes[name][size_column]
             for k in range(mix.shape[0]):
-                for frac in (0.5, 1.0):
+                for frac in checkpoint_fractions(cand.get("checkpoints", 2)):
                     cols["run"].append(f"{name}_m{k}")
                     cols["params_total"].append(sizes[name]["params_total"])
                     cols["params_active"].append(sizes[name]["params_active"])
@@ -243,6 +249,8 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
                         ("--target-tokens", spec.target_tokens)):
         if not (math.isfinite(value) and value > 0):
             raise PlanError(f"{name} is {value!r}; allowed: a number > 0.")
+    if spec.checkpoints < 1:
+        raise PlanError(f"--checkpoints {spec.checkpoints}: allowed: an integer >= 1 (evaluated checkpoints per run).")
     if spec.noise < 0 or spec.simulations < 1 or spec.sim_starts < 1:
         raise PlanError(f"--noise {spec.noise}, --simulations {spec.simulations}, --sim-starts {spec.sim_starts}: "
                         "allowed: noise >= 0, at least 1 simulation and 1 start.")
@@ -278,6 +286,7 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
 
         bar = tqdm(total=len(cands), desc="plan: simulating allocations", unit="allocation")
     for c in cands:
+        c["checkpoints"] = spec.checkpoints
         c.update(simulate(truth, law, c, sizes, size_column, mix_domains, loss_domains, lo, hi,
                           target_size=spec.target_size, target_tokens=spec.target_tokens, noise=spec.noise,
                           simulations=spec.simulations, starts=spec.sim_starts, seed=spec.seed))
@@ -295,9 +304,10 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         tokens = float(steps * per_step)
         for k in range(mix.shape[0]):
             mixture = {d: float(w) for d, w in zip(mix_domains, mix[k])}
+            every = max(1, steps // spec.checkpoints)
             overrides = {**presets[name], "train.steps": steps, "train.global_batch_size": spec.batch,
-                         "train.seq_len": spec.seq_len, "checkpoint.every_steps": max(1, steps // 2),
-                         "train.eval_every": max(1, steps // 2), "train.seed": spec.seed,
+                         "train.seq_len": spec.seq_len, "checkpoint.every_steps": every,
+                         "train.eval_every": every, "train.seed": spec.seed,
                          "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture}
             runs.append({
                 "name": f"{name}_m{k}", "preset": name, "config": spec.config, "overrides": overrides,
@@ -314,7 +324,7 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         "law": law, "prior": prior_desc,
         "mix_domains": list(mix_domains), "loss_domains": list(loss_domains),
         "bounds": {"min_weight": dict(zip(mix_domains, lo.tolist())), "max_weight": dict(zip(mix_domains, hi.tolist()))},
-        "method": {"noise": spec.noise, "simulations": spec.simulations, "sim_starts": spec.sim_starts,
+        "method": {"checkpoints": spec.checkpoints, "noise": spec.noise, "simulations": spec.simulations, "sim_starts": spec.sim_starts,
                    "test_mixtures": TEST_MIXTURES, "score": "sim_error"},
         "seed": spec.seed,
         "chosen": {k: best[k] for k in ("sizes", "tokens_per_param", "runs_per_size", "sim_error", "sim_error_std", "sim_regret")},

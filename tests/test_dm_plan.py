@@ -13,8 +13,8 @@ import json
 import numpy as np
 import pytest
 
-from data_mixture.plan import (DEFAULT_PRESETS, PlanError, PlanSpec, default_prior, make_plan, preset_sizes,
-                               simulate, space_filling_mixtures)
+from data_mixture.plan import (DEFAULT_PRESETS, PlanError, PlanSpec, checkpoint_fractions, default_prior, make_plan,
+                               preset_sizes, simulate, space_filling_mixtures)
 
 DOMAINS = "code,prose,math,knowledge"
 PRESETS = {k: DEFAULT_PRESETS[k] for k in ("s1", "s2", "s3", "s4")}
@@ -46,7 +46,18 @@ def test_plan_respects_the_budget_and_describes_every_run(plan):
         w = np.array(list(r["mixture"].values()))
         assert abs(w.sum() - 1) < 1e-9 and r["mixture"]["math"] <= 0.5 + 1e-12 and r["mixture"]["prose"] >= 0.05 - 1e-12
     assert sum(r["flops"] for r in runs) == pytest.approx(plan["total_flops"])
+    assert all(r["overrides"]["checkpoint.every_steps"] == r["steps"] // 2 for r in runs)  # default: 2 checkpoints
     json.dumps(plan)  # JSON-able as written
+
+
+def test_checkpoints_per_run_space_the_evaluations_evenly():
+    assert checkpoint_fractions(3) == (1 / 3, 2 / 3, 1.0)
+    three = make_plan(spec(checkpoints=3, simulations=1, budget_flops=5e15))
+    assert three["method"]["checkpoints"] == 3
+    for r in three["runs"]:
+        assert r["overrides"]["checkpoint.every_steps"] == r["overrides"]["train.eval_every"] == r["steps"] // 3
+    with pytest.raises(PlanError, match="--checkpoints 0"):
+        make_plan(spec(checkpoints=0))
 
 
 def test_chosen_allocation_is_the_best_simulated_one(plan):
