@@ -132,6 +132,20 @@ def default_config() -> ConfigDict:
     # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its
     # share under perfect balance); assignments past them are dropped (drop_rate); >= mesh.expert: none
     c.model.moe.ep_capacity_factor = 2.0
+    # expert_parallel: what happens to assignments past the buffers: drop (counted in drop_rate) |
+    # llep (Least-Loaded EP: an overloaded device's excess assignments, and the weights of their
+    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs ep_comm =
+    # all_gather and mesh.expert > 1; ep_capacity_factor then sizes each device's native buffer,
+    # ceil(factor x q) rows with q = its tokens x experts_per_token (not per device pair).
+    c.model.moe.ep_balance = "drop"
+    # llep: S, the extra experts (spill slots) a device may host, each with its weights and
+    # ceil(ep_spill_capacity_factor x q) token rows. Memory per device and MoE layer (static):
+    # native + S x spill rows of tokens, S x 3 x d_model x expert_dim hosted weights, plus a
+    # transient weight send/receive buffer of mesh.expert x S x 3 x d_model x expert_dim each (and
+    # mesh.expert x tokens rows of gathered tokens). Nothing can be dropped, for any routing, when
+    # S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
+    c.model.moe.ep_spill_slots = 2
+    c.model.moe.ep_spill_capacity_factor = 1.0
     # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
     # (name, {hyperparameter: value}) pairs. Names: none | switch | global_batch | seq_aux | z_loss
     # | loss_free | phi | dpsl; formulas, hyperparameters and how to choose: docs/balancing.md.
@@ -173,6 +187,7 @@ CHOICES = {
     "model.moe.score_func": ("softmax", "sigmoid"),
     "model.moe.backend": ("dropless", "capacity", "expert_parallel"),
     "model.moe.ep_comm": ("all_to_all", "all_gather"),
+    "model.moe.ep_balance": ("drop", "llep"),
     "model.moe.grouped_matmul": ("auto", "ragged", "tiled"),
     "model.l3.output": ("concat", "residual"),
 }
@@ -440,7 +455,7 @@ def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = ()) -> dict[st
         "model.moe_every", "model.moe.num_experts", "model.moe.experts_per_token",
         "model.moe.expert_dim", "model.moe.capacity_factor", "model.moe.tile_size",
         "model.moe.routed_scaling", "model.moe.ep_capacity_factor", "model.moe.num_groups",
-        "model.moe.topk_groups",
+        "model.moe.topk_groups", "model.moe.ep_spill_slots", "model.moe.ep_spill_capacity_factor",
     )
     _non_negative(
         cfg, "train.seed", "train.peak_flops_per_device", "checkpoint.keep_period", "optim.warmup_steps",
@@ -504,6 +519,7 @@ def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = ()) -> dict[st
         )
     if moe.num_experts % mesh["expert"]:
         _fail("model.moe.num_experts", moe.num_experts, f"a multiple of mesh.expert={mesh['expert']}")
+    _check_llep(moe, mesh)
     _check_balancing(cfg)
     _check_l3(cfg.model, mesh)
     return mesh
@@ -514,6 +530,31 @@ def _fail_pair(changed: Any, first: tuple[str, Any, str], second: tuple[str, Any
     report, other = (second, first) if second[0] in changed and first[0] not in changed else (first, second)
     fix = f"Change {report[0]}, or set {other[0]} to fit it."
     _fail(report[0], report[1], report[2], f"{why} {fix}".strip())
+
+
+def _check_llep(moe: ConfigDict, mesh: dict[str, int]) -> None:
+    """ep_balance = llep: an expert axis to spill over, the gather form, buffers that can spill."""
+    if moe.ep_balance != "llep":
+        return
+    if moe.backend != "expert_parallel":
+        _fail("model.moe.ep_balance", "llep", f"'drop' with model.moe.backend={moe.backend!r}",
+              "LLEP spills over the expert axis: set model.moe.backend=expert_parallel.")
+    if mesh["expert"] < 2:
+        _fail("model.moe.ep_balance", "llep", f"'drop' with mesh.expert={mesh['expert']}",
+              "LLEP needs an expert mesh axis of size >= 2 to spill over: set mesh.expert.")
+    if moe.ep_comm != "all_gather":
+        _fail("model.moe.ep_comm", moe.ep_comm, "all_gather with model.moe.ep_balance=llep",
+              "LLEP moves tokens in the all_gather form.")
+    if not isinstance(moe.ep_spill_slots, int) or isinstance(moe.ep_spill_slots, bool):
+        _fail("model.moe.ep_spill_slots", moe.ep_spill_slots, "an int >= 1 (experts a device may host)")
+    if moe.ep_spill_slots > moe.num_experts:
+        _fail("model.moe.ep_spill_slots", moe.ep_spill_slots,
+              f"at most model.moe.num_experts={moe.num_experts} (each slot hosts one expert's weights)")
+    if moe.ep_capacity_factor >= mesh["expert"]:
+        _fail("model.moe.ep_capacity_factor", moe.ep_capacity_factor,
+              f"less than mesh.expert={mesh['expert']} with model.moe.ep_balance=llep",
+              "At >= mesh.expert the native buffer already holds every assignment and nothing can "
+              "spill: use ep_balance=drop (it is then dropless), or lower the factor.")
 
 
 def _check_groups(moe: ConfigDict) -> None:

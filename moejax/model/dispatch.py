@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.model.expert_parallel import COMMS, expert_parallel_dispatch, splits_experts
+from moejax.model.llep import BALANCES
 from moejax.model.grouped_matmul import (
     DEFAULT_TILE_SIZE,
     check_tile_size,
@@ -155,6 +156,9 @@ def dispatch(
     tile_size: int = DEFAULT_TILE_SIZE,
     ep_comm: str = "all_to_all",
     ep_capacity_factor: float = 2.0,
+    ep_balance: str = "drop",
+    ep_spill_slots: int = 2,
+    ep_spill_capacity_factor: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Run every token through its selected experts and combine: the MoE layer after the router.
 
@@ -175,7 +179,13 @@ def dispatch(
       ep_capacity_factor: ``"expert_parallel"`` only; each device reserves
         ``min(q, ceil(ep_capacity_factor * q / P))`` slots for each of the P devices of the
         expert axis, q its own assignments (:func:`moejax.model.expert_parallel.pair_capacity`);
-        ``ep_capacity_factor >= P`` is exactly dropless.
+        ``ep_capacity_factor >= P`` is exactly dropless. With ``ep_balance="llep"`` it sizes each
+        device's native buffer instead: ``ceil(ep_capacity_factor * q)`` rows.
+      ep_balance: ``"expert_parallel"`` only; ``"drop"`` drops what the buffers cannot hold,
+        ``"llep"`` spills it with the experts' weights to the least-loaded devices
+        (:mod:`moejax.model.llep`; needs ``ep_comm="all_gather"``).
+      ep_spill_slots, ep_spill_capacity_factor: ``"llep"`` only; extra experts a device may host,
+        and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``.
 
     Returns:
       y_gtd: [g, t, d] in x's dtype.
@@ -192,6 +202,8 @@ def dispatch(
             raise ValueError(f"{name} must be a finite number > 0, got {factor!r}")
     if ep_comm not in COMMS:
         raise ValueError(f"ep_comm must be one of {COMMS}, got {ep_comm!r}")
+    if ep_balance not in BALANCES:
+        raise ValueError(f"ep_balance must be one of {BALANCES}, got {ep_balance!r}")
     _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
 
     if backend == "capacity":
@@ -201,7 +213,8 @@ def dispatch(
     elif backend == "expert_parallel" and splits_experts(x_gtd.shape[0]):
         y_gtd, stats = expert_parallel_dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, comm=ep_comm,
-            capacity_factor=ep_capacity_factor, impl=impl, tile_size=tile_size,
+            capacity_factor=ep_capacity_factor, impl=impl, tile_size=tile_size, balance=ep_balance,
+            spill_slots=ep_spill_slots, spill_capacity_factor=ep_spill_capacity_factor,
         )
     else:  # dropless, or expert_parallel with no expert axis to spread the experts over
         y_gtd, stats = _dropless_dispatch(

@@ -74,6 +74,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from moejax.model import llep
 from moejax.model.grouped_matmul import grouped_ffn
 from moejax.sharding import RULES
 
@@ -228,7 +229,11 @@ def _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, embed_axes):
 
 
 def _global_stats(expert_q, slot_q, r, num_experts, batch_axes):
-    kept = jnp.sum(slot_q < r, dtype=jnp.int32)
+    return _stats_from_kept(jnp.sum(slot_q < r, dtype=jnp.int32), expert_q, num_experts, batch_axes)
+
+
+def _stats_from_kept(kept, expert_q, num_experts, batch_axes):
+    """Global drop_rate and tokens_per_expert_e from this device's kept count and its assignments."""
     tokens_per_expert_e = jnp.bincount(expert_q, length=num_experts).astype(jnp.int32)
     kept, tokens_per_expert_e = lax.psum((kept, tokens_per_expert_e), batch_axes)
     assigned = jnp.sum(tokens_per_expert_e)
@@ -262,6 +267,87 @@ def _device_dispatch(
     return y_sd.reshape(g, t, d), _global_stats(expert_q, slot_q, p * c, num_experts, axes.batch)
 
 
+def _fetch_spill_weights(w_exy, slot_expert_ps, me, expert_axes):
+    """The weights of the experts this device's spill slots host: [S, x, y], zeros where unused.
+
+    Each owner puts, for every (device, slot) that hosts one of its experts, that expert's weights
+    into a send buffer [p, S, x, y] (zeros elsewhere); one ``all_to_all`` over the expert axis
+    delivers block i to device i, and each slot reads the block of its expert's owner. Autodiff
+    transposes it: the helpers' weight gradients travel back through the reverse all_to_all and add
+    into the owner's gradient (the transpose of the take).
+    """
+    e = w_exy.shape[0]
+    p, num_slots = slot_expert_ps.shape
+    owned_ps = (slot_expert_ps // e == me) & (slot_expert_ps < p * e)
+    picked_psxy = jnp.take(w_exy, slot_expert_ps % e, axis=0)
+    send_psxy = jnp.where(owned_ps[:, :, None, None], picked_psxy, 0)
+    recv_psxy = lax.all_to_all(send_psxy, expert_axes, split_axis=0, concat_axis=0, tiled=True)
+    mine_s = jnp.take(slot_expert_ps, me, axis=0)
+    owner_s = jnp.minimum(mine_s // e, p - 1)
+    spill_sxy = recv_psxy[owner_s, jnp.arange(num_slots)]
+    return jnp.where((mine_s < p * e)[:, None, None], spill_sxy, 0)
+
+
+def _llep_device_dispatch(
+    x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, *, axes, num_experts, capacity_factor,
+    spill_slots, spill_capacity_factor, impl, tile_size,
+):
+    """The per-device body with ``ep_balance="llep"`` (:mod:`moejax.model.llep`).
+
+    Tokens travel as in the all_gather form: every device of the expert group sees the group's
+    tokens and expert ids, computes the same plan, builds its buffer of n + S * c rows (native rows
+    for its own experts, then one block per spill slot) from the gathered tokens, runs them through
+    its e experts and the S hosted ones, adds the weighted rows into the gathered tokens' rows, and a
+    reduce-scatter returns every token's combined output to its home.
+    """
+    g, t, k = idx_gtk.shape
+    d = x_gtd.shape[-1]
+    s, q = g * t, g * t * k
+    e = w_gate_edf.shape[0]
+    p = num_experts // e
+    n = llep.buffer_rows(q, p, capacity_factor)
+    c = llep.buffer_rows(q, p, spill_capacity_factor)
+    r = n + spill_slots * c
+    u, v = p * q, p * s
+
+    gather = functools.partial(lax.all_gather, axis_name=axes.expert, axis=0, tiled=True)
+    x_vd = gather(x_gtd.reshape(s, d))
+    # Priority order w = (choice, source device, token): choice-major over the whole group.
+    expert_w = gather(idx_gtk.reshape(s, k).astype(jnp.int32)).T.reshape(u)
+    weight_w = gather(w_gtk.reshape(s, k)).T.reshape(u)
+    the_plan = llep.plan(
+        expert_w, peers=p, local_experts=e, native_rows=n, spill_slots=spill_slots, spill_rows=c
+    )
+
+    me = lax.axis_index(axes.expert)
+    assign_r = _fill_rows(jnp.where(the_plan.device_w == me, the_plan.row_w, r), r)
+    token_r = jnp.where(assign_r < u, assign_r % v, v)
+    x_rd = jnp.take(x_vd, token_r, axis=0, mode="fill", fill_value=0)
+    # Local expert ids: native rows their expert's local id, spill slot j's rows e + j, free e + S.
+    row_r = jnp.arange(r, dtype=jnp.int32)
+    expert_r = jnp.where(row_r < n, jnp.take(expert_w, assign_r, mode="fill", fill_value=0) % e,
+                         e + (row_r - n) // c)
+    expert_r = jnp.where(assign_r < u, expert_r, e + spill_slots)
+
+    local = _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, axes.embed)
+    hosted = tuple(
+        jnp.concatenate([w, _fetch_spill_weights(w, the_plan.slot_expert_ps, me, axes.expert)])
+        for w in local
+    )
+    y_rd = _LocalExperts(hosted, impl, tile_size)(x_rd, expert_r)
+    w_r = jnp.take(weight_w, assign_r, mode="fill", fill_value=0).astype(y_rd.dtype)
+    y_vd = jnp.zeros((v, d), y_rd.dtype).at[token_r].add(w_r[:, None] * y_rd, mode="drop")
+    y_sd = lax.psum_scatter(y_vd, axes.expert, scatter_dimension=0, tiled=True)
+    if axes.ffn:
+        y_sd = lax.psum(y_sd, axes.ffn)
+
+    # This device's own assignments (source me) that the plan keeps; summed over the batch axes.
+    source_w = jnp.arange(u, dtype=jnp.int32) % v // s
+    kept = jnp.sum((the_plan.device_w < p) & (source_w == me), dtype=jnp.int32)
+    expert_q = jnp.swapaxes(idx_gtk.reshape(s, k), 0, 1).reshape(q).astype(jnp.int32)
+    return y_sd.reshape(g, t, d), _stats_from_kept(kept, expert_q, num_experts, axes.batch)
+
+
 def _check_divisible(x_gtd, w_gate_edf, mesh, axes: _Axes) -> None:
     g, (e, d, f) = x_gtd.shape[0], w_gate_edf.shape
     for what, size, names in (
@@ -287,6 +373,9 @@ def expert_parallel_dispatch(
     capacity_factor: float,
     impl: str,
     tile_size: int,
+    balance: str = "drop",
+    spill_slots: int = 2,
+    spill_capacity_factor: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Expert-parallel dispatch over the mesh set by ``jax.set_mesh`` (see the module docstring).
 
@@ -295,9 +384,27 @@ def expert_parallel_dispatch(
     (:func:`pair_capacity`), ``impl`` is a resolved grouped matmul implementation. The mesh must
     split the experts and the groups (:func:`splits_experts`). Returns ``y_gtd`` and the global
     ``drop_rate`` and ``tokens_per_expert_e``.
+
+    ``balance="llep"`` (:mod:`moejax.model.llep`) spills overloaded experts' excess assignments and
+    weights to the least-loaded devices instead of dropping them: ``capacity_factor`` then sizes
+    each device's native buffer (``ceil(factor * q)`` rows, not per pair), ``spill_slots`` is the
+    number of extra experts a device may host and ``spill_capacity_factor`` sizes each slot's rows
+    (:func:`moejax.model.llep.buffer_rows`). It moves tokens in the all_gather form only.
     """
     if comm not in COMMS:
         raise ValueError(f"ep_comm must be one of {COMMS}, got {comm!r}")
+    if balance not in llep.BALANCES:
+        raise ValueError(f"ep_balance must be one of {llep.BALANCES}, got {balance!r}")
+    if balance == "llep":
+        if comm != "all_gather":
+            raise ValueError(
+                f"ep_balance='llep' moves tokens in the all_gather form; got ep_comm={comm!r}, "
+                "set ep_comm='all_gather'"
+            )
+        if not (isinstance(spill_slots, int) and not isinstance(spill_slots, bool) and spill_slots >= 1):
+            raise ValueError(f"ep_spill_slots must be an int >= 1 (experts a device may host), got {spill_slots!r}")
+        if not (isinstance(spill_capacity_factor, (int, float)) and 0 < spill_capacity_factor < math.inf):
+            raise ValueError(f"ep_spill_capacity_factor must be a finite number > 0, got {spill_capacity_factor!r}")
     mesh = jax.sharding.get_abstract_mesh()
     axes = _axes(mesh)
     _check_divisible(x_gtd, w_gate_edf, mesh, axes)
@@ -305,10 +412,17 @@ def expert_parallel_dispatch(
     tokens = P(or_none(axes.batch))
     w_in = P(or_none(axes.expert), or_none(axes.embed), or_none(axes.ffn))
     w_out = P(or_none(axes.expert), or_none(axes.ffn), or_none(axes.embed))
-    body = functools.partial(
-        _device_dispatch, axes=axes, num_experts=w_gate_edf.shape[0], comm=comm,
-        capacity_factor=capacity_factor, impl=impl, tile_size=tile_size,
-    )
+    if balance == "llep":
+        body = functools.partial(
+            _llep_device_dispatch, axes=axes, num_experts=w_gate_edf.shape[0],
+            capacity_factor=capacity_factor, spill_slots=spill_slots,
+            spill_capacity_factor=spill_capacity_factor, impl=impl, tile_size=tile_size,
+        )
+    else:
+        body = functools.partial(
+            _device_dispatch, axes=axes, num_experts=w_gate_edf.shape[0], comm=comm,
+            capacity_factor=capacity_factor, impl=impl, tile_size=tile_size,
+        )
     return jax.shard_map(
         body, mesh=mesh, in_specs=(tokens, tokens, tokens, w_in, w_in, w_out), out_specs=(tokens, P())
     )(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)

@@ -47,6 +47,9 @@ class MoE(nnx.Module):
         self.tile_size = moe.tile_size
         self.ep_comm = moe.ep_comm
         self.ep_capacity_factor = moe.ep_capacity_factor
+        self.ep_balance = moe.ep_balance
+        self.ep_spill_slots = moe.ep_spill_slots
+        self.ep_spill_capacity_factor = moe.ep_spill_capacity_factor
         self.dtype = dtype
 
     def __call__(
@@ -61,6 +64,8 @@ class MoE(nnx.Module):
             self.w_gate_edf[...].astype(dt), self.w_up_edf[...].astype(dt), self.w_down_efd[...].astype(dt),
             backend=self.backend, capacity_factor=self.capacity_factor, impl=self.impl,
             tile_size=self.tile_size, ep_comm=self.ep_comm, ep_capacity_factor=self.ep_capacity_factor,
+            ep_balance=self.ep_balance, ep_spill_slots=self.ep_spill_slots,
+            ep_spill_capacity_factor=self.ep_spill_capacity_factor,
         )
         if self.shared is not None:
             y_btd = y_btd + self.shared_output(x_btd)
