@@ -1,4 +1,4 @@
-"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,optimize,plan} ...``.
+"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,optimize,plan,sweep} ...``.
 
 Every subcommand has ``--help`` with an example; docs/data_mixture.md ("CLI") walks through the
 whole pipeline. Bad input (a runs table off the simplex, a query with unknown domains,
@@ -28,6 +28,9 @@ EXAMPLES = {
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
                 "./launch.sh experiments/tiny_moe.py --config.data.mixture_file=mixture.json",
     "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json",
+    "sweep": f"{PROG} sweep --plan plan.json --root sweeps/ladder --parallel 2 --retries 1 --eval-args '--max-items 64'\n"
+             f"{PROG} sweep --plan plan.json --root /shared/sweeps/ladder --backend ray --ray-address HEAD:6379 "
+             "--cpus-per-run 4 --gpus-per-run 1",
 }
 
 
@@ -183,7 +186,7 @@ def cmd_plan(args) -> None:
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
         noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
         config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
-        min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints,
+        min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
     )
     plan = make_plan(spec, progress=not args.no_progress)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +196,23 @@ def cmd_plan(args) -> None:
           f"{plan['budget_flops']:.3g} FLOPs; simulated extrapolation error {chosen['sim_error']:.4f} "
           f"(best of {len(plan['candidates'])} allocations)")
     print(f"wrote {args.out}")
+
+
+def cmd_sweep(args) -> None:
+    import shlex
+
+    from data_mixture.sweep import SweepOptions, run_sweep
+
+    options = SweepOptions(
+        root=args.root, backend=args.backend, parallel=args.parallel, retries=args.retries,
+        eval_args=shlex.split(args.eval_args), lease_timeout=args.lease_timeout, heartbeat=args.heartbeat,
+        grace=args.grace, wait_others=args.wait_others, progress=not args.no_progress and sys.stderr.isatty(),
+        ray_address=args.ray_address,
+        cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+        ray_init_kwargs={"num_cpus": args.ray_num_cpus} if args.ray_num_cpus else {},
+    )
+    result = run_sweep(args.plan, options)
+    sys.exit(result.exit_code)
 
 
 # ------------------------------------------------------------------------------------------ parser
@@ -292,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulations", type=int, default=3, help="simulated ladders per candidate allocation")
     p.add_argument("--sim-starts", type=int, default=16, help="random starts per simulated fit")
     p.add_argument("--min-runs-per-size", type=int, default=3)
+    p.add_argument("--min-sizes", type=int, default=0,
+                   help="fewest size presets in a candidate ladder (default 0: the planned law's own minimum)")
     p.add_argument("--checkpoints", type=int, default=2,
                    help="evaluated checkpoints per run, evenly spaced (default 2: at half and at the end)")
     p.add_argument("--config", default="experiments/tiny_moe.py", help="config file each planned run starts from")
@@ -301,6 +323,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_plan)
+
+    p = add("sweep", "Run a plan: train every run (moejax.main), evaluate its checkpoints (moejax.eval --all), "
+                     "collect ROOT/runs.csv; rerun to skip finished runs and resume interrupted ones.")
+    p.add_argument("--plan", required=True, help="plan JSON (written by `plan`; runs[]: name, config, overrides)")
+    p.add_argument("--root", required=True, help="sweep directory: one run directory per plan run, runs.csv, sweep.log")
+    p.add_argument("--backend", default="local", help="local (subprocesses on this machine) | ray (Ray tasks)")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="runs at once (default: 1 local; ray: the cluster's CPUs (or GPUs) / the per-run share)")
+    p.add_argument("--retries", type=int, default=1, help="extra attempts for a failed run (each resumes), default 1")
+    p.add_argument("--eval-args", default="", help="extra moejax.eval flags, e.g. '--max-items 64 --loss-batches 4'")
+    p.add_argument("--lease-timeout", type=float, default=300.0,
+                   help="seconds without a heartbeat after which another runner may take a run over (default 300)")
+    p.add_argument("--heartbeat", type=float, default=30.0, help="seconds between heartbeats (default 30)")
+    p.add_argument("--grace", type=float, default=120.0,
+                   help="seconds a run has to save its checkpoint after SIGTERM before it is killed (default 120)")
+    p.add_argument("--wait-others", action="store_true",
+                   help="wait for runs leased by other runners (take them over if their lease goes stale) and "
+                        "collect them too; default: leave them to those runners")
+    p.add_argument("--ray-address", default=None, help="Ray cluster address (ray start --head prints it); "
+                                                      "default: start a local Ray cluster on this machine")
+    p.add_argument("--ray-num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray: CPUs reserved per run (default 1)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray: GPUs reserved per run (default 0)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar, messages only (the default when stderr is not a terminal)")
+    p.set_defaults(func=cmd_sweep)
     return parser
 
 
@@ -309,7 +357,8 @@ def _errors() -> tuple[type[BaseException], ...]:
     kinds: list[type[BaseException]] = [UsageError, FileNotFoundError]
     for module, names in (("data_mixture.table", ("TableError",)), ("data_mixture.collect", ("CollectError",)),
                           ("data_mixture.optimize", ("OptimizeError",)), ("data_mixture.plan", ("PlanError",)),
-                          ("data_mixture.evaluate", ("EvaluateError",)), ("moejax.config", ("ConfigError",))):
+                          ("data_mixture.evaluate", ("EvaluateError",)), ("moejax.config", ("ConfigError",)),
+                          ("data_mixture.sweep.targets", ("SweepError",))):
         try:
             mod = __import__(module, fromlist=list(names))
         except ImportError:
