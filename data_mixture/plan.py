@@ -92,6 +92,7 @@ class PlanSpec:
     domains: str | None = None  # comma-separated training domains (default: the prior's)
     min_runs_per_size: int = 3
     max_candidates: int = 12
+    min_sizes: int = 0  # fewest presets per candidate window (0: the planned law's own minimum)
     checkpoints: int = 2  # evaluated checkpoints per run, evenly spaced (rows of the runs table per run)
 
 
@@ -249,6 +250,8 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
                         ("--target-tokens", spec.target_tokens)):
         if not (math.isfinite(value) and value > 0):
             raise PlanError(f"{name} is {value!r}; allowed: a number > 0.")
+    if spec.min_sizes < 0:
+        raise PlanError(f"--min-sizes {spec.min_sizes}: allowed: an integer >= 0 (0: the law's own minimum).")
     if spec.checkpoints < 1:
         raise PlanError(f"--checkpoints {spec.checkpoints}: allowed: an integer >= 1 (evaluated checkpoints per run).")
     if spec.noise < 0 or spec.simulations < 1 or spec.sim_starts < 1:
@@ -279,7 +282,8 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
     lo, hi = _bounds(mix_domains, spec)
     presets = dict(spec.presets or DEFAULT_PRESETS)
     sizes = preset_sizes(presets)
-    cands = _candidates(spec, sizes, size_column, law_obj.min_sizes(), law_obj.min_runs(len(mix_domains)))
+    cands = _candidates(spec, sizes, size_column, max(spec.min_sizes, law_obj.min_sizes()),
+                        law_obj.min_runs(len(mix_domains)))
     bar = None
     if progress:
         from tqdm import tqdm

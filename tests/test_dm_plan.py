@@ -56,6 +56,8 @@ def test_checkpoints_per_run_space_the_evaluations_evenly():
     assert three["method"]["checkpoints"] == 3
     for r in three["runs"]:
         assert r["overrides"]["checkpoint.every_steps"] == r["overrides"]["train.eval_every"] == r["steps"] // 3
+    wide = make_plan(spec(min_sizes=4, simulations=1))
+    assert wide["chosen"]["sizes"] == list(PRESETS) and all(len(c["sizes"]) == 4 for c in wide["candidates"])
     with pytest.raises(PlanError, match="--checkpoints 0"):
         make_plan(spec(checkpoints=0))
 
