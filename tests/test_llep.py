@@ -297,3 +297,110 @@ def test_dispatch_rejects_bad_llep_arguments():
             dispatch(*args, **llep_kw, ep_spill_slots=0)
         with pytest.raises(ValueError, match=r"ep_spill_capacity_factor must be a finite number > 0"):
             dispatch(*args, **llep_kw, ep_spill_capacity_factor=-1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Adversarial (RepetitionCurse-style) prompts through evaluation and generation.
+
+
+def repetitive_prompts(batch: int, length: int) -> np.ndarray:
+    """Repetitive token patterns, the RepetitionCurse attack's shape: each row repeats one token or a
+    two-token pattern, so every position has (nearly) the same hidden state and routes to the same
+    experts. int32 [batch, length]."""
+    rows = [np.full(length, 97) if b % 2 == 0 else np.tile([97, 98], length)[:length] for b in range(batch)]
+    return np.stack(rows).astype(np.int32)
+
+
+def _model_cfg(balance, backend="expert_parallel"):
+    from tests.test_sharding import tiny_cfg
+
+    cfg = tiny_cfg(backend)
+    moe = cfg.model.moe
+    moe.num_experts, moe.ep_comm, moe.ep_balance = 8, "all_gather", balance
+    moe.ep_capacity_factor = 1.0 if balance == "llep" else 2.0  # drop: the default factor
+    cfg.mesh.data, cfg.mesh.expert = 1, 8
+    return cfg
+
+
+@functools.cache
+def _run_of(balance, backend="expert_parallel", expert=8):
+    from moejax.train.state import setup
+
+    cfg = _model_cfg(balance, backend)
+    return cfg, setup(cfg, _mesh(expert=expert))
+
+
+@functools.cache
+def _params():
+    """Parameters on the expert=8 mesh, experts 30x stronger than at init so that a lost assignment
+    visibly changes the logits."""
+    from moejax.train.state import init_state
+
+    cfg, run = _run_of("llep")
+    state = init_state(cfg, run)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 30.0 if "w_down_efd" in jax.tree_util.keystr(path) else x, state["params"]
+    )
+    return params, state["balance"]
+
+
+def _model(balance):
+    return (*_run_of(balance), *_params())
+
+
+def _reference_model():
+    """The same parameters, dropless on one device."""
+    params, balance = _params()
+    return (*_run_of("drop", "dropless", 1), jax.device_get(params), jax.device_get(balance))
+
+
+def _drop_rates(run, params, batch):
+    """Every MoE layer's drop_rate in the model's forward (what evaluation runs, with its aux)."""
+    from flax import nnx
+
+    def forward(params, batch):
+        model = nnx.merge(run.graphdef, params)
+        return model(batch["inputs"], batch["positions"], batch["segment_ids"])[1]["drop_rate_l"]
+
+    with jax.set_mesh(run.mesh):
+        return np.asarray(jax.jit(forward)(params, batch))
+
+
+def _eval_batch(tokens_bt):
+    b, t = tokens_bt.shape
+    return {
+        "inputs": tokens_bt, "targets": np.roll(tokens_bt, -1, axis=1),
+        "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+        "segment_ids": np.ones((b, t), np.int32), "loss_mask": np.ones((b, t), np.float32),
+    }
+
+
+def _logprobs(cfg, run, params, balance, batch):
+    from moejax.eval.forward import Scorer
+
+    return Scorer(run, run.balancer, cfg.model.moe.num_experts)(params, balance, batch)["logprob_b"]
+
+
+def test_evaluation_under_repetitive_prompts_loses_no_tokens_with_llep():
+    batch = _eval_batch(repetitive_prompts(8, 32))
+    ref = _logprobs(*_reference_model(), batch)
+    # LLEP on 8 devices scores exactly as dropless on one device: no assignment was lost.
+    np.testing.assert_allclose(_logprobs(*_model("llep"), batch), ref, rtol=1e-5, atol=1e-4)
+    # Standard EP (default factor 2) on the same prompts: every device's 32 tokens crowd one
+    # expert, and at least a quarter of the assignments drop in every MoE layer.
+    _, drop_run, params, _ = _model("drop")
+    assert np.all(_drop_rates(drop_run, params, batch) >= 0.25)
+
+
+def test_generation_under_repetitive_prompts_loses_no_tokens_with_llep():
+    from moejax.generate import Generator
+
+    prompts = list(repetitive_prompts(8, 12))
+    outputs = {}
+    for name, (cfg, run, params, balance) in (("llep", _model("llep")), ("ref", _reference_model())):
+        with jax.set_mesh(run.mesh):
+            generator = Generator(run, cfg, max_len=32, balancer=run.balancer)
+            outputs[name] = generator.generate(params, balance, prompts, max_new_tokens=6, return_logits=True)
+    (rows, logits_sbv), (ref_rows, ref_logits_sbv) = outputs["llep"], outputs["ref"]
+    np.testing.assert_allclose(logits_sbv, ref_logits_sbv, rtol=1e-5, atol=1e-4)
+    assert [r.tolist() for r in rows] == [r.tolist() for r in ref_rows]

@@ -51,6 +51,14 @@ Memory under imbalance. Every buffer has a static shape set by c, never by the r
 token picks the same expert, its owner still receives at most c rows from each source, the rest
 is dropped and counted, and memory stays what the factor allows.
 
+Least-loaded spilling (``ep_balance="llep"``, :func:`_llep_device_dispatch`). Instead of dropping,
+the excess assignments of overloaded experts go, with those experts' weights, to spill slots on the
+least-loaded devices of the expert axis, by a plan every device computes identically from the
+all-gathered expert ids (:mod:`moejax.model.llep`). Tokens travel in the all_gather form; each
+device's buffer has native rows for its own experts plus one block of rows per spill slot; the
+hosted experts' weights arrive over a ring of ``ppermute`` steps (:func:`_ring_spill_weights`), and
+their gradients return to the owners by autodiff of the ring. All shapes are static.
+
 Statistics are global: ``drop_rate`` is the number of dropped assignments over the number of
 assignments, both summed over all devices; ``tokens_per_expert_e`` counts assignments before
 dropping, summed over all devices.
@@ -267,25 +275,35 @@ def _device_dispatch(
     return y_sd.reshape(g, t, d), _global_stats(expert_q, slot_q, p * c, num_experts, axes.batch)
 
 
-def _fetch_spill_weights(w_exy, slot_expert_ps, me, expert_axes):
+def _ring_spill_weights(w_exy, slot_expert_ps, me, expert_axes):
     """The weights of the experts this device's spill slots host: [S, x, y], zeros where unused.
 
-    Each owner puts, for every (device, slot) that hosts one of its experts, that expert's weights
-    into a send buffer [p, S, x, y] (zeros elsewhere); one ``all_to_all`` over the expert axis
-    delivers block i to device i, and each slot reads the block of its expert's owner. Autodiff
-    transposes it: the helpers' weight gradients travel back through the reverse all_to_all and add
-    into the owner's gradient (the transpose of the take).
+    A ring over the expert axis: the local experts [e, x, y] travel one peer onward per step
+    (``ppermute``, P - 1 steps of a ``lax.scan``), and after step j every device holds owner
+    ``me - j``'s experts, from which each slot hosting one of them takes its copy. Memory stays one
+    travelling block (e experts) plus the S slots, whatever P and S; traffic is (P - 1) * e experts
+    per device. Autodiff transposes the ring: the helpers' weight gradients travel back the other
+    way and add into the owners' gradients. (A single ``all_to_all`` of a [P, S, x, y] send buffer,
+    the owners' copies for every slot, is simpler but holds P * S experts at once: 123 MiB against
+    93 MiB of temp memory per device in the LLEP benchmark's setting.)
     """
     e = w_exy.shape[0]
-    p, num_slots = slot_expert_ps.shape
-    owned_ps = (slot_expert_ps // e == me) & (slot_expert_ps < p * e)
-    picked_psxy = jnp.take(w_exy, slot_expert_ps % e, axis=0)
-    send_psxy = jnp.where(owned_ps[:, :, None, None], picked_psxy, 0)
-    recv_psxy = lax.all_to_all(send_psxy, expert_axes, split_axis=0, concat_axis=0, tiled=True)
+    p = slot_expert_ps.shape[0]
     mine_s = jnp.take(slot_expert_ps, me, axis=0)
-    owner_s = jnp.minimum(mine_s // e, p - 1)
-    spill_sxy = recv_psxy[owner_s, jnp.arange(num_slots)]
-    return jnp.where((mine_s < p * e)[:, None, None], spill_sxy, 0)
+    owner_s, local_s = mine_s // e, mine_s % e  # owner p: the slot is unused
+    onward = [(i, (i + 1) % p) for i in range(p)]
+
+    def take_from(owner, block_exy, spill_sxy):
+        return jnp.where((owner_s == owner)[:, None, None], jnp.take(block_exy, local_s, axis=0), spill_sxy)
+
+    def step(carry, j):
+        block_exy, spill_sxy = carry
+        block_exy = lax.ppermute(block_exy, expert_axes, onward)
+        return (block_exy, take_from((me - j) % p, block_exy, spill_sxy)), None
+
+    spill_sxy = take_from(me, w_exy, jnp.zeros_like(jnp.take(w_exy, local_s, axis=0)))
+    (_, spill_sxy), _ = lax.scan(step, (w_exy, spill_sxy), jnp.arange(1, p, dtype=jnp.int32))
+    return spill_sxy
 
 
 def _llep_device_dispatch(
@@ -331,7 +349,7 @@ def _llep_device_dispatch(
 
     local = _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, axes.embed)
     hosted = tuple(
-        jnp.concatenate([w, _fetch_spill_weights(w, the_plan.slot_expert_ps, me, axes.expert)])
+        jnp.concatenate([w, _ring_spill_weights(w, the_plan.slot_expert_ps, me, axes.expert)])
         for w in local
     )
     y_rd = _LocalExperts(hosted, impl, tile_size)(x_rd, expert_r)
