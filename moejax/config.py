@@ -139,11 +139,12 @@ def default_config() -> ConfigDict:
     # ceil(factor x q) rows with q = its tokens x experts_per_token (not per device pair).
     c.model.moe.ep_balance = "drop"
     # llep: S, the extra experts (spill slots) a device may host, each with its weights and
-    # ceil(ep_spill_capacity_factor x q) token rows. Memory per device and MoE layer (static):
-    # native + S x spill rows of tokens, S x 3 x d_model x expert_dim hosted weights, plus a
-    # transient weight send/receive buffer of mesh.expert x S x 3 x d_model x expert_dim each (and
-    # mesh.expert x tokens rows of gathered tokens). Nothing can be dropped, for any routing, when
-    # S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
+    # ceil(ep_spill_capacity_factor x q) token rows. Memory per device and MoE layer, static (in
+    # elements, forward): buffer rows r = ceil(ep_capacity_factor x q) + S x ceil(spill factor x q)
+    # times (2 d_model + 3 expert_dim); hosted weights (S + E / mesh.expert) x 3 x d_model x
+    # expert_dim (the slots and the weight ring's travelling block); gathered tokens and partial
+    # outputs 2 x mesh.expert x s x d_model (s local tokens). Nothing can be dropped, for any
+    # routing, when S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
     c.model.moe.ep_spill_slots = 2
     c.model.moe.ep_spill_capacity_factor = 1.0
     # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
