@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +39,8 @@ def _run_phase(cmd: list[str], log_path: Path, cwd: str, env: dict[str, str], sh
         log.write(f"\n=== {header} {record.utc()} on {record.host()}\n$ {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     on_start(proc.pid)
     stopped_at = None
     try:
@@ -61,6 +63,18 @@ def _run_phase(cmd: list[str], log_path: Path, cwd: str, env: dict[str, str], sh
         except subprocess.TimeoutExpired:
             _signal(proc, signal.SIGKILL)
         raise
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the thread that started it dies, so a runner
+    killed outright (SIGKILL, OOM) leaves no training behind that would race a later runner; the
+    child saves a checkpoint as on any SIGTERM."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

@@ -275,6 +275,17 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                     record.write_status(t.run_dir, heartbeat=time.time(), heartbeat_utc=record.utc(),
                                         phase=worker.get("phase"), worker=worker)
             display.update(len(succeeded), running, len(failed), len(elsewhere), len(queue), durations)
+    except BaseException:  # a bug in the loop: stop the children (they save) before going down
+        if running:
+            for name in running:
+                _write_stop(by_name[name], 1)
+            backend.stop()
+            deadline = time.time() + options.grace
+            while running and time.time() < deadline:
+                for name, _ in backend.wait(timeout=0.5):
+                    running.pop(name, None)
+            backend.kill()
+        raise
     finally:
         for sig, h in handlers.items():
             signal.signal(sig, h)

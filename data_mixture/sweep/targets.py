@@ -105,11 +105,16 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise SweepError(f"plan file {str(p)!r} is not valid JSON: {e}.") from None
     if not isinstance(plan, dict) or not isinstance(plan.get("runs"), list) or not plan["runs"]:
-        got = type(plan).__name__ if not isinstance(plan, dict) else f"runs = {str(plan.get('runs'))[:60]!r}"
+        got = type(plan).__name__ if not isinstance(plan, dict) else f"runs = {_short(plan.get('runs'))}"
         raise SweepError(f"plan file {str(p)!r} has no non-empty 'runs' list (got {got}); allowed: the JSON "
                          "`python -m data_mixture plan` writes, {\"runs\": [{\"name\": ..., \"config\": ..., "
                          "\"overrides\": {...}}, ...]}.")
     return plan
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _fit_devices(mesh: Mapping[str, Any]) -> int:
@@ -126,7 +131,7 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
     """One plan entry -> RunTarget, checked with moejax's own parser and validator."""
     where = f"{plan_name}: runs[{index}]"
     if not isinstance(entry, dict):
-        raise SweepError(f"{where} is {type(entry).__name__} {str(entry)[:60]!r}; allowed: an object with "
+        raise SweepError(f"{where} is {type(entry).__name__} {_short(entry)}; allowed: an object with "
                          "'name' and 'overrides'.")
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
@@ -135,7 +140,7 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
     where = f"{plan_name}: run {name!r} (runs[{index}])"
     overrides = entry.get("overrides")
     if not isinstance(overrides, dict):
-        raise SweepError(f"{where} has overrides {str(overrides)[:60]!r}; allowed: an object {{config key: value}}, "
+        raise SweepError(f"{where} has overrides {_short(overrides)}; allowed: an object {{config key: value}}, "
                          "e.g. {\"train.steps\": 100, \"data.mixture\": {\"code\": 0.5, \"prose\": 0.5}}.")
     config_file = entry.get("config", DEFAULT_CONFIG)
     if not isinstance(config_file, str) or not config_file:
