@@ -88,6 +88,11 @@ def default_config() -> ConfigDict:
     # path of a JSON file, [[start_step, {domain: weight}], ...], first stage at step 0.
     c.data.schedule = ""
     c.data.cache_dir = ""  # where the built-in corpus is cached; "" means $MOEJAX_CACHE or ~/.cache/moejax
+    # The built-in benchmarks `python -m moejax.eval` scores by default on runs of the built-in
+    # corpus (docs/eval.md): "benchmarks-v2", graded tasks that carry signal for sweep-sized models
+    # (code_chars, ..., know_type, math_copy), or "benchmarks-v1", one task per domain (code,
+    # prose, math, knowledge). Only evaluation reads it; a saved config without it gets this default.
+    c.data.benchmarks = "benchmarks-v2"
 
     c.model = ConfigDict()
     c.model.vocab_size = 272  # embedding rows; at least the tokenizer's vocabulary (byte: 259)
@@ -195,6 +200,7 @@ CHOICES = {
 
 # Dict-valued knobs whose keys are the user's to choose (checked against the data instead).
 FREE_KEYS = ("data.mixture",)
+BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
@@ -497,6 +503,8 @@ def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = ()) -> dict[st
         print(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
               f"train.steps={t.steps}; warming up over {warmup} steps instead.", file=sys.stderr)
 
+    if cfg.data.benchmarks not in BENCHMARK_VERSIONS:
+        _fail("data.benchmarks", cfg.data.benchmarks, " or ".join(map(repr, BENCHMARK_VERSIONS)))
     mixture = cfg.data.mixture
     if not hasattr(mixture, "items") or not mixture:
         _fail("data.mixture", mixture, "a non-empty mapping domain -> weight")

@@ -27,8 +27,14 @@ Item formats (one JSON object per line, ``id`` is ``"<domain>/<n>"``):
 
 Benchmarks derive from the corpus of the same seed and from their own seeded generators, so the
 same seed and interpreter give the same files. ``load_benchmarks`` caches them under
-``<cache_dir>/benchmarks-v1-seed<seed>/`` with a ``manifest.json`` holding each file's sha256,
+``<cache_dir>/<version>-seed<seed>/`` with a ``manifest.json`` holding each file's sha256,
 the corpus hashes they derive from and one combined ``sha256``; compare it across machines.
+
+Versions (``VERSIONS``): ``benchmarks-v1`` (this module: one task per domain, named after the
+domain) and ``benchmarks-v2`` (:mod:`moejax.data.benchmarks_v2`: graded tasks that carry signal
+for sweep-sized models). Both stay buildable: ``load_benchmarks(seed, cache_dir, version)``.
+The helpers here (seeded generators, multiple-choice assembly, the atomic writer) are shared by
+both versions.
 """
 
 from __future__ import annotations
@@ -47,17 +53,19 @@ from typing import Any, Final
 
 import numpy as np
 
+from moejax.config import BENCHMARK_VERSIONS
 from moejax.data.corpus import DOMAINS, TokenizedCorpus, default_cache_dir, load_tokenized_corpus
 from moejax.data.synthetic_knowledge import _TEMPLATES, Entity, build_world
 from moejax.data.synthetic_math import exact_answer_problems
 
 VERSION: Final = "benchmarks-v1"
+VERSIONS: Final = BENCHMARK_VERSIONS  # the values of the config key data.benchmarks
 ITEMS_PER_DOMAIN: Final = 400
 NUM_CHOICES: Final = 4
 CODE_CONTEXT_CHARS: Final = 1000
 PROSE_CONTEXT_CHARS: Final = 600
-KINDS: Final = {"math": "exact_match", "knowledge": "multiple_choice", "code": "multiple_choice",
-                "prose": "multiple_choice"}
+KINDS: Final = {"code": "multiple_choice", "prose": "multiple_choice", "math": "exact_match",
+                "knowledge": "multiple_choice"}  # in DOMAINS order
 _WORD: Final = re.compile(r"[A-Za-z]{4,}")
 _MIN_LINE_CHARS: Final = 12
 _MAX_ATTEMPTS: Final = 200_000
@@ -68,12 +76,12 @@ class Benchmarks:
     """The built-in benchmarks: ``items[domain]`` is a list of dicts; files live in ``directory``."""
 
     manifest: dict[str, Any]
-    items: dict[str, list[dict[str, Any]]]
+    items: dict[str, list[dict[str, Any]]]  # task name (v1: the domain) -> items
     directory: Path
 
-    def path(self, domain: str) -> Path:
-        """The JSONL file of one domain."""
-        return self.directory / f"{domain}.jsonl"
+    def path(self, task: str) -> Path:
+        """The JSONL file of one task (v1: of one domain)."""
+        return self.directory / f"{task}.jsonl"
 
 
 def build_benchmarks(corpus: TokenizedCorpus, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
@@ -90,23 +98,43 @@ def build_benchmarks(corpus: TokenizedCorpus, seed: int = 0) -> dict[str, list[d
             for domain in DOMAINS}
 
 
-def load_benchmarks(seed: int = 0, cache_dir: str | os.PathLike[str] | None = None) -> Benchmarks:
-    """The benchmarks for ``seed``, built (about ten seconds with a cached corpus) on first use."""
-    directory = Path(cache_dir or default_cache_dir()) / f"{VERSION}-seed{seed}"
+def load_benchmarks(seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
+                    version: str = VERSION) -> Benchmarks:
+    """The benchmarks of ``version`` for ``seed``, built (seconds with a cached corpus) on first use."""
+    build, kinds = _builder(version)
+    directory = Path(cache_dir or default_cache_dir()) / f"{version}-seed{seed}"
     if not (directory / "manifest.json").is_file():
         corpus = load_tokenized_corpus(seed, cache_dir)
-        _write(directory, build_benchmarks(corpus, seed), corpus, seed)
+        _write(directory, build(corpus, seed), corpus, seed, version=version, kinds=kinds)
     with open(directory / "manifest.json", encoding="utf-8") as f:
         manifest = json.load(f)
     items = {}
-    for domain in DOMAINS:
-        with open(directory / f"{domain}.jsonl", encoding="utf-8") as f:
-            items[domain] = [json.loads(line) for line in f]
+    for task in kinds:
+        with open(directory / f"{task}.jsonl", encoding="utf-8") as f:
+            items[task] = [json.loads(line) for line in f]
     return Benchmarks(manifest, items, directory)
 
 
-def _rng(seed: int, domain: str) -> np.random.Generator:
-    tag = int.from_bytes(hashlib.sha256(f"{VERSION}/{domain}".encode()).digest()[:8], "little")
+def task_names(version: str) -> tuple[str, ...]:
+    """The built-in task names of ``version`` (v1: the domains), in file order."""
+    return tuple(_builder(version)[1])
+
+
+def _builder(version: str) -> tuple[Callable[[TokenizedCorpus, int], dict[str, list[dict[str, Any]]]],
+                                     dict[str, str]]:
+    """(build function, task -> kind) of ``version``; ValueError naming the allowed versions."""
+    if version == VERSION:
+        return build_benchmarks, KINDS
+    if version == VERSIONS[1]:
+        from moejax.data import benchmarks_v2  # imports this module's helpers
+
+        return benchmarks_v2.build_benchmarks, benchmarks_v2.KINDS
+    raise ValueError(f"unknown benchmarks version {version!r}; allowed: {', '.join(VERSIONS)}")
+
+
+def _rng(seed: int, domain: str, version: str = VERSION) -> np.random.Generator:
+    """The generator of one task: seeded by the corpus seed and a hash of ``version/task``."""
+    tag = int.from_bytes(hashlib.sha256(f"{version}/{domain}".encode()).digest()[:8], "little")
     return np.random.default_rng([seed, tag])
 
 
@@ -191,26 +219,25 @@ def _fact_items(world: list[Entity], train_text: str, rng: np.random.Generator) 
 
 
 def _multiple_choice(context: str, gold: str, others: list[str],
-                     rng: np.random.Generator) -> dict[str, Any] | None:
-    """An item with ``gold`` at a random position among ``NUM_CHOICES - 1`` distinct ``others``."""
-    if len(others) < NUM_CHOICES - 1 or not context.strip():
+                     rng: np.random.Generator, num_choices: int = NUM_CHOICES) -> dict[str, Any] | None:
+    """An item with ``gold`` at a random position among ``num_choices - 1`` distinct ``others``."""
+    if len(others) < num_choices - 1 or not context.strip():
         return None
-    picks = rng.choice(len(others), NUM_CHOICES - 1, replace=False)
+    picks = rng.choice(len(others), num_choices - 1, replace=False)
     choices = [others[i] for i in picks]
-    position = int(rng.integers(NUM_CHOICES))
+    position = int(rng.integers(num_choices))
     choices.insert(position, gold)
     return {"context": context, "choices": choices, "gold": position}
 
 
-def _exactly(items: list[dict[str, Any]], domain: str) -> list[dict[str, Any]]:
-    if len(items) < ITEMS_PER_DOMAIN:
-        raise RuntimeError(f"only {len(items)} {domain} benchmark items could be made, "
-                           f"{ITEMS_PER_DOMAIN} are needed")
-    return items
+def _exactly(items: list[dict[str, Any]], domain: str, count: int = ITEMS_PER_DOMAIN) -> list[dict[str, Any]]:
+    if len(items) < count:
+        raise RuntimeError(f"only {len(items)} {domain} benchmark items could be made, {count} are needed")
+    return items[:count]
 
 
 def _write(directory: Path, items: dict[str, list[dict[str, Any]]], corpus: TokenizedCorpus,
-           seed: int) -> None:
+           seed: int, *, version: str = VERSION, kinds: dict[str, str] = KINDS) -> None:
     """Write the JSONL files and the manifest into ``directory`` atomically (temp dir + rename)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -219,10 +246,10 @@ def _write(directory: Path, items: dict[str, list[dict[str, Any]]], corpus: Toke
         for domain, domain_items in items.items():
             data = "".join(json.dumps(item, sort_keys=True) + "\n" for item in domain_items).encode()
             (tmp / f"{domain}.jsonl").write_bytes(data)
-            domains[domain] = {"kind": KINDS[domain], "items": len(domain_items),
+            domains[domain] = {"kind": kinds[domain], "items": len(domain_items),
                                "file": f"{domain}.jsonl", "sha256": hashlib.sha256(data).hexdigest()}
         manifest = {
-            "version": VERSION,
+            "version": version,
             "seed": seed,
             "python": platform.python_version(),
             "corpus": {d: {s: corpus.manifest["domains"][d][s]["sha256"] for s in ("train", "heldout")}

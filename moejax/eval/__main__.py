@@ -15,7 +15,7 @@ import sys
 
 from absl import logging as absl_logging
 
-from moejax.config import ConfigError
+from moejax.config import BENCHMARK_VERSIONS, ConfigError
 from moejax.data.errors import DataError
 from moejax.eval.evaluate import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_ITEMS, DEFAULT_MAX_NEW_TOKENS, Settings, Evaluator, make_settings,
@@ -34,8 +34,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     which.add_argument("--all", action="store_true", help="every checkpoint, then plot the curves")
     parser.add_argument(
         "--tasks", nargs="*", default=None,
-        help="built-in task names (code prose math knowledge) and/or JSONL files; default: the built-in "
-             "tasks for runs on the built-in corpus, none otherwise; '--tasks' alone: none",
+        help="built-in task names (of either benchmarks version, e.g. code_chars know_type or v1's code prose "
+             "math knowledge) and/or JSONL files; default: the tasks of --benchmarks for runs on the built-in "
+             "corpus, none otherwise; '--tasks' alone: none",
+    )
+    parser.add_argument(
+        "--benchmarks", choices=BENCHMARK_VERSIONS, default=None,
+        help="built-in benchmarks version of the default tasks (default: the run's data.benchmarks, "
+             f"{BENCHMARK_VERSIONS[-1]} unless set)",
     )
     parser.add_argument("--max-items", type=int, default=DEFAULT_MAX_ITEMS, help="items per task (0: all)")
     parser.add_argument("--loss-batches", type=int, default=None,
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         erun = open_run(args.workdir)
         settings = make_settings(
             erun, tasks=args.tasks, max_items=args.max_items, loss_batches=args.loss_batches,
-            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, benchmarks=args.benchmarks,
         )
         evaluator = Evaluator(erun, settings, progress=not args.no_progress)
         steps = erun.steps if args.all else [erun.steps[-1] if args.step is None else args.step]

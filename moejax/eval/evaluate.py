@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from moejax.config import ConfigError
-from moejax.data.corpus import DOMAINS
+from moejax.config import BENCHMARK_VERSIONS, ConfigError
+from moejax.data.benchmarks import task_names
 from moejax.data.pipeline import make_eval_batches
 from moejax.eval import harness, losses, routing
 from moejax.eval.forward import Scorer
@@ -31,6 +31,7 @@ class Settings:
     settings are never mixed up."""
 
     tasks: tuple[str, ...]  # built-in task names and/or JSONL paths
+    benchmarks: str  # the built-in benchmarks version the default tasks came from (data.benchmarks)
     max_items: int  # items per task, the first ones of each file; 0: all
     loss_batches: int  # held-out batches per domain (training batch shape)
     batch_size: int  # rows per multiple-choice batch and prompts per generation batch
@@ -46,17 +47,22 @@ DEFAULT_MAX_NEW_TOKENS = 16
 def make_settings(
     erun: EvalRun, *, tasks: list[str] | None = None, max_items: int = DEFAULT_MAX_ITEMS,
     loss_batches: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, benchmarks: str | None = None,
 ) -> Settings:
-    """Settings with the run's defaults: the built-in tasks for a run on the built-in corpus (none
-    otherwise), the run's ``train.eval_batches``, a batch size rounded up to a multiple of the
-    devices a batch is split over, and the training sequence length as the context."""
+    """Settings with the run's defaults: the built-in tasks of ``benchmarks`` (default: the run's
+    ``data.benchmarks``) for a run on the built-in corpus (none otherwise), the run's
+    ``train.eval_batches``, a batch size rounded up to a multiple of the devices a batch is split
+    over, and the training sequence length as the context."""
     cfg = erun.cfg
     if max_new_tokens >= cfg.train.seq_len:
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be below the context of {cfg.train.seq_len} tokens")
+    version = benchmarks or cfg.data.get("benchmarks", BENCHMARK_VERSIONS[-1])
+    if version not in BENCHMARK_VERSIONS:
+        raise ConfigError(f"benchmarks version {version!r} is unknown; allowed: {', '.join(BENCHMARK_VERSIONS)}")
     shards = erun.batch_shards
     return Settings(
-        tasks=tuple(tasks if tasks is not None else (DOMAINS if not cfg.data.path else ())),
+        tasks=tuple(tasks if tasks is not None else (task_names(version) if not cfg.data.path else ())),
+        benchmarks=version,
         max_items=max_items, loss_batches=loss_batches or cfg.train.eval_batches,
         batch_size=-(-batch_size // shards) * shards, max_new_tokens=max_new_tokens, max_len=cfg.train.seq_len,
     )

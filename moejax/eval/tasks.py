@@ -8,9 +8,12 @@ One JSON object per line (blank lines are skipped), one kind per file:
 - exact match: ``{"prompt": str, "answer": str}``; the model's greedy continuation of ``prompt``,
   up to its first newline, must equal ``answer`` (both stripped of surrounding whitespace).
 
-Other fields (e.g. ``id``) are kept and ignored. The built-in corpus ships one file per domain in
-this format (:mod:`moejax.data.benchmarks`); a user file works the same way and its task name is
-the file's stem. A bad file fails before anything runs, naming the file, the line and the field.
+Other fields (e.g. ``id``) are kept and ignored. The built-in corpus ships its benchmarks in this
+format (:mod:`moejax.data.benchmarks`): ``benchmarks-v1`` one file per domain (tasks ``code``,
+``prose``, ``math``, ``knowledge``), ``benchmarks-v2`` graded tasks (``code_chars``, ...,
+``know_type``, ``math_copy``; :mod:`moejax.data.benchmarks_v2`). The names of the two versions
+differ, so any built-in name of either version resolves; a user file works the same way and its
+task name is the file's stem. A bad file fails before anything runs, naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from moejax.data.benchmarks import load_benchmarks
-from moejax.data.corpus import DOMAINS
+from moejax.data.benchmarks import VERSIONS, load_benchmarks, task_names
 from moejax.data.dataset import BUILTIN_CORPUS_SEED
 
 MULTIPLE_CHOICE, EXACT_MATCH = "multiple_choice", "exact_match"
@@ -71,18 +73,23 @@ def load_task_file(path: str | os.PathLike[str]) -> Task:
     return Task(path.stem, kind, tuple(items), str(path))
 
 
+def builtin_task_versions() -> dict[str, str]:
+    """Built-in task name -> the benchmarks version that holds it (names of versions never clash)."""
+    return {name: version for version in VERSIONS for name in task_names(version)}
+
+
 def resolve_tasks(specs: list[str], cache_dir: str | None) -> list[Task]:
-    """Tasks named by ``specs``: built-in names (the corpus domains) or paths of JSONL files."""
-    tasks = []
+    """Tasks named by ``specs``: built-in names (of any benchmarks version) or paths of JSONL files."""
+    tasks, builtin = [], builtin_task_versions()
     for spec in specs:
-        if spec in DOMAINS:
-            directory = load_benchmarks(BUILTIN_CORPUS_SEED, cache_dir).directory  # built on first use
+        if spec in builtin:
+            directory = load_benchmarks(BUILTIN_CORPUS_SEED, cache_dir, builtin[spec]).directory  # built on first use
             tasks.append(load_task_file(directory / f"{spec}.jsonl"))
         elif spec.endswith(".jsonl") or os.path.exists(spec):
             tasks.append(load_task_file(spec))
         else:
             raise TaskFileError(
-                f"task {spec!r} is neither a built-in task ({', '.join(DOMAINS)}) nor a .jsonl file."
+                f"task {spec!r} is neither a built-in task ({', '.join(builtin)}) nor a .jsonl file."
             )
     names = [t.name for t in tasks]
     duplicated = sorted({n for n in names if names.count(n) > 1})
