@@ -18,9 +18,10 @@ variant:
   it drops, the least the slots allow).
 
 Routings (16 experts, top-2): ``balanced`` (top-2 of Gaussian logits); ``zipf`` (experts drawn
-without replacement with probability ~ 1 / rank^1.2); ``adversarial`` (RepetitionCurse-style: the
-hidden states are the embeddings of a repeated two-token pattern, routed by a random linear router:
-every token of one id picks the same two experts). One compiled program per variant serves all
+without replacement with probability ~ 1 / rank^1.2); RepetitionCurse-style repetitive prompts,
+whose hidden states are token embeddings routed by a random linear router, so every token of one id
+picks the same two experts: ``pattern`` (a repeated two-token pattern: at most 4 experts busy) and
+``adversarial`` (one token repeated: every token on the same 2 experts). One compiled program per variant serves all
 routings (the routing is data, not shape), so its temp memory (``compiled.memory_analysis()``) is
 the same for every routing by construction.
 
@@ -58,7 +59,7 @@ from moejax import sharding  # noqa: E402
 from moejax.model import llep  # noqa: E402
 from moejax.model.expert_parallel import pair_capacity  # noqa: E402
 
-ROUTINGS = ("balanced", "zipf", "adversarial")
+ROUTINGS = ("balanced", "zipf", "pattern", "adversarial")
 BASELINE = "drop cf=2"
 
 
@@ -70,9 +71,10 @@ def make_inputs(tokens, seq, d, f, e, k, routing):
         logits_gte = jax.random.normal(keys[1], (g, seq, e))
     elif routing == "zipf":  # Gumbel top-k: sampling without replacement, p ~ 1 / rank^1.2
         logits_gte = jax.random.gumbel(keys[1], (g, seq, e)) - 1.2 * jnp.log(jnp.arange(1, e + 1))
-    elif routing == "adversarial":  # a repeated two-token pattern, embedded, through a linear router
+    elif routing in ("pattern", "adversarial"):  # repeated tokens, embedded, through a linear router
         embed_vd = jax.random.normal(keys[6], (2, d))
-        x_gtd = embed_vd[jnp.arange(g * seq).reshape(g, seq) % 2]
+        period = 2 if routing == "pattern" else 1
+        x_gtd = embed_vd[jnp.arange(g * seq).reshape(g, seq) % period]
         logits_gte = x_gtd @ jax.random.normal(keys[7], (d, e))
     else:
         raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")

@@ -275,35 +275,41 @@ def _device_dispatch(
     return y_sd.reshape(g, t, d), _global_stats(expert_q, slot_q, p * c, num_experts, axes.batch)
 
 
-def _ring_spill_weights(w_exy, slot_expert_ps, me, expert_axes):
-    """The weights of the experts this device's spill slots host: [S, x, y], zeros where unused.
+def _ring_spill_weights(local_weights, slot_expert_ps, me, expert_axes):
+    """The weights of the experts this device's spill slots host: [S, ...] per weight array of
+    ``local_weights`` (each [e, ...]), zeros where a slot is unused.
 
-    A ring over the expert axis: the local experts [e, x, y] travel one peer onward per step
-    (``ppermute``, P - 1 steps of a ``lax.scan``), and after step j every device holds owner
-    ``me - j``'s experts, from which each slot hosting one of them takes its copy. Memory stays one
-    travelling block (e experts) plus the S slots, whatever P and S; traffic is (P - 1) * e experts
-    per device. Autodiff transposes the ring: the helpers' weight gradients travel back the other
-    way and add into the owners' gradients. (A single ``all_to_all`` of a [P, S, x, y] send buffer,
-    the owners' copies for every slot, is simpler but holds P * S experts at once: 123 MiB against
-    93 MiB of temp memory per device in the LLEP benchmark's setting.)
+    A ring over the expert axis: the local experts travel one peer onward per step (``ppermute``,
+    P - 1 steps of a ``lax.scan``), and after step j every device holds owner ``me - j``'s experts,
+    from which each slot hosting one of them takes its copy. Memory stays one travelling block (e
+    experts) plus the S slots, whatever P and S; traffic is (P - 1) * e experts per device. Autodiff
+    transposes the ring: the helpers' weight gradients travel back the other way and add into the
+    owners' gradients. (A single ``all_to_all`` of a [P, S, ...] send buffer, the owners' copies for
+    every slot, is simpler and moves P * S experts, but holds them all at once: 123 MiB against 91
+    MiB of temp memory per device in the LLEP benchmark's setting.)
     """
-    e = w_exy.shape[0]
+    e = local_weights[0].shape[0]
     p = slot_expert_ps.shape[0]
     mine_s = jnp.take(slot_expert_ps, me, axis=0)
     owner_s, local_s = mine_s // e, mine_s % e  # owner p: the slot is unused
     onward = [(i, (i + 1) % p) for i in range(p)]
 
-    def take_from(owner, block_exy, spill_sxy):
-        return jnp.where((owner_s == owner)[:, None, None], jnp.take(block_exy, local_s, axis=0), spill_sxy)
+    def take_from(owner, block, spill):
+        hit_s = owner_s == owner
+        return tuple(
+            jnp.where(hit_s.reshape(-1, *[1] * (w.ndim - 1)), jnp.take(w, local_s, axis=0), old)
+            for w, old in zip(block, spill)
+        )
 
     def step(carry, j):
-        block_exy, spill_sxy = carry
-        block_exy = lax.ppermute(block_exy, expert_axes, onward)
-        return (block_exy, take_from((me - j) % p, block_exy, spill_sxy)), None
+        block, spill = carry
+        block = lax.ppermute(block, expert_axes, onward)
+        return (block, take_from((me - j) % p, block, spill)), None
 
-    spill_sxy = take_from(me, w_exy, jnp.zeros_like(jnp.take(w_exy, local_s, axis=0)))
-    (_, spill_sxy), _ = lax.scan(step, (w_exy, spill_sxy), jnp.arange(1, p, dtype=jnp.int32))
-    return spill_sxy
+    empty = tuple(jnp.zeros_like(jnp.take(w, local_s, axis=0)) for w in local_weights)
+    spill = take_from(me, local_weights, empty)
+    (_, spill), _ = lax.scan(step, (tuple(local_weights), spill), jnp.arange(1, p, dtype=jnp.int32))
+    return spill
 
 
 def _llep_device_dispatch(
@@ -348,10 +354,8 @@ def _llep_device_dispatch(
     expert_r = jnp.where(assign_r < u, expert_r, e + spill_slots)
 
     local = _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, axes.embed)
-    hosted = tuple(
-        jnp.concatenate([w, _ring_spill_weights(w, the_plan.slot_expert_ps, me, axes.expert)])
-        for w in local
-    )
+    spill = _ring_spill_weights(local, the_plan.slot_expert_ps, me, axes.expert)
+    hosted = tuple(jnp.concatenate([w, w_spill]) for w, w_spill in zip(local, spill))
     y_rd = _LocalExperts(hosted, impl, tile_size)(x_rd, expert_r)
     w_r = jnp.take(weight_w, assign_r, mode="fill", fill_value=0).astype(y_rd.dtype)
     y_vd = jnp.zeros((v, d), y_rd.dtype).at[token_r].add(w_r[:, None] * y_rd, mode="drop")

@@ -38,6 +38,9 @@ step 1). Least-loaded placement then decides only where the work runs, which is 
 devices' compute. A slot on the expert's own device is allowed (it is just more rows there; no
 weight moves); the least-loaded rule picks it only when that device is the least loaded.
 
+Balance: a slot goes to the device with the least planned load, at most the mean (<= q) at that
+moment, so no device ends above ``max(n, q + c)`` rows.
+
 Nothing is dropped for any routing when ``S >= E / P + 1 / ep_spill_capacity_factor``: an expert
 with excess needs ``ceil(excess / c)`` slots, at most ``excess / c + 1``, and the group's excess is
 at most u = P * q <= P * c / ep_spill_capacity_factor, so P * S slots suffice. (Also when
