@@ -161,6 +161,7 @@ def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
     assert read_csv(root / "runs.csv")[1] == rows and time.time() - t0 < 120
 
 
+@pytest.mark.slow  # a training process of its own (about a minute on the loaded 2-core machine)
 def test_ctrl_c_saves_a_checkpoint_marks_interrupted_and_exits_130(tmp_path, corpus_cache):
     plan = write_plan(tmp_path / "plan.json", [entry("long", "a", MIXTURES[0], **{"train.steps": 5000,
                                                                                   "checkpoint.every_steps": 2500})])
