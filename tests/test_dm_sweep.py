@@ -36,6 +36,8 @@ COMMON = {"train.steps": 4, "train.global_batch_size": 8, "train.seq_len": 32, "
 MIXTURES = [dict(zip(DOMAINS, w)) for w in ((0.25, 0.25, 0.25, 0.25), (0.7, 0.1, 0.1, 0.1), (0.1, 0.1, 0.1, 0.7))]
 EVAL_ARGS = "--tasks --loss-batches 1"
 GOOD = [f"{s}_m{k}" for s in SIZES for k in range(len(MIXTURES))]
+HEADER = (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{d}" for d in DOMAINS]
+          + [f"loss:{d}" for d in DOMAINS] + ["step", "loss_source", "workdir"])
 
 
 def entry(name: str, size: str, mixture: dict, **extra) -> dict:
@@ -87,8 +89,7 @@ def test_sweep_trains_evaluates_and_collects_every_finished_run(sweep):
     proc, root = sweep["proc"], sweep["root"]
     assert proc.returncode == 1, proc.stdout + proc.stderr  # one run failed
     header, rows = read_csv(root / "runs.csv")
-    assert header == (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{d}" for d in DOMAINS]
-                      + [f"loss:{d}" for d in DOMAINS] + ["step", "loss_source", "workdir"])
+    assert header == HEADER
     assert [r["run"] for r in rows] == [n for n in GOOD for _ in (2, 4)]  # plan order, two checkpoints each
     assert {r["step"] for r in rows} == {"2", "4"} and {float(r["tokens"]) for r in rows} == {2 * 8 * 32.0, 4 * 8 * 32.0}
     assert len({r["params_total"] for r in rows}) == 2
@@ -293,19 +294,28 @@ def test_ray_is_not_imported_on_the_local_path():
 # ------------------------------------------------------------------------------------------- Ray
 
 
-def test_ray_micro_sweep_gives_the_same_table(sweep, tmp_path):
-    """Two runs as Ray tasks on a local Ray cluster (2 CPUs, one per run), same semantics and table."""
+def test_ray_micro_sweep_gives_the_same_table(tmp_path, corpus_cache):
+    """Two runs as Ray tasks on a local Ray cluster (2 CPUs, one per run): same semantics, same table
+    structure as the local sweep's. One run carries the stale lease of a runner that died: taken over."""
     pytest.importorskip("ray")
     plan = write_plan(tmp_path / "plan.json", [good_entries()[0], good_entries()[3]])
     root = tmp_path / "root"
+    dead = {**record.new_owner(), "host": "node9", "pid": 99}
+    assert record.try_acquire(root / "b_m0", dead, timeout=60)[0]
+    old = time.time() - 3600
+    os.utime(root / "b_m0" / record.LEASE, (old, old))
     proc = sweep_cli("--plan", str(plan), "--root", str(root), "--backend", "ray", "--ray-num-cpus", "2",
                      "--cpus-per-run", "1", "--eval-args", EVAL_ARGS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "b_m0: taking over the stale lease of node9:99" in proc.stderr
+    assert "ray, 2 at a time, 1 CPU + 0 GPU per run" in proc.stderr
     header, rows = read_csv(root / "runs.csv")
-    assert header == read_csv(sweep["root"] / "runs.csv")[0]
+    assert header == HEADER
     assert [r["run"] for r in rows] == ["a_m0", "a_m0", "b_m0", "b_m0"]
     for name in ("a_m0", "b_m0"):
         status = json.loads((root / name / "status.json").read_text())
         assert status["state"] == "succeeded" and status["backend"] == "ray" and status["attempts"] == 1
+        assert not (root / name / record.LEASE).exists()
     again = sweep_cli("--plan", str(plan), "--root", str(root), "--backend", "ray", "--ray-num-cpus", "2")
     assert again.returncode == 0 and "2 done (2 skipped as already done, 0 run now)" in again.stdout
+    assert "nothing to launch" in again.stderr  # no Ray cluster started for a finished sweep
