@@ -319,3 +319,15 @@ def test_ray_micro_sweep_gives_the_same_table(tmp_path, corpus_cache):
     again = sweep_cli("--plan", str(plan), "--root", str(root), "--backend", "ray", "--ray-num-cpus", "2")
     assert again.returncode == 0 and "2 done (2 skipped as already done, 0 run now)" in again.stdout
     assert "nothing to launch" in again.stderr  # no Ray cluster started for a finished sweep
+
+
+def test_sweep_help_shows_every_flag_and_an_example(capsys):
+    from data_mixture.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    out = capsys.readouterr().out
+    assert "example:" in out and "python -m data_mixture sweep --plan plan.json --root" in out
+    for flag in ("--backend", "--parallel", "--retries", "--eval-args", "--ray-address", "--cpus-per-run",
+                 "--gpus-per-run", "--lease-timeout", "--wait-others"):
+        assert flag in out
