@@ -1,8 +1,9 @@
 """The Fit bundle: one law fitted to every validation domain, its bootstrap, the benchmark laws.
 
 ``fit_table`` validates everything first (law identifiable for every domain, chance levels name
-real tasks), then fits the point estimate per domain, then ``bootstrap`` resamples of runs (not
-rows: a run's checkpoints stay together), each warm-started from the point fit. Benchmark laws
+real tasks), then fits the point estimate of every domain (one batched solve), then ``bootstrap``
+resamples of runs (not rows: a run's checkpoints stay together), each warm-started from the
+point fit (all domains x resamples in one batched solve). Benchmark laws
 are fitted on the table's observed losses and bootstrapped with the same resamples, so member i
 of the prediction chain (mixture -> losses -> accuracy) is one consistent resample.
 
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 from data_mixture.bench_law import MIN_SCORES, BenchFit, fit_bench, fit_bench_bootstrap
 from data_mixture.fitting import resample_weights
 from data_mixture.laws import LawFit, get_law
+from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.table import RunsTable, TableError, to_columns
 
 FORMAT = "moejax.data_mixture.fit/1"
@@ -177,6 +179,19 @@ class Fit:
         return cls.from_json(json.loads(path.read_text()))
 
 
+class _PerResample:
+    """Progress adapter: the solver reports finished (problem, start) lanes; the bar counts resamples."""
+
+    def __init__(self, bar, starts: int):
+        self.bar, self.per, self.acc = bar, max(1, int(starts)), 0
+
+    def update(self, n: int) -> None:
+        self.acc += n
+        whole, self.acc = divmod(self.acc, self.per)
+        if whole:
+            self.bar.update(whole)
+
+
 def table_sha256(table: RunsTable) -> str:
     return hashlib.sha256(json.dumps(to_columns(table), sort_keys=True).encode()).hexdigest()
 
@@ -191,12 +206,14 @@ def fit_table(
     starts: int = 64,
     chance: Mapping[str, float] | None = None,
     progress: bool = True,
-    boot_starts: int = 4,
+    boot_starts: int = BOOT_STARTS,
 ) -> Fit:
     """Fits ``law`` to every validation domain of ``table`` (+ bootstrap + benchmark laws).
 
     ``bootstrap``: resamples of runs (0: none); each is warm-started from the point fit plus
-    ``boot_starts - 1`` random starts. ``chance``: task -> chance level (fixes the sigmoid floor).
+    ``boot_starts - 1`` perturbed copies of it (``ParametricLaw.bootstrap_starts``). Point fits
+    of all validation domains run in one solve, then all (domain, resample) problems in another.
+    ``chance``: task -> chance level (fixes the sigmoid floor).
     """
     t0 = time.perf_counter()
     the_law = get_law(law)
@@ -221,25 +238,27 @@ def fit_table(
 
     names, inverse = table.run_groups()
     weights_br = resample_weights(inverse, len(names), bootstrap, seed)
-    total = len(table.loss_domains) * (1 + bootstrap * boot_starts) + len(tasks)
-    bar = tqdm(total=total, desc=f"fit {law}", disable=not progress)
-    point: dict[str, LawFit] = {}
+    bar = tqdm(total=len(table.loss_domains) * (1 + bootstrap) + len(tasks), desc=f"fit {law}", disable=not progress)
+    t_point = time.perf_counter()
+    bar.set_postfix_str("point fits")
+    point = the_law.fit_domains(table, list(table.loss_domains), size_column=size_column, seed=seed, starts=starts)
+    bar.update(len(table.loss_domains))
+    t_boot = time.perf_counter()
     boots: list[dict[str, LawFit]] = [dict() for _ in range(bootstrap)]
-    for d in table.loss_domains:
-        bar.set_postfix_str(d)
-        point[d] = the_law.fit(table, d, size_column=size_column, seed=seed, starts=starts)
-        bar.update(1)
-        if bootstrap:
-            members = the_law.fit_bootstrap(table, d, point[d], weights_br, size_column=size_column, seed=seed, starts=boot_starts, progress=bar)
-            for i, f in enumerate(members):
+    if bootstrap:
+        bar.set_postfix_str("bootstrap")
+        members = the_law.fit_bootstrap_domains(table, point, weights_br, size_column=size_column, seed=seed, starts=boot_starts, progress=_PerResample(bar, boot_starts) if isinstance(the_law, ParametricLaw) else bar)
+        for d in table.loss_domains:
+            for i, f in enumerate(members[d]):
                 boots[i][d] = f
+    t_bench = time.perf_counter()
     bench: dict[str, BenchFit] = {}
     bench_boot: list[dict[str, BenchFit]] = [dict() for _ in range(bootstrap)] if tasks else []
     for t in tasks:
         bar.set_postfix_str(f"bench:{t}")
         bench[t] = fit_bench(table, t, chance=chance.get(t), seed=seed, starts=starts)
         if bootstrap:
-            for i, b in enumerate(fit_bench_bootstrap(table, bench[t], weights_br, seed=seed, starts=boot_starts)):
+            for i, b in enumerate(fit_bench_bootstrap(table, bench[t], weights_br, seed=seed)):
                 bench_boot[i][t] = b
         bar.update(1)
     bar.close()
@@ -255,6 +274,7 @@ def fit_table(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "table_sha256": table_sha256(table),
         "fit_seconds": time.perf_counter() - t0,
+        "phase_seconds": {"point": t_boot - t_point, "bootstrap": t_bench - t_boot, "bench": time.perf_counter() - t_bench},
         "bench_skipped": skipped,
         "chance": chance,
         "mixture_moves_with_scale": the_law.mixture_moves_with_scale,

@@ -144,6 +144,21 @@ class Law(abc.ABC):
     ) -> LawFit:
         """Fits validation domain ``domain``. ``weights`` (R,): row weights (bootstrap multiplicities)."""
 
+    def fit_domains(self, table: RunsTable, domains, *, size_column: str = "params_total", seed: int = 0, starts: int = 64, progress: bool = False) -> dict[str, LawFit]:
+        """Point fits of several validation domains ({domain: LawFit}). Parametric laws solve
+        them together (one work queue for all starts); this default loops over :meth:`fit`."""
+        return {d: self.fit(table, d, size_column=size_column, seed=seed, starts=starts, progress=progress) for d in domains}
+
+    def fit_bootstrap_domains(
+        self, table: RunsTable, points: dict, weights_br: np.ndarray, *, size_column: str = "params_total", seed: int = 0, starts: int = 2, progress: Any = None
+    ) -> dict[str, list[LawFit]]:
+        """:meth:`fit_bootstrap` of every domain in ``points`` ({domain: point LawFit});
+        parametric laws run all (domain, resample) problems in one solve."""
+        return {
+            d: self.fit_bootstrap(table, d, p, weights_br, size_column=size_column, seed=seed, starts=starts, progress=progress)
+            for d, p in points.items()
+        }
+
     def fit_bootstrap(
         self,
         table: RunsTable,
@@ -153,7 +168,7 @@ class Law(abc.ABC):
         *,
         size_column: str = "params_total",
         seed: int = 0,
-        starts: int = 4,
+        starts: int = 2,
         progress: Any = None,
     ) -> list[LawFit]:
         """One fit per bootstrap resample (rows weighted by ``weights_br[b]``), warm-started from

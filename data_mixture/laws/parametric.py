@@ -19,11 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from data_mixture.fitting import HUBER_DELTA, Fitter, ParamSpec, starts_rng
+from data_mixture.fitting import FTOL, HUBER_DELTA, Fitter, ParamSpec, starts_rng
 from data_mixture.laws.base import Law, LawFit
 from data_mixture.table import RunsTable, TableError
 
 _FITTERS: dict[tuple[str, int], Fitter] = {}
+BOOT_STARTS = 2  # starts per bootstrap resample: the point fit + 1 perturbed copy (``bootstrap_starts``)
+BOOT_JITTER = 0.05  # sd of a perturbed bootstrap start, as a fraction of each parameter's start range
 _PREDICT: dict[str, Any] = {}
 
 
@@ -37,6 +39,7 @@ def safe_pow(r, g):
 class ParametricLaw(Law):
     iters: int = 200          # stage-1 L-BFGS iterations of a point fit
     boot_iters: int = 200     # ... of a warm-started bootstrap resample
+    boot_ftol: float = FTOL   # ... and its stopping tolerance (relative improvement per step)
     polish: int = 2           # best starts polished with scipy L-BFGS-B (point fit)
     delta: float = HUBER_DELTA
     needs_tokens: bool = True  # the form has a D term: the table needs >= 2 distinct token counts
@@ -114,41 +117,90 @@ class ParametricLaw(Law):
         return LawFit(self.name, domain, tuple(table.mix_domains), spec.to_dict(w), spec.size, info)
 
     def fit(self, table, domain, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False):
-        self.check(table, domain, size_column)
+        return self.fit_domains(table, [domain], size_column=size_column, seed=seed, starts=starts, init=init, weights=weights, progress=progress)[domain]
+
+    def fit_domains(self, table, domains, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False):
+        """Point fits of several validation domains in one solve (one stage-1 work queue for all
+        their starts; per-domain polish). Each domain gets the same random starts as a fit of it
+        alone, so ``fit_domains(t, [a, b])[a]`` equals ``fit(t, a)``."""
+        domains = list(domains)
+        for d in domains:
+            self.check(table, d, size_column)
         t0 = time.perf_counter()
         spec = self.table_spec(table)
         refs = self.references(table, size_column) if init is None else {k: init.info[k] for k in ("n_ref", "d_ref")}
         data = self.table_features(table, size_column, refs)
-        y = np.log(table.loss(domain))
         wts = np.ones(len(table)) if weights is None else np.asarray(weights, np.float64)
-        w0 = spec.sample(starts_rng(seed, 1), max(1, starts))
-        extra = self.extra_starts(spec, data, y, wts)
-        if extra is not None and len(extra):
-            w0 = np.concatenate([spec.clip(extra), w0])
-        if init is not None:
-            w0 = np.concatenate([spec.pack(init.params)[None], w0])
-        bar = tqdm(total=w0.shape[0], desc=f"{self.name} {domain}", disable=not progress, leave=False)
-        w, v, infos = self.fitter(spec).solve(w0[None], data, y[None], wts[None], polish=self.polish, progress=bar)
-        bar.close()
-        return self._make_fit(table, domain, w[0], v[0], {**infos[0], "fit_seconds": time.perf_counter() - t0}, refs, size_column, weights)
-
-    def fit_bootstrap(self, table, domain, point, weights_br, *, size_column="params_total", seed=0, starts=4, progress=None):
-        spec = self.table_spec(table)
-        refs = {k: point.info[k] for k in ("n_ref", "d_ref")}
-        data = self.table_features(table, size_column, refs)
-        y = np.log(table.loss(domain))
-        b = weights_br.shape[0]
-        w_point = spec.pack(point.params)
-        w0 = np.stack(
-            [np.concatenate([w_point[None], spec.sample(starts_rng(seed, 2, i), max(0, starts - 1))]) for i in range(b)]
-        )
+        rand = spec.sample(starts_rng(seed, 1), max(1, starts))
+        y_qr, w0_q = [], []
+        for d in domains:
+            y = np.log(table.loss(d))
+            w0 = rand
+            extra = self.extra_starts(spec, data, y, wts)
+            if extra is not None and len(extra):
+                w0 = np.concatenate([spec.clip(extra), w0])
+            if init is not None:
+                w0 = np.concatenate([spec.pack(init.params)[None], w0])
+            y_qr.append(y)
+            w0_q.append(w0)
+        w0_qsp = np.stack(w0_q)
+        bar = tqdm(total=w0_qsp.shape[0] * w0_qsp.shape[1], desc=f"{self.name} {','.join(domains)}", disable=not progress, leave=False)
         w, v, infos = self.fitter(spec).solve(
-            w0, data, np.repeat(y[None], b, 0), weights_br, polish=0, iters=self.boot_iters, progress=progress
+            w0_qsp, data, np.stack(y_qr), np.repeat(wts[None], len(domains), 0), polish=self.polish, progress=bar
         )
-        return [
-            self._make_fit(table, domain, w[i], v[i], {**infos[i], "resample": i}, refs, size_column, weights_br[i])
-            for i in range(b)
-        ]
+        bar.close()
+        dt = (time.perf_counter() - t0) / len(domains)
+        return {
+            d: self._make_fit(table, d, w[i], v[i], {**infos[i], "fit_seconds": dt}, refs, size_column, weights)
+            for i, d in enumerate(domains)
+        }
+
+    def fit_bootstrap(self, table, domain, point, weights_br, *, size_column="params_total", seed=0, starts=BOOT_STARTS, progress=None):
+        return self.fit_bootstrap_domains(table, {domain: point}, weights_br, size_column=size_column, seed=seed, starts=starts, progress=progress)[domain]
+
+    def bootstrap_starts(self, spec: ParamSpec, w_point: np.ndarray, starts: int, seed: int, tag: int) -> np.ndarray:
+        """(starts, P) working vectors of one resample: the point fit, then ``starts - 1``
+        perturbed copies of it (Gaussian, sd = :data:`BOOT_JITTER` of each parameter's start
+        range, clipped to the bounds), which let a resample leave the point fit along flat
+        directions that a single warm start would barely move along."""
+        if starts <= 1:
+            return w_point[None]
+        rng = starts_rng(seed, 2, tag)
+        width = np.concatenate([np.full(p.size, (np.log(p.init[1]) - np.log(p.init[0])) if p.log else (p.init[1] - p.init[0])) for p in spec.params])
+        jitter = w_point[None] + BOOT_JITTER * width[None] * rng.standard_normal((starts - 1, spec.size))
+        return np.concatenate([w_point[None], spec.clip(jitter)])
+
+    def fit_bootstrap_domains(self, table, points, weights_br, *, size_column="params_total", seed=0, starts=BOOT_STARTS, progress=None):
+        """Every (domain, resample) in one solve, each warm-started by :meth:`bootstrap_starts`;
+        up to ``boot_iters`` stage-1 iterations, no polish. Returns {domain: [LawFit] * B}."""
+        domains = list(points)
+        if not domains:
+            return {}
+        spec = self.table_spec(table)
+        point0 = points[domains[0]]
+        refs = {k: point0.info[k] for k in ("n_ref", "d_ref")}
+        data = self.table_features(table, size_column, refs)
+        b = weights_br.shape[0]
+        if b == 0:
+            return {d: [] for d in domains}
+        w0, y_qr, wts_qr = [], [], []
+        for d in domains:
+            w_point = spec.pack(points[d].params)
+            y = np.log(table.loss(d))
+            for i in range(b):
+                w0.append(self.bootstrap_starts(spec, w_point, starts, seed, i))
+                y_qr.append(y)
+                wts_qr.append(weights_br[i])
+        w, v, infos = self.fitter(spec).solve(
+            np.stack(w0), data, np.stack(y_qr), np.stack(wts_qr), polish=0, iters=self.boot_iters, ftol=self.boot_ftol, progress=progress
+        )
+        out = {}
+        for j, d in enumerate(domains):
+            out[d] = [
+                self._make_fit(table, d, w[j * b + i], v[j * b + i], {**infos[j * b + i], "resample": i}, refs, size_column, weights_br[i])
+                for i in range(b)
+            ]
+        return out
 
     # -- prediction ---------------------------------------------------------------------------
     def _jitted(self):
