@@ -130,7 +130,7 @@ def _plan_reference(expert_w, p, e, n, slots, c):
     return device_w, row_w, slot_expert_ps, load_p
 
 
-def _priority_ids(idx_gtk, p):
+def _priority_ids(idx_gtk):
     """The group's expert ids in priority order (choice, device, token), for a pure-expert mesh."""
     return np.asarray(idx_gtk).reshape(G * T, K).T.reshape(-1)
 
@@ -138,7 +138,7 @@ def _priority_ids(idx_gtk, p):
 @pytest.mark.parametrize("kind", ["balanced", "zipf", "extreme"])
 @pytest.mark.parametrize("p, n_factor, slots, c_factor", [(8, 1.0, 2, 1.0), (4, 1.25, 1, 0.5), (2, 1.0, 3, 0.3)])
 def test_plan_follows_the_rule(kind, p, n_factor, slots, c_factor):
-    expert_w = _priority_ids(_routing(kind)[0], p)
+    expert_w = _priority_ids(_routing(kind)[0])
     q = len(expert_w) // p
     n, c = llep.buffer_rows(q, p, n_factor), llep.buffer_rows(q, p, c_factor)
     got = llep.plan(jnp.asarray(expert_w), peers=p, local_experts=E // p, native_rows=n, spill_slots=slots,
@@ -155,7 +155,7 @@ def test_plan_follows_the_rule(kind, p, n_factor, slots, c_factor):
 def test_plan_spreads_an_overloaded_expert_evenly():
     # 8 devices, every token on experts 0 and 1 (devices 0 and 1): q rows native each, 3 devices
     # help each overloaded expert with q rows: every device ends with exactly q = 32 rows.
-    expert_w = _priority_ids(_routing("extreme")[0], 8)
+    expert_w = _priority_ids(_routing("extreme")[0])
     the_plan = llep.plan(jnp.asarray(expert_w), peers=8, local_experts=1, native_rows=32, spill_slots=1,
                          spill_rows=32)
     np.testing.assert_array_equal(the_plan.load_p, [32] * 8)
@@ -210,7 +210,7 @@ def test_too_little_spill_capacity_drops_the_least_and_reports_it():
     idx_gtk, w_gtk = _routing("extreme")
     outputs, stats = _llep(dict(expert=8), idx_gtk, w_gtk, slots=1, spill=0.5)
     assert float(stats["drop_rate"]) == pytest.approx(64 / 256)
-    expert_w = _priority_ids(idx_gtk, 8)
+    expert_w = _priority_ids(idx_gtk)
     device_w = _plan_reference(expert_w, 8, 1, 32, 1, 16)[0]
     kept_gtk = (device_w < 8).reshape(K, G * T).T.reshape(G, T, K)
     assert (~kept_gtk).sum() == 64
