@@ -308,7 +308,7 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         tokens = float(steps * per_step)
         for k in range(mix.shape[0]):
             mixture = {d: float(w) for d, w in zip(mix_domains, mix[k])}
-            every = max(1, steps // spec.checkpoints)
+            every = math.ceil(steps / spec.checkpoints)  # the last checkpoint is the final step
             overrides = {**presets[name], "train.steps": steps, "train.global_batch_size": spec.batch,
                          "train.seq_len": spec.seq_len, "checkpoint.every_steps": every,
                          "train.eval_every": every, "train.seed": spec.seed,

@@ -46,7 +46,7 @@ def test_plan_respects_the_budget_and_describes_every_run(plan):
         w = np.array(list(r["mixture"].values()))
         assert abs(w.sum() - 1) < 1e-9 and r["mixture"]["math"] <= 0.5 + 1e-12 and r["mixture"]["prose"] >= 0.05 - 1e-12
     assert sum(r["flops"] for r in runs) == pytest.approx(plan["total_flops"])
-    assert all(r["overrides"]["checkpoint.every_steps"] == r["steps"] // 2 for r in runs)  # default: 2 checkpoints
+    assert all(r["overrides"]["checkpoint.every_steps"] == -(-r["steps"] // 2) for r in runs)  # default: 2 checkpoints
     json.dumps(plan)  # JSON-able as written
 
 
@@ -55,7 +55,9 @@ def test_checkpoints_per_run_space_the_evaluations_evenly():
     three = make_plan(spec(checkpoints=3, simulations=1, budget_flops=5e15))
     assert three["method"]["checkpoints"] == 3
     for r in three["runs"]:
-        assert r["overrides"]["checkpoint.every_steps"] == r["overrides"]["train.eval_every"] == r["steps"] // 3
+        every = r["overrides"]["checkpoint.every_steps"]
+        assert every == r["overrides"]["train.eval_every"] == -(-r["steps"] // 3)
+        assert len({min(k * every, r["steps"]) for k in range(1, r["steps"] + 1)}) == 3  # no near-duplicate last one
     wide = make_plan(spec(min_sizes=4, simulations=1))
     assert wide["chosen"]["sizes"] == list(PRESETS) and all(len(c["sizes"]) == 4 for c in wide["candidates"])
     with pytest.raises(PlanError, match="--checkpoints 0"):
