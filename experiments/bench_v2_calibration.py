@@ -7,9 +7,10 @@ For every (workdir, step) it scores the tasks of ``--versions`` (default benchma
 benchmarks-v1 to compare) with the same :class:`moejax.eval.evaluate.Evaluator` as
 ``python -m moejax.eval`` (held-out losses included), reading the checkpoints only: results go
 to ``OUT/calibration.json`` (one record per checkpoint, written after each, reused on a rerun
-with the same settings), never into the workdirs. Then it writes ``OUT/calibration.png``: one
-panel per task, accuracy against the training weight of the task's domain, one colour per model
-size (active parameters), and prints a markdown table. Standard error of one accuracy:
+with the same settings), never into the workdirs. Then it writes ``OUT/calibration_mix.png`` and
+``OUT/calibration_loss.png``: one panel per task, accuracy against the training weight (or the
+held-out loss) of the task's domain, one colour per model size and step, and prints a markdown
+table. Standard error of one accuracy:
 ``sqrt(p (1 - p) / max_items)``, at most 0.5 / sqrt(max_items) (0.0625 at 64 items).
 """
 
@@ -82,7 +83,9 @@ def _save(path: str, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def plot(records: list[dict], tasks: list[str], path: str) -> str:
+def plot(records: list[dict], tasks: list[str], path: str, x_axis: str = "mix") -> str:
+    """One panel per task: accuracy against the training weight (``x_axis="mix"``) or the held-out
+    loss (``"loss"``) of the task's domain, one line per (size, step)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,15 +99,17 @@ def plot(records: list[dict], tasks: list[str], path: str) -> str:
     for ax, task in zip(axes.flat, tasks):
         domain = task_domain(task)
         for color, (active, step) in zip(colors, sizes):
-            rs = sorted((r for r in records if (r["params_active"], r["step"]) == (active, step)),
-                        key=lambda r: r["mixture"].get(domain, 0.0))
-            x = [r["mixture"].get(domain, 0.0) for r in rs]
+            def x_of(r: dict) -> float:
+                return r["mixture"].get(domain, 0.0) if x_axis == "mix" else r["loss"][domain]
+
+            rs = sorted((r for r in records if (r["params_active"], r["step"]) == (active, step)), key=x_of)
+            x = [x_of(r) for r in rs]
             y = [r["scores"][task] for r in rs]
-            ax.plot(x, y, "o-" if len(rs) > 1 else "o", color=color, ms=3.5, lw=0.8,
+            ax.plot(x, y, "o", color=color, ms=4, alpha=0.85,
                     label=f"{active / 1e3:.0f}k act., {step} steps")
         ax.axhline(0.25, color="grey", lw=0.6, ls=":")
         ax.set_title(task, fontsize=9)
-        ax.set_xlabel(f"mix:{domain}", fontsize=8)
+        ax.set_xlabel(f"mix:{domain}" if x_axis == "mix" else f"held-out loss:{domain} (nats/byte)", fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(tasks):]:
@@ -130,7 +135,7 @@ def table(records: list[dict], tasks: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m experiments.bench_v2_calibration", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdirs", nargs="+", required=True, help="training run directories (read only)")
+    p.add_argument("--workdirs", nargs="+", default=[], help="training run directories (read only)")
     p.add_argument("--steps", type=int, nargs="*", default=None, help="checkpoint steps (default: all)")
     p.add_argument("--versions", nargs="+", default=[VERSIONS[-1]], choices=VERSIONS)
     p.add_argument("--max-items", type=int, default=64, help="items per task")
@@ -142,12 +147,15 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(args.out, exist_ok=True)
     out_json = os.path.join(args.out, "calibration.json")
     tasks = [t for v in args.versions for t in task_names(v)]
+    if not args.plot_only and not args.workdirs:
+        p.error("--workdirs is required unless --plot-only")
     if args.plot_only:
         with open(out_json) as f:
             records = [r for r in json.load(f)["records"] if set(tasks) <= set(r["scores"])]
     else:
         records = evaluate(args.workdirs, args.steps, tasks, args.max_items, args.loss_batches, out_json)
-    print(f"wrote {plot(records, tasks, os.path.join(args.out, 'calibration.png'))}")
+    for x_axis in ("mix", "loss"):
+        print(f"wrote {plot(records, tasks, os.path.join(args.out, f'calibration_{x_axis}.png'), x_axis)}")
     print(table(records, tasks))
 
 
