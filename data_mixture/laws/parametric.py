@@ -38,6 +38,7 @@ def safe_pow(r, g):
 
 class ParametricLaw(Law):
     iters: int = 200          # stage-1 L-BFGS iterations of a point fit
+    screen: int | None = 50   # ... after which only the best quarter of the starts go on (Fitter.solve)
     boot_iters: int = 200     # ... of a warm-started bootstrap resample
     boot_ftol: float = FTOL   # ... and its stopping tolerance (relative improvement per step)
     polish: int = 2           # best starts polished with scipy L-BFGS-B (point fit)
@@ -146,7 +147,7 @@ class ParametricLaw(Law):
         w0_qsp = np.stack(w0_q)
         bar = tqdm(total=w0_qsp.shape[0] * w0_qsp.shape[1], desc=f"{self.name} {','.join(domains)}", disable=not progress, leave=False)
         w, v, infos = self.fitter(spec).solve(
-            w0_qsp, data, np.stack(y_qr), np.repeat(wts[None], len(domains), 0), polish=self.polish, progress=bar
+            w0_qsp, data, np.stack(y_qr), np.repeat(wts[None], len(domains), 0), polish=self.polish, screen=self.screen, progress=bar
         )
         bar.close()
         dt = (time.perf_counter() - t0) / len(domains)
