@@ -55,9 +55,8 @@ FTOL = 1e-10  # stage 1 stops when a step improves the objective by less than th
 # about 1.3 on average and ~5 for the slowest (measured on the camel benchmark table), and
 # reaches a lower objective in the same number of iterations. At most 4 trials: a lane whose
 # search needs more (rare, and it holds up all 64) takes its best sufficient-decrease trial (or
-# the last one) and goes on; on the
-# benchmark table the best starts' objectives after 20 and 40 iterations were identical to
-# those with 20 trials allowed.
+# the last one) and goes on; on the benchmark table the best starts' objectives after 20 and 40
+# iterations were identical to those with 20 trials allowed.
 LINESEARCH = lambda: optax.scale_by_zoom_linesearch(max_linesearch_steps=4, initial_guess_strategy="one")  # noqa: E731
 
 
