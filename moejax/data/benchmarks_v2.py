@@ -2,8 +2,9 @@
 
 Why a second version. The v1 tasks (:mod:`moejax.data.benchmarks`) ask for memorised facts, exact
 arithmetic and the right next line among lines of the same file. Models of 50k-600k active
-parameters trained for a few hundred steps of 16 x 128 tokens (0.3-0.6M tokens: under a twentieth
-of the knowledge split, each fact seen well under once) score at chance on all of them, so a
+parameters trained for a few hundred steps of 16 x 128 tokens (0.3-0.6M tokens: at most about a
+tenth of the knowledge split, so each fact, stated about ten times there, is seen about once at
+most) score at chance on all of them, so a
 loss-to-benchmark law has nothing to fit. v2 keeps the same two item formats and scoring
 (:mod:`moejax.eval.harness`) and grades difficulty from "what a bigram model already knows" to
 "what needs the domain's structure", per domain, so that scores rise with model size and with
