@@ -94,6 +94,26 @@ def plot_optimal_vs_size(sizes: Sequence[float], weights_sm: np.ndarray, domains
     return _save(fig, path)
 
 
+def plot_mixtures_vs_size(sizes_s: np.ndarray, loss_sk: np.ndarray, labels: Sequence[str],
+                          path: str | os.PathLike, *, title: str = "") -> Path:
+    """Observed loss of every mixture (one line each) against model size, the best at each size
+    marked: where the lines cross, the best mixture moves with size."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for k, label in enumerate(labels):
+        ax.plot(sizes_s, loss_sk[:, k], marker="o", ms=3, lw=1, label=label)
+    best_s = np.argmin(loss_sk, axis=1)
+    ax.scatter(sizes_s, loss_sk[np.arange(len(sizes_s)), best_s], s=80, facecolors="none", edgecolors="k",
+               label="best at that size", zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("model size")
+    ax.set_ylabel("held-out loss")
+    ax.legend(fontsize=6, ncol=2)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
 def plot_bench_curves(loss_r: np.ndarray, acc_r: np.ndarray, curve_loss: np.ndarray, curve_acc: np.ndarray,
                       task: str, path: str | os.PathLike) -> Path:
     """Observed accuracy against the loss that feeds it, with the fitted sigmoid."""

@@ -54,6 +54,7 @@ TOKENS_PER_PARAM = 3.0  # tokens per active parameter, every run (proxies and ta
 CHECKPOINTS = 3
 BATCH, SEQ_LEN = 16, 128
 BOUNDS = (0.05, 0.55)
+LOSS_BATCHES = 4  # held-out batches of 16 x 128 tokens per domain and checkpoint
 LAWS = ("mixing_law", "additive", "regmix", "regmix_linear", "camel")
 SCALE_INDEPENDENT = ("additive", "regmix_linear")  # mixture_moves_with_scale = False
 SIZE_COLUMNS = ("params_active", "params_total")
@@ -110,7 +111,7 @@ def stage_plan(out: Path, mixtures: int, seed: int) -> None:
 
 def stage_sweep(plan: Path, root: Path, table: Path, out: Path, parallel: int, max_items: int, stage: str) -> None:
     cmd = [sys.executable, "-m", "data_mixture", "sweep", "--plan", str(plan), "--root", str(root),
-           "--parallel", str(parallel), "--eval-args", f"--max-items {max_items}"]
+           "--parallel", str(parallel), "--retries", "2", "--wait-others", "--eval-args", f"--max-items {max_items} --loss-batches {LOSS_BATCHES}"]
     record_time(out, stage, run(cmd, out))
     shutil.copyfile(root / "runs.csv", table)
 
@@ -119,7 +120,7 @@ def stage_laws(out: Path, bootstrap: int, seed: int) -> dict[str, Any]:
     """Fits, leave-one-scale-out per size column, and the optimum against size (cached in JSON)."""
     from data_mixture.evaluate import evaluate_laws, format_report
     from data_mixture.fit import Fit, fit_table
-    from data_mixture.optimize import optimize_mixture
+    from data_mixture.optimize import Constraints, optimize_mixture
     from data_mixture.plots import plot_optimal_vs_size, plot_pred_vs_obs
     from data_mixture.table import read_runs
 
@@ -144,16 +145,22 @@ def stage_laws(out: Path, bootstrap: int, seed: int) -> dict[str, Any]:
             if not path.exists():
                 log(out, f"fit {law} on every row, size column {col}")
                 fit_table(table, law, size_column=col, bootstrap=bootstrap, seed=seed, progress=False).save(path)
+    plot_observed_vs_size(table, out / "observed_vs_size.png")
     opt_path = out / "optimal_vs_size.json"
     if not opt_path.exists():
         sizes = sizes_of(PROXIES + (TARGET,))
-        result: dict[str, Any] = {"sizes": {n: sizes[n] for n in sizes}, "tokens_per_param": TOKENS_PER_PARAM, "laws": {}}
+        # Optimise inside the region the proxies covered (the plan's bounds): outside it every law
+        # extrapolates in the mixture as well as in size.
+        inside = Constraints(min_weight={d: BOUNDS[0] for d in DOMAINS}, max_weight={d: BOUNDS[1] for d in DOMAINS})
+        result: dict[str, Any] = {"sizes": {n: sizes[n] for n in sizes}, "tokens_per_param": TOKENS_PER_PARAM,
+                                  "bounds": list(BOUNDS), "laws": {}}
         for law in LAWS:
             fit = Fit.load(fits_dir / f"{law}.params_active.json")
             per = {}
             for name, s in sizes.items():
                 n = s["params_active"]
-                r = optimize_mixture(fit, size=n, tokens=TOKENS_PER_PARAM * n, bootstrap=False, seed=seed)
+                r = optimize_mixture(fit, size=n, tokens=TOKENS_PER_PARAM * n, constraints=inside, bootstrap=False,
+                                     seed=seed)
                 per[name] = r["weights"]
             result["laws"][law] = per
             w_sm = np.array([[per[n][d] for d in DOMAINS] for n in sizes])
@@ -164,12 +171,26 @@ def stage_laws(out: Path, bootstrap: int, seed: int) -> dict[str, Any]:
     return {"loso": loso, "optimal": json.loads(opt_path.read_text())}
 
 
+def plot_observed_vs_size(table, path: Path) -> None:
+    """Each mixture's mean held-out loss at its last checkpoint against active size."""
+    from data_mixture.plots import plot_mixtures_vs_size
+
+    last = np.array([table.tokens[i] == table.tokens[table.run == r].max() for i, r in enumerate(table.run)])
+    t = table.take(last)
+    mixture_r = np.array([r.split("_", 1)[1] for r in t.run])  # "<preset>_m<k>": the same k, the same mixture
+    sizes_s = np.unique(t.size("params_active"))
+    labels = sorted(set(mixture_r), key=lambda m: int(m[1:]))
+    loss_sk = np.array([[t.loss_rv[(t.size("params_active") == n) & (mixture_r == m)].mean() for m in labels]
+                        for n in sizes_s])
+    plot_mixtures_vs_size(sizes_s, loss_sk, labels, path, title="mean held-out loss of each mixture (last checkpoint)")
+
+
 def best_scale_independent(loso: dict[str, Any]) -> str:
     """The scale-independent law with the lowest leave-one-scale-out MAE (params_active)."""
     laws = loso["params_active"]["laws"]
-    scored = [(laws[name]["mae"], name) for name in SCALE_INDEPENDENT if "mae" in laws.get(name, {})]
+    scored = [(laws[name]["mean"]["mae"], name) for name in SCALE_INDEPENDENT if "mean" in laws.get(name, {})]
     if not scored:
-        raise RuntimeError(f"none of {SCALE_INDEPENDENT} could be evaluated: {laws}")
+        raise RuntimeError(f"none of {SCALE_INDEPENDENT} could be evaluated: {sorted(laws)}")
     return min(scored)[1]
 
 
@@ -197,7 +218,7 @@ def target_plan(out: Path, mixtures: dict[str, dict[str, float]], seeds: int) ->
     path = out / "target_plan.json"
     size = sizes_of((TARGET,))[TARGET]
     steps = math.floor(TOKENS_PER_PARAM * size["params_active"] / (BATCH * SEQ_LEN))
-    every = max(1, steps // CHECKPOINTS)
+    every = math.ceil(steps / CHECKPOINTS)  # as plan.py: the last checkpoint is the final step
     runs = []
     for seed in range(seeds):
         for label, mix in mixtures.items():
@@ -219,6 +240,8 @@ def target_plan(out: Path, mixtures: dict[str, dict[str, float]], seeds: int) ->
 
 def predictions_at_targets(out: Path) -> dict[str, Any]:
     """Every law's predicted target losses (fit on all proxies) next to the observed ones."""
+    from scipy.stats import spearmanr
+
     from data_mixture.fit import Fit
     from data_mixture.table import read_runs
 
@@ -226,15 +249,20 @@ def predictions_at_targets(out: Path) -> dict[str, Any]:
     final = np.array([obs.tokens[i] == obs.tokens[obs.run == r].max() for i, r in enumerate(obs.run)])
     obs = obs.take(final)
     result: dict[str, Any] = {"runs": obs.run.tolist(), "observed": obs.loss_rv.tolist(),
-                              "loss_domains": list(obs.loss_domains), "laws": {}}
+                              "loss_domains": list(obs.loss_domains), "bench_tasks": list(obs.bench_tasks),
+                              "bench": obs.bench_rt.tolist() if obs.bench_rt is not None else [], "laws": {}}
     for law in LAWS:
         for col in SIZE_COLUMNS:
             fit = Fit.load(out / "fits" / f"{law}.{col}.json")
             pred = fit.predict(obs, interval=0.9)
             pred_rv = np.stack([np.asarray(pred[f"pred:{d}"]) for d in obs.loss_domains], axis=1)
             err = np.abs(pred_rv - obs.loss_rv)
-            result["laws"][f"{law}.{col}"] = {"predicted": pred_rv.tolist(), "mae": float(err.mean()),
-                                              "mre": float((err / obs.loss_rv).mean())}
+            mean_obs_r, mean_pred_r = obs.loss_rv.mean(axis=1), pred_rv.mean(axis=1)
+            result["laws"][f"{law}.{col}"] = {
+                "predicted": pred_rv.tolist(), "mae": float(err.mean()), "mre": float((err / obs.loss_rv).mean()),
+                "predicted_mean": mean_pred_r.tolist(),
+                # does the law order the target runs (their mixtures) as observed?
+                "spearman_mean": float(spearmanr(mean_pred_r, mean_obs_r)[0]) if len(obs) >= 3 else None}
     return result
 
 
@@ -256,12 +284,14 @@ def write_report(out: Path, laws: dict[str, Any], mixtures: dict[str, dict[str, 
              "- wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]
     for col in SIZE_COLUMNS:
         lines += [f"## Leave one scale out ({col})", "", (out / f"loso_{col}" / "evaluation.md").read_text(), ""]
-    lines += ["## Optimal mixture against size (fit on every row, params_active)", "",
+    lines += [f"## Optimal mixture against size (fit on every row, params_active; weights in [{BOUNDS[0]}, {BOUNDS[1]}])", "",
               "| law | " + " | ".join(laws["optimal"]["sizes"]) + " |", "|---|" + "---|" * len(laws["optimal"]["sizes"])]
     for law, per in laws["optimal"]["laws"].items():
         cells = [" / ".join(f"{per[n][d]:.2f}" for d in DOMAINS) for n in laws["optimal"]["sizes"]]
         lines.append(f"| {law} | " + " | ".join(cells) + " |")
-    lines += ["", f"(shares of {' / '.join(DOMAINS)}; plots `optimal_vs_size_<law>.png`)", ""]
+    lines += ["", f"(shares of {' / '.join(DOMAINS)}; plots `optimal_vs_size_<law>.png`)", "",
+              "Observed: each mixture's mean held-out loss against size (`observed_vs_size.png`):", "",
+              "![observed loss of each mixture against size](observed_vs_size.png)", ""]
     if mixtures:
         lines += ["## Target mixtures", "", "| label | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
         lines += [f"| {k} | " + " | ".join(f"{m[d]:.3f}" for d in DOMAINS) + " |" for k, m in mixtures.items()]
@@ -272,9 +302,20 @@ def write_report(out: Path, laws: dict[str, Any], mixtures: dict[str, dict[str, 
                   "| run | " + " | ".join(doms) + " | mean |", "|---|" + "---|" * (len(doms) + 1)]
         for run_name, obs in zip(preds["runs"], preds["observed"]):
             lines.append(f"| {run_name} | " + " | ".join(f"{v:.4f}" for v in obs) + f" | {np.mean(obs):.4f} |")
-        lines += ["", "## Predicted vs observed target losses", "", "| law.size_column | MAE | mean rel. error |", "|---|---|---|"]
+        tasks = preds["bench_tasks"]
+        if tasks:
+            lines += ["", "## Target runs: benchmark accuracy (last checkpoint, 64 items per task)", "",
+                      "| run | " + " | ".join(tasks) + " | mean |", "|---|" + "---|" * (len(tasks) + 1)]
+            for run_name, acc in zip(preds["runs"], preds["bench"]):
+                lines.append(f"| {run_name} | " + " | ".join(f"{v:.3f}" for v in acc) + f" | {np.mean(acc):.3f} |")
+        lines += ["", "## Predicted vs observed target losses (laws fitted on every proxy row)", "",
+                  "| law.size_column | MAE | mean rel. error | Spearman of the mean loss over the target runs | "
+                  + " | ".join(f"pred. mean {r}" for r in preds["runs"]) + " |",
+                  "|---|---|---|---|" + "---|" * len(preds["runs"])]
         for key, e in sorted(preds["laws"].items(), key=lambda kv: kv[1]["mae"]):
-            lines.append(f"| {key} | {e['mae']:.4f} | {e['mre']:.4f} |")
+            rho = "n/a" if e["spearman_mean"] is None else f"{e['spearman_mean']:.2f}"
+            lines.append(f"| {key} | {e['mae']:.4f} | {e['mre']:.4f} | {rho} | "
+                         + " | ".join(f"{v:.4f}" for v in e["predicted_mean"]) + " |")
         lines.append("")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     log(out, f"wrote {out / 'report.md'}")
