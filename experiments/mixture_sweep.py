@@ -277,11 +277,14 @@ def write_report(out: Path, laws: dict[str, Any], mixtures: dict[str, dict[str, 
              f"Reproduce: `python -m experiments.mixture_sweep --root sweeps/builtin_v1 --out {out}`.", "",
              "## Setup", "",
              f"- proxies: {', '.join(PROXIES)} x {plan['chosen']['runs_per_size']} mixtures, "
-             f"{len(plan['runs'])} runs, {len(table)} rows ({CHECKPOINTS} checkpoints per run); "
+             f"{len(plan['runs'])} runs, {len(table)} rows (evaluated checkpoints per run: "
+             + ", ".join(f"{p} {int((table.run == p + '_m0').sum())}" for p in PROXIES) + "); "
              f"{TOKENS_PER_PARAM:g} tokens per active parameter, batch {BATCH} x {SEQ_LEN}",
              "- tokens per run: " + ", ".join(f"{r['preset']} {r['tokens']:.0f} ({r['steps']} steps)"
                                                for r in plan["runs"][::plan["chosen"]["runs_per_size"]]),
-             "- wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]
+             "- wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items() if isinstance(v, (int, float)))
+             + (f"; targets {', '.join(f'{k} {v:.0f}' for k, v in times['targets_s'].items())}" if "targets_s" in times else ""),
+             *([f"- {times['note']}"] if "note" in times else []), ""]
     for col in SIZE_COLUMNS:
         lines += [f"## Leave one scale out ({col})", "", (out / f"loso_{col}" / "evaluation.md").read_text(), ""]
     lines += [f"## Optimal mixture against size (fit on every row, params_active; weights in [{BOUNDS[0]}, {BOUNDS[1]}])", "",
