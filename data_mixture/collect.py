@@ -87,15 +87,17 @@ def expand_workdirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def _checkpoint_steps(workdir: Path) -> list[int]:
-    ckpt = workdir / "checkpoints"
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """Committed checkpoints of a workdir (orbax writes ``<step>`` only once a save is complete)."""
+    ckpt = Path(workdir) / "checkpoints"
     if not ckpt.is_dir():
         return []
     return sorted(int(c.name) for c in ckpt.iterdir() if c.is_dir() and c.name.isdigit())
 
 
-def _eval_steps(workdir: Path) -> dict[int, Path]:
-    ev = workdir / "eval"
+def eval_steps(workdir: str | os.PathLike) -> dict[int, Path]:
+    """step -> its ``eval/step_N.json``."""
+    ev = Path(workdir) / "eval"
     if not ev.is_dir():
         return {}
     return {int(m.group(1)): ev / f.name for f in ev.iterdir() if (m := _STEP_JSON.match(f.name))}
@@ -194,7 +196,7 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
 
     dirs = expand_workdirs(workdirs)
     if evaluate:
-        missing = [(str(w), s) for w in dirs for s in _checkpoint_steps(w) if s > 0 and s not in _eval_steps(w)]
+        missing = [(str(w), s) for w in dirs for s in checkpoint_steps(w) if s > 0 and s not in eval_steps(w)]
         evaluate_checkpoints(missing, eval_args)
     rows: list[dict[str, Any]] = []
     unevaluated: list[tuple[str, int]] = []
@@ -204,8 +206,8 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     tasks: list[str] = []
     for name, wd in zip(_run_names(dirs), dirs):
         cfg = _run_config(wd)
-        evals: dict[int, Any] = dict(_eval_steps(wd))
-        missing = [s for s in _checkpoint_steps(wd) if s > 0 and s not in evals]
+        evals: dict[int, Any] = dict(eval_steps(wd))
+        missing = [s for s in checkpoint_steps(wd) if s > 0 and s not in evals]
         if losses_from_log and missing:
             logged = _log_losses(wd)
             for s in missing:

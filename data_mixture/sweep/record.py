@@ -33,7 +33,6 @@ import datetime as _dt
 import functools
 import json
 import os
-import re
 import socket
 import subprocess
 import time
@@ -41,10 +40,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from data_mixture.collect import checkpoint_steps, eval_steps  # noqa: F401  (record.checkpoint_steps: the runner's view)
+
 LEASE, TAKEOVER, STATUS, RECORD, WORKER = "lease.json", "lease.takeover", "status.json", "record.json", "worker.json"
 TRAIN_LOG, EVAL_LOG = "train.log", "eval.log"
 STOP = "stop.request"  # a Ray task polls for this file (the runner's stop request reaches it on any node)
-_STEP_JSON = re.compile(r"^step_(\d+)\.json$")
 
 
 def utc(t: float | None = None) -> str:
@@ -73,21 +73,6 @@ def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------------- progress
-
-
-def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
-    """Committed checkpoints (orbax writes ``<step>`` only once a save is complete)."""
-    ckpt = Path(run_dir) / "checkpoints"
-    if not ckpt.is_dir():
-        return []
-    return sorted(int(c.name) for c in ckpt.iterdir() if c.is_dir() and c.name.isdigit())
-
-
-def eval_steps(run_dir: str | os.PathLike) -> list[int]:
-    ev = Path(run_dir) / "eval"
-    if not ev.is_dir():
-        return []
-    return sorted(int(m.group(1)) for f in ev.iterdir() if (m := _STEP_JSON.match(f.name)))
 
 
 def run_progress(run_dir: str | os.PathLike, steps: int) -> dict[str, Any]:
