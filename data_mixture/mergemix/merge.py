@@ -349,22 +349,27 @@ def flat_metrics(result: dict[str, Any]) -> dict[str, float]:
 class MergeEvaluator:
     """Evaluates merges of ``merge_set`` under ``settings``, caching every result (module docstring).
 
-    One :class:`Evaluator` of the base run is built once and reused, so no merge recompiles.
+    One :class:`Evaluator` of the base run is built once and reused, so no merge recompiles
+    (``evaluator=`` shares an existing one, e.g. between evaluators with different cache files).
     ``cache_path``: a JSONL file read at start (entries of this merge set and settings) and
     appended to after each new evaluation. Counters: ``merges_evaluated`` (computed here),
     ``cache_hits`` (answered from the cache, file entries included).
     """
 
     def __init__(self, merge_set: MergeSet, settings: Settings, *, cache_path: str | None = None,
-                 progress: bool = False):
+                 evaluator: Evaluator | None = None, progress: bool = False):
         self.merge_set, self.settings, self.cache_path = merge_set, settings, cache_path
-        self.evaluator = Evaluator(merge_set.erun, settings, progress=progress)
+        if evaluator is not None and (evaluator.erun is not merge_set.erun or evaluator.settings != settings):
+            raise ConfigError("evaluator= must be an Evaluator of merge_set.erun with the same settings")
+        self.evaluator = evaluator or Evaluator(merge_set.erun, settings, progress=progress)
         self.merges_evaluated, self.cache_hits = 0, 0
-        self.context = {"merge_set": merge_set.fingerprint(), "settings": dataclasses.asdict(settings),
-                        "domains": list(merge_set.domains)}
+        self.context = json.loads(json.dumps({  # as a file holds it (tuples as lists)
+            "merge_set": merge_set.fingerprint(), "settings": dataclasses.asdict(settings),
+            "domains": list(merge_set.domains),
+        }))
         self._context_id = hashlib.sha256(json.dumps(self.context, sort_keys=True).encode()).hexdigest()[:16]
         self._cache: dict[tuple, dict[str, float]] = {}
-        self._cut_last_line = False
+        self._truncate_at: int | None = None
         if cache_path and os.path.exists(cache_path):
             self._read_cache(cache_path)
 
@@ -378,7 +383,8 @@ class MergeEvaluator:
         """Flat metrics of the merge ``alpha`` (``loss:<domain>``, ``bench:<task>``, ``seconds``),
         from the cache if this key was evaluated before. ``params``: evaluate these parameters
         (e.g. a calibrated router's) instead of ``merge(alpha, router)``; they need a non-empty
-        ``key_extra`` naming the treatment, so they never share a cache entry with a plain merge."""
+        ``key_extra`` naming the treatment, so they never share a cache entry with a plain merge
+        (a ``key_extra`` without ``params`` only reads the cache)."""
         if router not in ROUTERS:
             raise ConfigError(f"router={router!r} is unknown; allowed: {', '.join(ROUTERS)}")
         if params is not None and not key_extra:
@@ -391,6 +397,9 @@ class MergeEvaluator:
         if key in self._cache:
             self.cache_hits += 1
             return dict(self._cache[key])
+        if params is None and key_extra:
+            raise ConfigError(f"no cached evaluation of alpha {list(key[0])} with key_extra={key_extra!r}: "
+                              "pass the params that key_extra names (params=...)")
         start = time.perf_counter()
         merged = self.merge_set.merge(alpha, router) if params is None else params
         ckpt = Checkpoint(self.merge_set.base.step, merged, self.merge_set.base.balance)
@@ -406,32 +415,40 @@ class MergeEvaluator:
         line = {"context_id": self._context_id, "alpha": list(key[0]), "router": key[1], "key_extra": key[2],
                 "metrics": metrics, "context": self.context}
         os.makedirs(os.path.dirname(os.path.abspath(self.cache_path)), exist_ok=True)
-        with open(self.cache_path, "a") as f:
-            f.write(("\n" if self._cut_last_line else "") + json.dumps(line) + "\n")
-            self._cut_last_line = False
+        with open(self.cache_path, "ab") as f:
+            if self._truncate_at is not None:  # drop a last line cut by a kill mid-write
+                f.truncate(self._truncate_at)
+                self._truncate_at = None
+            f.write((json.dumps(line) + "\n").encode())
             f.flush()
 
     def _read_cache(self, path: str) -> None:
-        with open(path) as f:
-            for number, text in enumerate(f, 1):
-                if not text.strip():
-                    continue
-                try:
-                    line = json.loads(text)
-                    context_id, alpha, router, extra, metrics = (
-                        line["context_id"], line["alpha"], line["router"], line["key_extra"], line["metrics"])
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    if not text.endswith("\n"):  # the last line, cut by a kill mid-write: recompute it
-                        self._cut_last_line = True
-                        continue
-                    raise ConfigError(f"merge cache {path} line {number} is not a cache entry ({e}); "
-                                      "delete the file or pass another cache path") from None
-                if context_id != self._context_id:
-                    saved = line.get("context", {})
-                    differs = [k for k in self.context if saved.get(k) != self.context[k]]
-                    raise ConfigError(
-                        f"merge cache {path} line {number} was written for another {' and '.join(differs) or 'context'} "
-                        f"({ {k: saved.get(k) for k in differs} }); this evaluator has "
-                        f"{ {k: self.context[k] for k in differs} }. Pass another cache path."
-                    )
-                self._cache[self.key(alpha, router, extra)] = metrics
+        """Loads the entries of ``path``; a last line cut mid-write (no newline, not JSON) is
+        dropped and overwritten by the next entry. Any other bad line, or an entry of another merge
+        set or settings, is an error naming the line and what differs."""
+        offset = 0
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                text = raw.decode("utf-8", errors="replace")
+                if text.strip():
+                    try:
+                        line = json.loads(text)
+                        context_id, alpha, router, extra, metrics = (
+                            line["context_id"], line["alpha"], line["router"], line["key_extra"], line["metrics"])
+                    except (json.JSONDecodeError, KeyError, TypeError) as e:
+                        if not text.endswith("\n"):
+                            self._truncate_at = offset
+                            break
+                        raise ConfigError(f"merge cache {path} line {number} is not a cache entry ({e}); "
+                                          "delete the file or pass another cache path") from None
+                    if context_id != self._context_id:
+                        saved = _flat_config(line.get("context", {}), "")
+                        mine = _flat_config(self.context, "")
+                        differs = [f"{k}: file {saved.get(k)!r} vs this evaluator {mine.get(k)!r}"
+                                   for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+                        raise ConfigError(
+                            f"merge cache {path} line {number} was written for another merge set or settings ("
+                            + ("; ".join(differs[:10]) or "another context id") + "). Pass another cache path."
+                        )
+                    self._cache[self.key(alpha, router, extra)] = metrics
+                offset += len(raw)
