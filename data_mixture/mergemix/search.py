@@ -421,7 +421,8 @@ class SearchResult:
     ``trace``: one dict per evaluation, in order: ``alpha`` (list, order of ``domains``), ``metrics``
     (what the evaluator returned), ``score`` (objective, frozen normaliser), ``phase`` (``seed`` |
     ``verify`` | ``cmaes``), ``predicted`` (the regressors' predicted score for verify points, else
-    None), ``round`` (verification round or CMA-ES generation; 0 for seeds).
+    None), ``predicted_terms`` ({term: predicted normalised value} for verify points, else None: how
+    well each regressor predicted), ``round`` (verification round or CMA-ES generation; 0 for seeds).
     """
 
     method: str
@@ -464,9 +465,10 @@ class SearchResult:
                    objective=Objective.from_dict(d["objective"]), settings=dict(d["settings"]))
 
 
-def _entry(alpha, metrics, score, phase, predicted, rnd) -> dict[str, Any]:
+def _entry(alpha, metrics, score, phase, predicted, rnd, predicted_terms=None) -> dict[str, Any]:
     return {"alpha": [float(a) for a in alpha], "metrics": {k: float(v) for k, v in metrics.items()},
             "score": float(score), "phase": phase, "predicted": None if predicted is None else float(predicted),
+            "predicted_terms": None if predicted_terms is None else {k: float(v) for k, v in predicted_terms.items()},
             "round": int(rnd)}
 
 
@@ -592,10 +594,11 @@ def mergemix_search(evaluate: Evaluator, domains: Sequence[str], *, budget: int,
         pred = np.concatenate([coarse_pred, predict_score(boosters, objective, local)])
         count = min(verify_per_round, n_verify - spent)
         picks, picks_pred = _pick_distinct(cand, pred, alpha_nk, count)
-        for a, p in zip(picks, picks_pred):
+        picks_terms = {key: b.predict(picks, num_threads=1) for key, b in boosters.items()}
+        for i, (a, p) in enumerate(zip(picks, picks_pred)):
             a = _clean(a)
             m = _evaluate(evaluate, a, objective)
-            trace.append(_entry(a, m, objective.score(m), "verify", p, rounds))
+            trace.append(_entry(a, m, objective.score(m), "verify", p, rounds, {key: v[i] for key, v in picks_terms.items()}))
         spent += len(picks)
     settings = {"budget": budget, "seed": seed, "n_seeds": n_seeds, "n_verify": n_verify,
                 "verify_per_round": verify_per_round, "verify_rounds": rounds, "lgbm_params": LGBM_PARAMS,
