@@ -237,3 +237,9 @@ def test_bad_inputs_fail_before_any_evaluation():
     ev = Counting(lambda a: {"bench:t0": float("nan")})
     with pytest.raises(S.SearchError, match="'bench:t0' = nan"):
         S.mergemix_search(ev, DOMAINS, budget=40)
+
+
+def test_raw_objective_needs_no_calibration():
+    m = {"bench:a": 0.4, "bench:b": 0.2, "loss:x": 1.0}
+    assert S.Objective(normalise="none").score(m) == pytest.approx(0.3)
+    assert S.Objective(losses={"x": 1.0}, normalise="none").score(m) == pytest.approx(-1.0)

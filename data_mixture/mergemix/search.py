@@ -249,18 +249,25 @@ class Objective:
         return dataclasses.replace(self, stats=stats, flat_terms=tuple(flat))
 
     def normalised_terms(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        if self.stats is None:
-            raise SearchError("this objective is not calibrated yet: call objective.calibrate(seed_metrics) first.")
+        """{term: normalised, sign-corrected value}; ``normalise='none'`` needs no calibration."""
+        if self.stats is None and self.normalise != "none":
+            raise SearchError(f"this objective (normalise={self.normalise!r}) is not calibrated yet: "
+                              "call objective.calibrate(seed_metrics) first.")
         self.check(metrics)
         raw = self.raw_terms(metrics)
+        if self.stats is None:
+            return raw
         return {k: (raw[k] - self.stats[k][0]) / self.stats[k][1] for k in self.terms(metrics)}
 
     def combine(self, term_values: Mapping[str, float | np.ndarray]):
-        """Weighted mean of normalised term values (scalars or arrays)."""
-        return sum(w * np.asarray(term_values[k], np.float64) for k, w in self.terms().items())
+        """Weighted mean of normalised term values (scalars or arrays), over the terms of ``term_values``
+        where the objective is the uncalibrated default (its terms are whatever the metrics hold)."""
+        weights = self.terms(None if (self.stats is not None or not self.is_default) else
+                             {k: 0.0 for k in term_values})
+        return sum(w * np.asarray(term_values[k], np.float64) for k, w in weights.items())
 
     def score(self, metrics: Mapping[str, float]) -> float:
-        """The objective of one evaluation (higher is better); needs a calibrated objective."""
+        """The objective of one evaluation (higher is better); calibrate first unless ``normalise='none'``."""
         return float(self.combine(self.normalised_terms(metrics)))
 
     # -- JSON ---------------------------------------------------------------------------------------
