@@ -286,7 +286,8 @@ def test_architecture_mismatch_names_keys_and_parameters_before_loading(mergemix
     assert "expert 'code'" not in message  # the compatible expert is not blamed
     for needle in ("expert 'math'", "config model.moe.num_experts: base 4 vs expert 2",
                    "config model.moe.experts_per_token: base 2 vs expert 1",
-                   "parameter layers/0/mlp/router/w_de", "parameter layers/0/mlp/w_gate_edf"):
+                   "parameter layers/0/mlp/router/w_de: expert (2, 32, 2) vs base (2, 32, 4)",
+                   "parameter layers/0/mlp/w_gate_edf: expert (2, 2, 32, 16) vs base (2, 4, 32, 16)"):
         assert needle in message, (needle, message)
     # A missing step is named too, in the same pass.
     with pytest.raises(MergeMismatch, match=r"expert 'code' .* has no checkpoint at step 3; steps: \[2, 4\]"):

@@ -170,12 +170,24 @@ def compatibility_problems(base: EvalRun, expert: EvalRun) -> list[str]:
     shapes = describe_mismatch(
         _flat_shapes(expert.run.abstract_state["params"]), _flat_shapes(base.run.abstract_state["params"])
     )
-    problems += [f"parameter {line}".replace("checkpoint", "expert").replace("model", "base") for line in shapes]
+    problems += [f"parameter {_reword(line)}" for line in shapes]
     base_dtypes = _flat_dtypes(base.run.abstract_state["params"])
     for name, dtype in sorted(_flat_dtypes(expert.run.abstract_state["params"]).items()):
         if name in base_dtypes and base_dtypes[name] != dtype:
             problems.append(f"parameter {name}: expert dtype {dtype} vs base {base_dtypes[name]}")
     return problems
+
+
+_SIDES = ((": in the checkpoint ", ": in the expert "), (", not in the model", ", not in the base"),
+          (": in the model ", ": in the base "), (", not in the checkpoint", ", not in the expert"),
+          (": checkpoint ", ": expert "), (" vs model ", " vs base "))
+
+
+def _reword(line: str) -> str:
+    """A :func:`describe_mismatch` line (checkpoint vs model) said of an expert vs the base."""
+    for old, new in _SIDES:
+        line = line.replace(old, new)
+    return line
 
 
 def _flat_dtypes(tree: Any) -> dict[str, str]:
