@@ -188,3 +188,46 @@ def test_merge_set_treatments_and_training_split_calibration(mergemix_runs):  # 
         routing.treatment_params(merge_set, [0.5, 0.5], "harc")
     with pytest.raises(ValueError, match="treatment='best' is unknown"):
         routing.treatment_params(merge_set, [0.5, 0.5], "best")
+
+
+def test_dense_then_moe_runs_synthetic_model():
+    """A model whose MoE layers are not the first run (a dense layer, then two MoE layers; random
+    init, random batch with padding): router leaves map to the right run, padding is not counted,
+    and calibrating to one model recovers its routing."""
+    import dataclasses
+
+    from moejax import sharding
+    from moejax.train.state import make_model, setup
+    from tests.mergemix_fixture import tiny_config
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Opened:  # the fields of an EvalRun the routing module reads
+        cfg: object
+        run: object
+        workdir: str = "synthetic"
+
+    cfg = tiny_config()
+    cfg.model.num_layers, cfg.model.first_k_dense = 3, 1
+    run = setup(cfg, sharding.make_mesh({"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}))
+    erun = Opened(cfg, run)
+    params = jax.device_put(nnx.to_pure_dict(nnx.state(make_model(cfg, 0))), run.state_shardings["params"])
+    assert routing.moe_layers(erun) == [1, 2] and routing._router_slots(erun) == [(1, 0), (1, 1)]
+    rng = np.random.default_rng(0)
+    d, e = cfg.model.d_model, cfg.model.moe.num_experts
+    target = routing.with_router_weights(erun, params, [rng.normal(size=(d, e)) for _ in range(2)])
+    np.testing.assert_array_equal(
+        np.stack(routing.router_weights(erun, target)), np.asarray(target["layers"][1]["mlp"]["router"]["w_de"])
+    )
+    b, t = cfg.train.global_batch_size, cfg.train.seq_len
+    tokens = rng.integers(0, cfg.model.vocab_size, size=(b, t + 1), dtype=np.int32)
+    batch = {
+        "inputs": tokens[:, :-1], "targets": tokens[:, 1:], "positions": np.tile(np.arange(t, dtype=np.int32), (b, 1)),
+        "segment_ids": np.ones((b, t), np.int32), "loss_mask": np.ones((b, t), np.float32),
+    }
+    batch["segment_ids"][-1, t // 2:] = 0  # some padding: not counted
+    batch["loss_mask"][-1, t // 2:] = 0
+    before = routing.breakdown(erun, params, [target], [[batch]])
+    fixed = routing.harc_router(erun, params, [target], [1.0], [[batch]], 1e-6)
+    after = routing.breakdown(erun, fixed, [target], [[batch]])
+    assert before["per_domain"]["0"]["tokens"] == b * t - t // 2
+    assert before["breakdown"] > 0.5 and after["breakdown_l"] == [0.0, 0.0]

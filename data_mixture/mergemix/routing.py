@@ -48,6 +48,10 @@ HARC-style calibration (:func:`harc_router`)
     (and makes the system positive definite when X_k has fewer tokens than d or is rank
     deficient).
 
+    Cost: one forward of each expert per calibration batch (the targets, computed once), then per
+    MoE layer one forward of the current merge per calibration batch (its X after the layers
+    already calibrated) and a CG solve of d x E unknowns.
+
     Centring (softmax scores only): softmax routing and top-k are invariant to adding a constant
     to a token's logits, so only the centred logits ``Z C`` should be matched. The per-token mean
     of the target is replaced by the merged router's own per-token mean: ``Z~_k = Z_k C + X_k
@@ -219,7 +223,9 @@ def with_router_weights(erun, params, w_lde: Sequence[Any]) -> Any:
             if r == run:
                 w = np.asarray(jax.device_get(w_lde[layer]))
                 if w.shape != stacked.shape[1:]:
-                    raise ValueError(f"router matrix of MoE layer {layer} has shape {w.shape}; want {stacked.shape[1:]}.")
+                    raise ValueError(
+                        f"router matrix of MoE layer {layer} has shape {w.shape}; want {stacked.shape[1:]}."
+                    )
                 stacked[j] = w
         new_runs[run] = jax.device_put(stacked.astype(old.dtype), old.sharding)
     return _replace_router_leaves(params, new_runs)
