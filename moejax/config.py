@@ -50,7 +50,9 @@ def default_config() -> ConfigDict:
 
     c.optim = ConfigDict()
     c.optim.lr = 3e-3  # peak learning rate
-    c.optim.schedule = "cosine"  # cosine | wsd (warmup-stable-decay)
+    # cosine | wsd (warmup-stable-decay) | constant (warmup, then lr to the end, no decay: for runs
+    # whose intermediate checkpoints are all used, e.g. MergeMix's domain experts)
+    c.optim.schedule = "cosine"
     # Linear warmup from 0 to lr over this many steps. It follows the run's length: a warmup longer
     # than half of train.steps (e.g. --config.train.steps=20 with the default 40) is shortened to
     # train.steps // 2, with a one-line note, so that a shortened run still decays; a warmup that
@@ -189,7 +191,7 @@ CHOICES = {
     "train.compute_dtype": ("float32", "bfloat16"),
     "train.param_dtype": ("float32", "bfloat16"),
     "train.remat": ("none", "full", "save_dots"),
-    "optim.schedule": ("cosine", "wsd"),
+    "optim.schedule": ("cosine", "wsd", "constant"),
     "model.moe.score_func": ("softmax", "sigmoid"),
     "model.moe.backend": ("dropless", "capacity", "expert_parallel"),
     "model.moe.ep_comm": ("all_to_all", "all_gather"),

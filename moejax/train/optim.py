@@ -1,4 +1,4 @@
-"""AdamW with warmup + cosine or warmup-stable-decay, global-norm clipping, masked weight decay."""
+"""AdamW with warmup + cosine, warmup-stable-decay or constant lr, global-norm clipping, masked weight decay."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from moejax.config import effective_warmup_steps
 
 
 def lr_schedule(cfg_optim, total_steps: int) -> optax.Schedule:
-    """Linear warmup to ``lr``, then cosine decay (or stable, then a linear decay) to min_lr_ratio*lr.
+    """Linear warmup to ``lr``, then cosine decay (or stable, then a linear decay) to min_lr_ratio*lr,
+    or (``constant``) ``lr`` to the end of the run: no decay, so a run stopped at any step is as
+    far along its schedule as at any other (MergeMix's domain experts, whose checkpoints at several
+    budgets are all used; ``min_lr_ratio`` and ``decay_fraction`` are not read).
 
     The warmup is ``optim.warmup_steps``, shortened to half the run when it is longer
     (:func:`moejax.config.effective_warmup_steps`).
@@ -22,6 +25,8 @@ def lr_schedule(cfg_optim, total_steps: int) -> optax.Schedule:
     rest = max(total_steps - warmup_steps, 1)
     if o.schedule == "cosine":
         after = optax.cosine_decay_schedule(peak, rest, alpha=o.min_lr_ratio)
+    elif o.schedule == "constant":
+        after = optax.constant_schedule(peak)
     else:  # wsd
         decay = max(int(round(rest * o.decay_fraction)), 1)
         after = optax.join_schedules(
