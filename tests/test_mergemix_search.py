@@ -240,6 +240,29 @@ def test_bad_inputs_fail_before_any_evaluation():
 
 
 def test_raw_objective_needs_no_calibration():
+    assert S._entry([0.5, 0.5], {"bench:a": 1, "note": "x", "ok": True}, 0.0, "seed", None, 0)["metrics"] == {"bench:a": 1.0}
     m = {"bench:a": 0.4, "bench:b": 0.2, "loss:x": 1.0}
     assert S.Objective(normalise="none").score(m) == pytest.approx(0.3)
     assert S.Objective(losses={"x": 1.0}, normalise="none").score(m) == pytest.approx(-1.0)
+
+
+@pytest.mark.slow
+def test_both_searches_near_the_optimum_under_evaluation_noise():
+    """Noisy evaluations (sd a few % of each task's spread): the *true* score at each search's chosen alpha."""
+    sd = {"bench:t0": 0.01, "bench:t1": 0.03, "bench:t2": 0.003}
+    rng = np.random.default_rng(1000)
+
+    def noisy(alpha):
+        m = {k: float(v[0]) for k, v in surface(alpha).items()}
+        return {k: v + sd.get(k, 0.0) * rng.standard_normal() for k, v in m.items()}
+
+    out = S.compare_searches(noisy, DOMAINS, budget=60, seed=0)
+    common = S.Objective.from_dict(out["objective"])
+    _, s_star, span = truth(common)
+    for method, final in out["final"].items():
+        true_at = common.score({k: float(v[0]) for k, v in surface(np.array(final["best_alpha"])).items()})
+        uniform = common.score({k: float(v[0]) for k, v in surface(np.full(4, 0.25)).items()})
+        # measured on this noise stream: MergeMix 0.042, CMA-ES 0.113 (uniform 0.25, best seed 0.11; span 4.2);
+        # over 8 noise streams the gaps were 0.013-0.084 (MergeMix) and 0.010-0.113 (CMA-ES)
+        assert s_star - true_at < 0.03 * span, method
+        assert true_at > uniform + 0.1, method

@@ -3,7 +3,7 @@
 An *evaluator* is any ``Callable[[np.ndarray], dict[str, float]]`` that merges the experts with the
 weights ``alpha_k`` (on the simplex, in the order of ``domains``) and returns flat metrics with keys
 ``bench:<task>`` (higher is better) and ``loss:<domain>`` (lower is better); other keys (e.g.
-``seconds``) are carried into the trace and otherwise ignored. ``MergeEvaluator.evaluate`` of
+``seconds``) are carried into the trace (numbers only) and otherwise ignored. ``MergeEvaluator.evaluate`` of
 :mod:`.merge` is one (it also caches: the same alpha is never recomputed); synthetic surfaces in
 the tests are others. Nothing here imports JAX.
 
@@ -80,9 +80,10 @@ interior optimum off the seed lattice; macro-average, seed_z units, score range 
   60: 0.020); CMA-ES 0.002-0.10 / 0.002-0.022 / 0.002-0.020 (mean 0.007). On a smooth noiseless
   surface CMA-ES finds better mixtures per evaluation; the seed design spends 40 evaluations on
   coverage before any is aimed.
-- with evaluation noise (sd 0.01 / 0.03 / 0.003 on the three tasks, a few % of their spread),
-  judged by the *true* score at the chosen alpha: MergeMix mean gap 0.021 (0.006-0.041), CMA-ES
-  0.023 (0.006-0.040): even. Both pick their best by a noisy evaluated score (winner's curse).
+- with evaluation noise (Gaussian, sd 0.01 / 0.03 / 0.003 on the three tasks, a few % of their
+  spread; 8 noise streams), judged by the *true* score at the chosen alpha: MergeMix gap mean 0.049
+  (0.013-0.084), CMA-ES mean 0.037, median 0.026 (0.010-0.113); uniform mixture 0.25, best seed
+  0.11. Both pick their best by a noisy evaluated score (winner's curse); neither wins clearly.
 - plain (constant-leaf) trees instead of linear trees: gap 0.03-0.05 at 60 evaluations.
 - K = 6 or 8 with budget 50: neither search gets close (L1 distance to the optimum ~0.2-0.28;
   MergeMix's best was a seed): 40 points are thin in 5-7 dimensions.
@@ -499,7 +500,9 @@ class SearchResult:
 
 
 def _entry(alpha, metrics, score, phase, predicted, rnd, predicted_terms=None) -> dict[str, Any]:
-    return {"alpha": [float(a) for a in alpha], "metrics": {k: float(v) for k, v in metrics.items()},
+    numeric = {k: float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)}
+    return {"alpha": [float(a) for a in alpha], "metrics": numeric,
             "score": float(score), "phase": phase, "predicted": None if predicted is None else float(predicted),
             "predicted_terms": None if predicted_terms is None else {k: float(v) for k, v in predicted_terms.items()},
             "round": int(rnd)}
