@@ -199,6 +199,12 @@ def test_compare_searches_reports_best_so_far_per_evaluation():
         assert curve == res.best_so_far(common)
     # the common normaliser is the MergeMix seed design's
     assert out["results"]["mergemix"].objective == common
+    c = out["results"]["cmaes"]
+    assert c.objective != common  # CMA-ES calibrated on its first generation: other units
+    same = c.rescore(common)
+    assert same.objective == common and same.trace[3]["score"] == pytest.approx(common.score(c.trace[3]["metrics"]))
+    assert same.best_score == out["final"]["cmaes"]["best_score"] == max(t["score"] for t in same.trace)
+    assert c.trace[3]["score"] != same.trace[3]["score"]
 
 
 def test_bad_inputs_fail_before_any_evaluation():

@@ -49,7 +49,8 @@ MergeMix search (:func:`mergemix_search`), following the paper with the unspecif
        recorded), then refit (2) on everything evaluated and repeat until ``n_verify`` merges
        are spent. Refitting after each round lets a wrong prediction correct the model where the
        search looks, which a single verification (the paper's) cannot.
-    The result's ``best`` is the best *evaluated* score, never a prediction.
+    The result's ``best`` is the best *evaluated* score, never a prediction. To compare the best of
+    two searches, put both in one objective's units first (:meth:`SearchResult.rescore`).
 
 CMA-ES (:func:`cmaes_search`), the direct derivative-free search
     pycma on ``alpha = softmax(z)`` with K free logits ``z`` (start 0 = uniform mixture, step size
@@ -481,6 +482,13 @@ class SearchResult:
         scores = [t["score"] if objective is None else objective.score(t["metrics"]) for t in self.trace]
         return np.maximum.accumulate(np.asarray(scores, np.float64)).tolist()
 
+    def rescore(self, objective: Objective) -> SearchResult:
+        """The same evaluations scored with another (calibrated) objective, best re-chosen: compare two
+        searches only in one objective's units (each search calibrates its own normaliser)."""
+        trace = [{**t, "score": objective.score(t["metrics"])} for t in self.trace]
+        return _result(self.method, self.domains, trace, objective,
+                       {k: v for k, v in self.settings.items() if k != "best_index"})
+
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "domains": list(self.domains),
                 "best": {"alpha": [float(a) for a in self.best_alpha], "mixture": self.mixture(),
@@ -730,11 +738,10 @@ def compare_searches(evaluate: Evaluator, domains: Sequence[str], *, budget: int
         [t["metrics"] for t in res_m.trace if t["phase"] == "seed"])
     out: dict[str, Any] = {"objective": common.to_dict(), "curves": {}, "final": {}, "results": {}}
     for res in (res_m, res_c):
-        curve = res.best_so_far(common)
-        scores = [common.score(t["metrics"]) for t in res.trace]
-        best = int(np.argmax(scores))
-        out["curves"][res.method] = curve
-        out["final"][res.method] = {"evaluations": res.evaluations, "best_score": float(scores[best]),
-                                    "best_alpha": res.trace[best]["alpha"], "best_index": best}
+        same_units = res.rescore(common)
+        out["curves"][res.method] = same_units.best_so_far()
+        out["final"][res.method] = {"evaluations": res.evaluations, "best_score": float(same_units.best_score),
+                                    "best_alpha": same_units.best_alpha.tolist(),
+                                    "best_index": same_units.settings["best_index"]}
         out["results"][res.method] = res
     return out
