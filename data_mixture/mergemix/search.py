@@ -638,6 +638,8 @@ def mergemix_search(evaluate: Evaluator, domains: Sequence[str], *, budget: int,
         pred = np.concatenate([coarse_pred, predict_score(boosters, objective, local)])
         count = min(verify_per_round, n_verify - spent)
         picks, picks_pred = _pick_distinct(cand, pred, alpha_nk, count)
+        if not len(picks):
+            raise RuntimeError("internal error: no candidate is distinct from the evaluated points")
         picks_terms = {key: b.predict(picks, num_threads=1) for key, b in boosters.items()}
         for i, (a, p) in enumerate(zip(picks, picks_pred)):
             a = _clean(a)
@@ -645,7 +647,8 @@ def mergemix_search(evaluate: Evaluator, domains: Sequence[str], *, budget: int,
             trace.append(_entry(a, m, objective.score(m), "verify", p, rounds, {key: v[i] for key, v in picks_terms.items()}))
         spent += len(picks)
     settings = {"budget": budget, "seed": seed, "n_seeds": n_seeds, "n_verify": n_verify,
-                "verify_per_round": verify_per_round, "verify_rounds": rounds, "lgbm_params": LGBM_PARAMS,
+                "verify_per_round": verify_per_round, "verify_rounds": rounds, "lgbm_params": dict(LGBM_PARAMS),
+                "lgbm_seed": "seed + verification round",
                 "num_rounds": NUM_ROUNDS, "candidates": {"dirichlet": N_DIRICHLET, "fine_lattice": FINE_LATTICE,
                                                          "local_per_centre": N_LOCAL, "local_centres": 6,
                                                          "min_separation_l1": MIN_SEPARATION}}
