@@ -236,6 +236,7 @@ def cmd_mergemix(args) -> None:
         min_weight=_parse_weights(args.min_weight, "--min-weight"), seed=args.seed, backend=args.backend,
         parallel=args.parallel, max_items=args.max_items, loss_batches=args.loss_batches,
         calib_batches=args.calib_batches, damping=args.damping, experts_dir=args.experts_dir, cache=args.cache,
+        expert_eval_args=args.expert_eval_args,
         progress=not args.no_progress and sys.stderr.isatty(),
     ))
     print(json.dumps({k: summary[k] for k in ("mixture", "best_method", "searches", "merges_evaluated")}, indent=1))
@@ -404,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib-batches", type=int, default=2, help="harc: training-split batches per domain")
     p.add_argument("--damping", type=float, default=0.1, help="harc: pull towards the linearly merged router")
     p.add_argument("--cache", default="", help="evaluation cache JSONL (default OUT/cache.jsonl)")
+    p.add_argument("--expert-eval-args", default="--max-items 8 --loss-batches 1",
+                   help="moejax.eval flags for the experts' own checkpoints (the sweep runner evaluates each)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_mergemix)
     return parser

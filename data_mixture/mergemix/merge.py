@@ -352,9 +352,11 @@ class MergeSet:
 
 
 def flat_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """``loss:<domain>`` and ``bench:<task>`` from an Evaluator result (a step_N.json dict)."""
+    """``loss:<domain>`` and ``bench:<task>`` from an Evaluator result (a step_N.json dict), and
+    ``eval_tokens``: the tokens the evaluation ran (for FLOP accounting)."""
     out = {f"loss:{d}": float(v["loss"]) for d, v in result["losses"]["domains"].items()}
     out.update({f"bench:{t}": benchmark_score(b) for t, b in result["benchmarks"].items()})
+    out["eval_tokens"] = float(result["throughput"]["total"]["tokens"])
     return out
 
 
@@ -389,6 +391,10 @@ class MergeEvaluator:
         """The cache key: (alpha rounded to 1e-9, router, key_extra)."""
         rounded = tuple(float(a) + 0.0 for a in np.round(np.asarray(alpha, dtype=np.float64), ALPHA_ROUND))
         return rounded, router, key_extra
+
+    def is_cached(self, alpha: Sequence[float] | np.ndarray, router: str = "linear", key_extra: str = "") -> bool:
+        """Whether :meth:`evaluate` would answer this key from the cache (without computing)."""
+        return self.key(alpha, router, key_extra) in self._cache
 
     def evaluate(self, alpha: Sequence[float] | np.ndarray, router: str = "linear", params: Any = None,
                  key_extra: str = "") -> dict[str, float]:

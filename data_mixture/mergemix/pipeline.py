@@ -8,7 +8,9 @@ Stages, each resumable (rerunning the same command continues where it stopped):
 2. **merges** (:mod:`.merge`): the experts' checkpoint at ``expert_fraction`` of their budget and
    the base, merged on device; every evaluation cached in ``OUT/cache.jsonl`` (a rerun never
    recomputes one).
-3. **search** (:mod:`.search`): ``mergemix`` (the paper's seed design -> per-task regressors ->
+3. **search** (:mod:`.search`) of the objective (default: the macro-average of normalised
+   benchmark scores; with only ``loss_weights`` the benchmarks are not run at all, so a merge
+   costs only its held-out losses): ``mergemix`` (the paper's seed design -> per-task regressors ->
    fine simplex search -> verification merges), ``cmaes`` (direct search), or ``both`` (same
    budget each, compared per merge evaluated); the router treatment of every merge is ``router``
    (``linear``: the paper's, ``base``: the base's router kept, ``harc``: calibrated, see
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,7 @@ class Options:
     loss_batches: int = 4
     calib_batches: int = 2  # harc: held-out batches per domain used for calibration
     damping: float = 0.1  # harc: pull towards the linearly merged router (routing.py)
+    expert_eval_args: str = "--max-items 8 --loss-batches 1"  # moejax.eval flags for the experts' own checkpoints
     experts_dir: str = ""  # default OUT/experts (a directory of trained experts is reused as is)
     cache: str = ""  # evaluation cache JSONL, default OUT/cache.jsonl
     progress: bool = True
@@ -123,8 +127,9 @@ class MergeProxy:
 
 
 def open_merge(base: str, step: int | None, experts_dir: str, domains, fraction: float, *, max_items: int,
-               loss_batches: int, cache_path: str | None = None):
-    """(merge set, cached evaluator) of the experts' checkpoint at ``fraction`` of their budget."""
+               loss_batches: int, cache_path: str | None = None, tasks: list[str] | None = None):
+    """(merge set, cached evaluator) of the experts' checkpoint at ``fraction`` of their budget;
+    ``tasks``: the benchmarks evaluated (default: the base run's built-in ones; [] for losses only)."""
     from data_mixture.mergemix import experts as experts_lib
     from data_mixture.mergemix.merge import MergeEvaluator, MergeSet
     from moejax.eval.evaluate import make_settings
@@ -132,7 +137,7 @@ def open_merge(base: str, step: int | None, experts_dir: str, domains, fraction:
     plan = experts_lib.load_plan(experts_dir)
     steps = {e["domain"]: fraction_step(e, fraction) for e in plan["runs"]}
     merge_set = MergeSet.open(base, step, {d: (experts_lib.expert_dir(experts_dir, d), steps[d]) for d in domains})
-    settings = make_settings(merge_set.erun, max_items=max_items, loss_batches=loss_batches)
+    settings = make_settings(merge_set.erun, tasks=tasks, max_items=max_items, loss_batches=loss_batches)
     return merge_set, MergeEvaluator(merge_set, settings, cache_path=cache_path)
 
 
@@ -160,12 +165,13 @@ def run(o: Options) -> dict[str, Any]:
     t0 = time.perf_counter()
     experts_dir = o.experts_dir or str(out / "experts")
     experts_lib.train_experts(plan, experts_dir, backend=o.backend, parallel=o.parallel, progress=o.progress,
-                              eval_args=["--max-items", "8", "--loss-batches", "1"])
+                              eval_args=shlex.split(o.expert_eval_args))
     seconds = {"experts": time.perf_counter() - t0}
     base_step = plan["mergemix"]["base_step"]
     merge_set, evaluator = open_merge(o.base, base_step, experts_dir, o.domains, o.expert_fraction,
                                       max_items=o.max_items, loss_batches=o.loss_batches,
-                                      cache_path=o.cache or str(out / "cache.jsonl"))
+                                      cache_path=o.cache or str(out / "cache.jsonl"),
+                                      tasks=[] if o.loss_weights and not o.task_weights else None)
     calib = (calibration_batches(merge_set.erun, list(o.domains), batches_per_domain=o.calib_batches)
              if o.router == "harc" else None)
     proxy = MergeProxy(merge_set, evaluator, o.router, calib_batches=calib, damping=o.damping)
@@ -184,8 +190,12 @@ def run(o: Options) -> dict[str, Any]:
         seconds[f"search_{method}"] = time.perf_counter() - t0
         for entry in res.trace:  # the search ran over beta; record the merge weights too
             entry["merge_alpha"] = (lo_k + free * np.asarray(entry["alpha"])).tolist()
-        (out / f"search_{method}.json").write_text(res.to_json())
         results[method] = res
+    # one objective's units for every search: the mergemix search's (calibrated on its seed design)
+    common = plots.common_objective(results)
+    results = {m: r.rescore(common) for m, r in results.items()}
+    for method, res in results.items():
+        (out / f"search_{method}.json").write_text(res.to_json())
     best_method = max(results, key=lambda m: results[m].best_score)
     best = results[best_method]
     alpha_k = lo_k + free * best.best_alpha

@@ -1,0 +1,73 @@
+"""``python -m data_mixture mergemix`` end to end on the shared tiny base, and its bad-input errors."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from data_mixture.__main__ import main
+from tests.mergemix_fixture import mergemix_runs  # noqa: F401 (fixture)
+
+
+def _run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, capsys.readouterr().err
+
+
+def _args(base, out, *extra):
+    return ["mergemix", "--base", base, "--domains", "code,math", "--expert-tokens", "1024", "--fractions", "0.5,1",
+            "--out", str(out), "--max-items", "2", "--loss-batches", "1", "--no-progress",
+            "--expert-eval-args", "--max-items 1 --loss-batches 1 --tasks know_type", *extra]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--budget", "3", "--seeds", "4"], "--budget 3 is smaller than the seed design"),
+    (["--router", "oracle"], "--router 'oracle' is unknown"),
+    (["--expert-fraction", "0.3"], "--expert-fraction 0.3 is not one of the kept checkpoints"),
+    (["--min-weight", "code=0.6,math=0.5"], "floors must be >= 0 and sum below 1"),
+    (["--min-weight", "web=0.1"], "--min-weight names ['web']"),
+])
+def test_bad_input_is_refused_before_training(mergemix_runs, tmp_path, capsys, extra, message):
+    code, err = _run(_args(os.path.join(mergemix_runs, "base"), tmp_path / "out", *extra), capsys)
+    assert code == 2 and message in err
+    assert not (tmp_path / "out" / "experts").exists()
+
+
+def test_unknown_domain_is_refused_before_training(mergemix_runs, tmp_path, capsys):
+    argv = _args(os.path.join(mergemix_runs, "base"), tmp_path / "out")
+    argv[argv.index("code,math")] = "code,poetry"
+    code, err = _run(argv, capsys)
+    assert code == 2 and "poetry" in err and not (tmp_path / "out" / "experts").exists()
+
+
+def test_end_to_end_writes_a_mixture_launch_accepts(mergemix_runs, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _args(os.path.join(mergemix_runs, "base"), out, "--search", "both", "--budget", "6", "--seeds", "4",
+                 "--min-weight", "code=0.1")
+    main(argv)
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    mixture = json.loads((out / "mixture.json").read_text())
+    assert set(mixture["weights"]) == {"code", "math"} and sum(mixture["weights"].values()) == pytest.approx(1.0)
+    assert mixture["weights"]["code"] >= 0.1 - 1e-12  # the floor holds
+    assert summary["mixture"] == mixture["weights"] and '"mixture"' in printed
+    for method in ("mergemix", "cmaes"):
+        trace = json.loads((out / f"search_{method}.json").read_text())["trace"]
+        assert len(trace) == 6 and all(t["merge_alpha"][0] >= 0.1 - 1e-12 for t in trace)
+    assert (out / "search.png").stat().st_size > 0 and (out / "surface.png").stat().st_size > 0
+    cost = json.loads((out / "cost.json").read_text())
+    assert cost["merges_evaluated"] == summary["merges_evaluated"] > 0 and cost["merges"] > 0 and cost["experts"] > 0
+
+    from moejax.data.mixture import read_mixture_file
+
+    assert read_mixture_file(out / "mixture.json") == mixture["weights"]
+
+    # Rerun: experts are skipped and every merge comes from the cache (nothing recomputed).
+    main(argv)
+    again = json.loads((out / "summary.json").read_text())
+    assert again["mixture"] == summary["mixture"]
+    assert again["cache_hits"] >= 12 and again["flops"]["merges_evaluated"] == summary["flops"]["merges_evaluated"]
+    lines = (out / "cache.jsonl").read_text().splitlines()
+    assert len(lines) == len({(tuple(np.round(json.loads(l)["alpha"], 9)), json.loads(l)["router"]) for l in lines})
