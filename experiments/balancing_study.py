@@ -3,6 +3,9 @@
     python -m experiments.balancing_study                       # the main comparison
     python -m experiments.balancing_study --runs phi_alpha0.03,phi_eta0.3 --steps 250
     python -m experiments.balancing_study --report-only         # rebuild table and plot from runs
+    python -m experiments.balancing_study --front               # the loss-vs-MaxVio front (issue 17)
+    python -m experiments.balancing_study --front --methods phi_bias,loss_free --seeds 1
+    python -m experiments.balancing_study --front --quick       # smoke: 2 strengths x 1 seed x 6 steps
 
 Model: d_model 128, 4 layers, 16 routed experts (width 128) top-2 plus one shared expert, on the
 built-in corpus, 16 x 256 tokens per step, CPU-sized. Every objective is composed with the
@@ -18,6 +21,15 @@ Gini (mean over layers); from training: MaxVio over the last ~100 steps (the log
 shared machine: see experiments/benchmarks/balancing_overhead.py for overhead). ``switch`` uses groups of 4 sequences: the per-device Switch loss of a 4-way data-parallel
 run (with the whole batch as its group it would equal ``global_batch``, as the step has one
 micro-batch).
+
+``--front`` (``FRONT``, ``front_config``): every method (switch, global_batch, loss_free and the
+phi variants: loss on probs, loss on loads, accumulated bias, price bias, loss + bias) at 4
+strengths x 3 seeds, plus ``none``, on 32 experts top-4 + a shared expert, 1000 steps of 16 x 256
+tokens; runs in ``OUT/front/runs/<method>_<key><value>_s<seed>``, seed-major (each finished seed
+is a whole front), finished runs kept and their held-out numbers cached (``held_out.json``), an
+interrupted run resumed; ``OUT/front/front.{md,json,png}``: mean, std and min-max over seeds of
+held-out loss and held-out global MaxVio per (method, strength), and which mean points no other
+method beats on both.
 """
 
 from __future__ import annotations
@@ -170,15 +182,212 @@ def write_report(rows: list[dict], out: str, steps: int, batch: int, seed: int) 
     fig.savefig(os.path.join(out, "max_vio.png"), dpi=120)
 
 
+# ---- --front: each method's held-out loss vs imbalance front over its strength, several seeds ----
+
+FRONT_SEEDS = (0, 1, 2)
+FRONT_STEPS, FRONT_BATCH = 1000, 16  # 4.1M tokens: 4x the first study's 250 x 16 x 256
+
+
+def _phi(**hparams):
+    return lambda v: (("phi", {**hparams, **({"gamma": v} if "apply" in hparams else {"alpha": v})}),)
+
+
+# method -> (the hyperparameter swept, its values, value -> objectives); every run adds Z.
+FRONT = {
+    "switch": ("weight", (3e-3, 1e-2, 3e-2, 1e-1), lambda v: (("switch", {"weight": v, "group_size": 4}),)),
+    "global_batch": ("weight", (3e-3, 1e-2, 3e-2, 1e-1), lambda v: (("global_batch", {"weight": v}),)),
+    "loss_free": ("u", (3e-4, 1e-3, 3e-3, 1e-2), lambda v: (("loss_free", {"u": v}),)),
+    "phi_loss": ("alpha", (3e-3, 1e-2, 3e-2, 1e-1), _phi()),
+    "phi_loss_loads": ("alpha", (3e-3, 1e-2, 3e-2, 1e-1), _phi(ema_of="loads")),
+    "phi_bias": ("gamma", (1e-3, 3e-3, 1e-2, 3e-2), _phi(apply="bias")),
+    "phi_bias_price": ("gamma", (1e-2, 3e-2, 1e-1, 3e-1), _phi(apply="bias", bias_form="price")),
+    "phi_both": ("gamma", (1e-3, 3e-3, 1e-2, 3e-2), _phi(apply="both", alpha=1e-2)),
+}
+
+
+def front_config(objectives, steps: int, batch: int, seed: int):
+    """32 fine-grained experts (width 32) top-4 plus one shared expert (width 128), d_model 64,
+    2 MoE layers: the smallest model with the 32-expert top-4 routing, so that a 1000-step run
+    fits a CPU. Fine-grained routing is where balance matters more than in the first study."""
+    c = study_config(objectives, steps, batch, seed)
+    c.train.log_every = max(1, min(10, steps // 3))
+    m = c.model
+    m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_dim = 64, 2, 4, 2, 16, 256
+    m.moe.num_experts, m.moe.experts_per_token, m.moe.expert_dim = 32, 4, 32
+    m.moe.num_shared_experts, m.moe.shared_expert_dim, m.moe.tile_size = 1, 128, 64
+    return c
+
+
+def front_runs(methods, strengths: int | None, seeds) -> list[tuple[str, str, float, int]]:
+    """(run name, method, strength, seed), seed-major: every finished seed is a complete front."""
+    out = []
+    for seed in seeds:
+        out.append((f"none_s{seed}", "none", float("nan"), seed))
+        for method in methods:
+            key, values, _ = FRONT[method]
+            values = values if strengths is None else (values[0], values[-1])[:strengths]
+            out += [(f"{method}_{key}{v:g}_s{seed}", method, v, seed) for v in values]
+    return out
+
+
+def front_objectives(method: str, value: float):
+    return (Z,) if method == "none" else FRONT[method][2](value) + (Z,)
+
+
+def finished(workdir: str, steps: int) -> bool:
+    path = os.path.join(workdir, "metrics.jsonl")
+    return os.path.exists(path) and any(r["step"] == steps and "eval_loss" in r for r in read_jsonl(path))
+
+
+def front_point(name, method, value, seed, cfg, workdir: str, steps: int) -> dict:
+    """One finished run's numbers; the held-out evaluation is cached in ``held_out.json``."""
+    cache = os.path.join(workdir, "held_out.json")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            evaluation = json.load(f)
+    else:
+        evaluation = held_out(cfg, workdir)
+        with open(cache, "w") as f:
+            json.dump(evaluation, f)
+    train_records = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "max_vio" in r]
+    return {
+        "run": name, "method": method, "strength": value, "seed": seed,
+        "objectives": [[n, h] for n, h in front_objectives(method, value)],
+        "held_out_loss": evaluation["loss"], "held_out_max_vio": evaluation["max_vio"],
+        "held_out_gini": evaluation["gini"], "train_max_vio_window": train_records[-1]["max_vio_global"],
+        "step_time_s": float(np.median([r["step_time_s"] for r in train_records[1:] or train_records])),
+    }
+
+
+def front_summary(points: list[dict]) -> list[dict]:
+    """Mean and seed spread per (method, strength), and whether the mean point is on the front
+    (no other method's mean point has both a lower held-out loss and a lower MaxVio)."""
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        groups.setdefault((p["method"], "nan" if p["method"] == "none" else p["strength"]), []).append(p)
+    rows = []
+    for (method, strength), ps in groups.items():
+        loss, vio = np.array([p["held_out_loss"] for p in ps]), np.array([p["held_out_max_vio"] for p in ps])
+        rows.append({
+            "method": method, "strength": None if method == "none" else strength,
+            "swept": FRONT[method][0] if method in FRONT else None, "seeds": [p["seed"] for p in ps],
+            "loss_mean": float(loss.mean()), "loss_std": float(loss.std(ddof=1)) if len(ps) > 1 else 0.0,
+            "loss_min": float(loss.min()), "loss_max": float(loss.max()),
+            "max_vio_mean": float(vio.mean()), "max_vio_std": float(vio.std(ddof=1)) if len(ps) > 1 else 0.0,
+            "max_vio_min": float(vio.min()), "max_vio_max": float(vio.max()),
+            "step_time_s": float(np.median([p["step_time_s"] for p in ps])),
+        })
+    for r in rows:
+        r["on_front"] = not any(o["method"] != r["method"] and o["loss_mean"] < r["loss_mean"]
+                                and o["max_vio_mean"] < r["max_vio_mean"] for o in rows)
+    return rows
+
+
+def write_front(points: list[dict], out: str, steps: int, batch: int) -> None:
+    rows = front_summary(points)
+    head = (f"Balancing front: 32 experts (width 32) top-4 + 1 shared (width 128), d_model 64, 2 MoE layers, "
+            f"{steps} steps of {batch} x 256 tokens; every objective + z-loss 1e-3; held-out loss (mean of 4 "
+            f"domains) and held-out global MaxVio (max over layers), mean +- std over seeds [min, max].")
+    lines = [head, "", "| method | strength | seeds | held-out loss | held-out MaxVio | step time (s) | on front |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        strength = "" if r["strength"] is None else f"{r['swept']}={r['strength']:g}"
+        lines.append(
+            f"| {r['method']} | {strength} | {len(r['seeds'])} | {r['loss_mean']:.4f} +- {r['loss_std']:.4f} "
+            f"[{r['loss_min']:.4f}, {r['loss_max']:.4f}] | {r['max_vio_mean']:.3f} +- {r['max_vio_std']:.3f} "
+            f"[{r['max_vio_min']:.3f}, {r['max_vio_max']:.3f}] | {r['step_time_s']:.3f} | {'yes' if r['on_front'] else ''} |")
+    with open(os.path.join(out, "front.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out, "front.json"), "w") as f:
+        json.dump({"steps": steps, "global_batch_size": batch, "seq_len": 256, "summary": rows, "runs": points}, f, indent=1)
+    print("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for method in ["none"] + list(FRONT):
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["strength"] or 0.0)
+        if not rs:
+            continue
+        x, y = np.array([r["max_vio_mean"] for r in rs]), np.array([r["loss_mean"] for r in rs])
+        xerr = np.array([[r["max_vio_mean"] - r["max_vio_min"], r["max_vio_max"] - r["max_vio_mean"]] for r in rs]).T
+        yerr = np.array([[r["loss_mean"] - r["loss_min"], r["loss_max"] - r["loss_mean"]] for r in rs]).T
+        style = dict(marker="*", markersize=12, color="k") if method == "none" else dict(marker="o", alpha=0.85)
+        line = ax.errorbar(x, y, xerr=xerr, yerr=yerr, label=method, capsize=2, **style)
+        if method != "none":
+            ax.annotate(f"{rs[0]['strength']:g}", (x[0], y[0]), fontsize=6, color=line[0].get_color())
+    ax.set_xscale("log")
+    ax.set_xlabel("held-out global MaxVio (max over layers; bars: seed min-max)")
+    ax.set_ylabel("held-out loss (nats/token; bars: seed min-max)")
+    ax.set_title("loss vs imbalance as each method's strength varies (mean over seeds)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "front.png"), dpi=120)
+
+
+def run_front(args, error) -> None:
+    """``--front``: trains the missing runs (finished ones are kept; an interrupted one resumes),
+    then tabulates and plots every finished run."""
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in FRONT]
+    if unknown:
+        error(f"--methods: unknown method(s) {unknown}; choose from {', '.join(FRONT)}")
+    steps = args.steps if args.steps is not None else (6 if args.quick else FRONT_STEPS)
+    seeds = FRONT_SEEDS[:1] if args.quick else FRONT_SEEDS[: args.seeds]
+    out = os.path.join(args.out, "front_quick" if args.quick else "front")
+    runs = front_runs(methods, 2 if args.quick else None, seeds)
+    runs_dir = os.path.join(out, "runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    configs = {name: front_config(front_objectives(method, v), steps, FRONT_BATCH, seed)
+               for name, method, v, seed in runs}  # every config is built (and validated) first
+    from moejax import config as config_lib
+    import jax
+
+    for cfg in configs.values():
+        config_lib.validate(cfg, jax.device_count())
+    if not args.report_only:
+        import time
+
+        from moejax.train.loop import train
+
+        todo = [r for r in runs if not finished(os.path.join(runs_dir, r[0]), steps)]
+        print(f"front: {len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to do", flush=True)
+        for i, (name, *_rest) in enumerate(todo):
+            start = time.time()
+            print(f"=== [{i + 1}/{len(todo)}] {name}: {front_objectives(*_rest[:2])}", flush=True)
+            train(configs[name], os.path.join(runs_dir, name))
+            print(f"=== {name}: {time.time() - start:.1f} s wall", flush=True)
+    points = [front_point(name, method, v, seed, configs[name], os.path.join(runs_dir, name), steps)
+              for name, method, v, seed in runs if finished(os.path.join(runs_dir, name), steps)]
+    write_front(points, out, steps, FRONT_BATCH)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default=",".join(MAIN), help=f"comma-separated, from: {', '.join(RUNS)}")
-    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--steps", type=int, default=None, help="default: 250; --front: 1000 (--quick: 6)")
     p.add_argument("--batch", type=int, default=16, help="sequences of 256 tokens per step")
     p.add_argument("--seed", type=int, default=0, help="parameter init and data order")
     p.add_argument("--out", default="results/balancing_study")
     p.add_argument("--report-only", action="store_true", help="only tabulate runs already in OUT/runs")
+    p.add_argument("--front", action="store_true",
+                   help="the loss-vs-MaxVio front: each method over 4 strengths x 3 seeds (into OUT/front)")
+    p.add_argument("--methods", default=",".join(FRONT), help=f"--front: comma-separated, from: {', '.join(FRONT)}")
+    p.add_argument("--seeds", type=int, default=len(FRONT_SEEDS), choices=range(1, len(FRONT_SEEDS) + 1),
+                   help="--front: how many of the seeds 0, 1, 2")
+    p.add_argument("--quick", action="store_true",
+                   help="--front smoke: 2 strengths x 1 seed x 6 steps per method (into OUT/front_quick)")
     args = p.parse_args()
+    if args.quick and not args.front:
+        p.error("--quick goes with --front")
+    if args.front:
+        run_front(args, p.error)
+        return
+    args.steps = 250 if args.steps is None else args.steps
 
     names = [n for n in args.runs.split(",") if n]
     unknown = [n for n in names if n not in RUNS]

@@ -2,23 +2,23 @@
 selection, the default is unchanged, the rules match their formulas, a persistent skew is
 driven to balance, the state is mesh-invariant and resumes exactly, bad options fail clearly."""
 
-import os
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from moejax import sharding
 from moejax.config import ConfigError, default_config, validate
 from moejax.model.balancing import Balancer, RoutingSetup, StepStats, build_balancer
 from moejax.model.balancing.phi import PhiBalancing, price
 from moejax.model.router import Router, expert_load
 from moejax.train.metrics import max_vio
-from tests.test_balancing import random_routing, run_steps
+from moejax.train.state import init_state, setup, to_global
+from moejax.train.step import make_train_step
+from tests.test_balancing import random_routing
 from tests.test_model import small_model_cfg
-from tests.test_sharding import ONE, tiny_cfg
+from tests.test_sharding import batches, tiny_cfg
 
 E, K = 6, 2
 
@@ -180,48 +180,74 @@ def test_price_form_only_shrinks_a_persistent_skew():
 # ---- state in training: identical across meshes, resumes exactly --------------------------------
 
 BOTH = (("phi", {"alpha": 1e-2, "gamma": 3e-2, "apply": "both"}), ("z_loss", {"weight": 1e-3}))
+DATA8 = {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
+MIXED = {"data": 2, "fsdp": 2, "expert": 2, "tensor": 1}
+STEPS, SAVE_AT = 4, 2
 
 
-def test_bias_state_is_replicated_and_identical_across_meshes():
+def train_and_resume(mesh_shape, checkpoint_dir=None):
+    """STEPS train steps on the tiny model with phi 'both'; with ``checkpoint_dir``, also saves
+    the state after SAVE_AT steps, restores it with orbax and redoes the remaining steps.
+    Returns (final state, per-step metrics, and the resumed run's, or None)."""
+    from moejax.train.checkpoint import Checkpointer
+
     cfg = tiny_cfg()
     cfg.model.moe.balancing = BOTH
-    ref_state, ref_history = run_steps(cfg, ONE, jax.devices()[:1])
-    assert np.abs(np.asarray(ref_state["balance"]["phi"]["bias_e"])).max() > 0
-    for shape in ({"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}, {"data": 2, "fsdp": 2, "expert": 2, "tensor": 1}):
-        state, history = run_steps(cfg, shape, jax.devices())
-        for leaf in jax.tree.leaves(state["balance"]):
-            shards = [np.asarray(s.data) for s in leaf.addressable_shards]
-            assert len(shards) == 8 and all(s.shape == leaf.shape for s in shards)
-            for s in shards[1:]:
-                np.testing.assert_array_equal(s, shards[0])  # bit-identical on every device
-        for h, ref in zip(history, ref_history):  # the same selections, step by step
-            np.testing.assert_array_equal(h["load_le"], ref["load_le"])
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
-                     jax.device_get(state["balance"]), jax.device_get(ref_state["balance"]))
-        np.testing.assert_allclose([h["loss"] for h in history], [h["loss"] for h in ref_history], rtol=2e-5)
+    mesh = sharding.make_mesh(mesh_shape, jax.devices())
+    run = setup(cfg, mesh)
+    step = make_train_step(cfg, run)
+    data = [to_global(b, run.batch_sharding(True), cfg.train.grad_accum_steps) for b in batches(cfg, STEPS)]
+    resumed = None
+    with jax.set_mesh(mesh):
+        state, history = init_state(cfg, run), []
+        for i, batch in enumerate(data):
+            state, metrics = step(state, batch)
+            history.append(jax.device_get(metrics))
+            if checkpoint_dir and i + 1 == SAVE_AT:
+                ckpt = Checkpointer(checkpoint_dir, max_to_keep=1)
+                ckpt.save(SAVE_AT, state, {}, {})
+                ckpt.wait()  # the step donates its input state: finish writing first
+        final = jax.device_get(state)
+        if checkpoint_dir:
+            state = Checkpointer(checkpoint_dir, max_to_keep=1).restore(SAVE_AT, run.abstract_state).state
+            resumed = []
+            for batch in data[SAVE_AT:]:
+                state, metrics = step(state, batch)
+                resumed.append(jax.device_get(metrics))
+            resumed = (jax.device_get(state), resumed)
+    return state, final, history, resumed
 
 
-def test_bias_state_resumes_bit_for_bit(tmp_path, corpus_cache):
-    from moejax.train.loop import train
-    from tests.test_train import read_metrics, small_run_cfg
+@pytest.fixture(scope="module")
+def mesh_runs(tmp_path_factory):
+    """The same 4 steps on data=8 and on (data=2, fsdp=2, expert=2), the latter resumed from step 2."""
+    return {"data8": train_and_resume(DATA8),
+            "mixed": train_and_resume(MIXED, str(tmp_path_factory.mktemp("phi_ckpt") / "c"))}
 
-    cfg = small_run_cfg(corpus_cache)
-    cfg.model.moe.balancing = BOTH
-    cfg.train.steps, cfg.train.eval_every = 5, 5
-    cfg.checkpoint.every_steps = 2
-    workdir = str(tmp_path / "run")
-    train(cfg, workdir)
-    first = [r for r in read_metrics(workdir) if "loss" in r]
-    assert first[-1]["phi/bias_norm"] > 0 and "balance_loss/phi" in first[-1]
-    for step in ("4", "5"):
-        shutil.rmtree(os.path.join(workdir, "checkpoints", step))
-    train(cfg, workdir)  # resumes from step 2: m and the accumulated bias must come back exactly
-    again = [r for r in read_metrics(workdir) if "loss" in r]
-    assert [r["step"] for r in again] == [r["step"] for r in first]  # steps 3-5 redone, not appended
-    assert os.path.isdir(os.path.join(workdir, "checkpoints", "5"))
-    for original, resumed in zip(first[2:], again[2:]):
-        for key in ("loss", "phi/bias_norm", "phi/ema_max_vio", "balance_loss/phi", "max_vio", "expert_load"):
-            assert resumed[key] == original[key], key
+
+def test_bias_state_is_replicated_and_identical_across_meshes(mesh_runs):
+    (live8, final8, hist8, _), (live, final, hist, _) = mesh_runs["data8"], mesh_runs["mixed"]
+    assert np.abs(final8["balance"]["phi"]["bias_e"]).max() > 0  # the bias moved
+    for leaf in jax.tree.leaves(live8["balance"]) + jax.tree.leaves(live["balance"]):
+        shards = [np.asarray(s.data) for s in leaf.addressable_shards]
+        assert len(shards) == 8 and all(s.shape == leaf.shape for s in shards)
+        for s in shards[1:]:
+            np.testing.assert_array_equal(s, shards[0])  # bit-identical on every device
+    for h, h8 in zip(hist, hist8):  # the same selections, step by step
+        np.testing.assert_array_equal(h["load_le"], h8["load_le"])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), final["balance"], final8["balance"])
+    np.testing.assert_allclose([h["loss"] for h in hist], [h["loss"] for h in hist8], rtol=2e-5)
+
+
+def test_bias_state_resumes_bit_for_bit(mesh_runs):
+    _, final, history, (resumed_state, resumed) = mesh_runs["mixed"]
+    assert set(final["balance"]["phi"]) == {"m_e", "bias_e"}
+    jax.tree.map(np.testing.assert_array_equal, resumed_state["balance"], final["balance"])
+    jax.tree.map(np.testing.assert_array_equal, resumed_state["params"], final["params"])
+    for original, again in zip(history[SAVE_AT:], resumed):
+        for key in ("loss", "load_le"):
+            np.testing.assert_array_equal(again[key], original[key])
+        jax.tree.map(np.testing.assert_array_equal, again["balance_metrics"], original["balance_metrics"])
 
 
 # ---- errors before compile -----------------------------------------------------------------------
