@@ -154,7 +154,8 @@ def stage_search(root: Path, out: Path, base: str, plan: dict, fraction: float, 
                "--router", router, "--search", "both", "--budget", str(BUDGET), "--seeds", str(N_SEEDS),
                "--max-items", str(MAX_ITEMS), "--loss-batches", str(LOSS_BATCHES),
                "--min-weight", ",".join(f"{d}={FLOOR}" for d in DOMAINS),
-               "--cache", str(root / f"cache_{fraction}.jsonl"), "--out", str(dest), "--no-progress"]
+               "--cache", str(root / (f"cache_{fraction}.jsonl" if name == "bench" else f"cache_{fraction}_{name}.jsonl")),
+               "--out", str(dest), "--no-progress"]
         if loss_weights:
             cmd += ["--loss-weights", ",".join(f"{d}={w}" for d, w in loss_weights.items())]
         if not (dest / "summary.json").exists():
