@@ -23,7 +23,8 @@ each run's ``record.json``):
   rate the base was trained at before its decay: the paper trains experts at a constant rate
   and does not give a value), ``optim.warmup_steps`` (default: 5% of the expert's steps, at
   least 1 and at most the base's warmup: the optimizer moments start from zero, so a short ramp
-  avoids a first full-size Adam step; moejax caps any warmup at half the run);
+  avoids a first full-size Adam step; moejax's warmup starts at 0, so with the default the
+  first step only fills the Adam moments; moejax caps any warmup at half the run);
 - ``train.steps = ceil(expert_tokens / tokens_per_step)`` with ``tokens_per_step =
   train.global_batch_size * train.seq_len`` of the base; ``train.seed``;
 - the checkpoint cadence (below).
@@ -39,7 +40,9 @@ common divisor of the fraction steps, ``keep_period`` the same (orbax never dele
 it, not even after extra saves at a preemption), and ``max_to_keep`` the number of scheduled
 saves. Every fraction step is therefore on disk; when the fraction steps are not evenly spaced the
 multiples in between are saved too (e.g. 8 saves for the default fractions at steps = 8 n) and the
-sweep runner evaluates them all (pass small ``eval_args`` to keep that cheap).
+sweep runner evaluates them all (a run counts as done only when every checkpoint has its
+``eval/step_N.json``; pass small ``eval_args``, e.g. ``["--max-items", "64", "--loss-batches",
+"2"]``, to keep that cheap: MergeMix evaluates merges, not the experts).
 
 The plan (the sweep runner's JSON schema, plus MergeMix's own keys: ``mergemix`` at the top,
 ``domain`` / ``fraction_steps`` / ``tokens_per_step`` per entry, which the runner ignores) is written
