@@ -46,3 +46,24 @@ def build_mergemix_runs(path: str) -> None:
 def mergemix_runs(run_once) -> str:
     """The directory holding ``base/`` and ``experts/<domain>/`` (see the module docstring)."""
     return run_once("mergemix_runs", build_mergemix_runs)
+
+
+EXPERT_TOKENS = 4 * 8 * 64  # 4 steps of the tiny base (global batch 8 x seq_len 64)
+TRAINED_DOMAINS = ("code", "math")
+EXPERT_EVAL_ARGS = ("--tasks", "--loss-batches", "1")  # held-out losses only (the runner evaluates every checkpoint)
+
+
+def build_mergemix_experts(path: str, base: str) -> None:
+    from data_mixture.mergemix import experts
+
+    plan = experts.plan_experts(base, domains=TRAINED_DOMAINS, expert_tokens=EXPERT_TOKENS, fractions=(0.5, 1.0))
+    experts.train_experts(plan, path, eval_args=list(EXPERT_EVAL_ARGS), progress=False)
+
+
+@pytest.fixture(scope="module")
+def mergemix_experts(run_once, mergemix_runs) -> str:
+    """An experts directory trained by ``data_mixture.mergemix.experts.train_experts`` from the tiny
+    base (``code`` and ``math``, 4 steps each, checkpoints 2 and 4, losses-only evaluations); built
+    once per test run. Copy it (``shutil.copytree``) before running anything that writes into it."""
+    base = os.path.join(mergemix_runs, "base")
+    return run_once("mergemix_experts", lambda path: build_mergemix_experts(path, base))

@@ -2,12 +2,13 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from data_mixture.__main__ import main
-from tests.mergemix_fixture import mergemix_runs  # noqa: F401 (fixture)
+from tests.mergemix_fixture import EXPERT_TOKENS, mergemix_experts, mergemix_runs  # noqa: F401 (fixtures)
 
 
 def _run(argv, capsys):
@@ -17,9 +18,9 @@ def _run(argv, capsys):
 
 
 def _args(base, out, *extra):
-    return ["mergemix", "--base", base, "--domains", "code,math", "--expert-tokens", "1024", "--fractions", "0.5,1",
-            "--out", str(out), "--max-items", "2", "--loss-batches", "1", "--no-progress",
-            "--expert-eval-args", "--max-items 1 --loss-batches 1 --tasks know_type", *extra]
+    return ["mergemix", "--base", base, "--domains", "code,math", "--expert-tokens", str(EXPERT_TOKENS),
+            "--fractions", "0.5,1", "--out", str(out), "--max-items", "2", "--loss-batches", "1", "--no-progress",
+            "--expert-eval-args", "--tasks --loss-batches 1", *extra]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -42,8 +43,11 @@ def test_unknown_domain_is_refused_before_training(mergemix_runs, tmp_path, caps
     assert code == 2 and "poetry" in err and not (tmp_path / "out" / "experts").exists()
 
 
-def test_end_to_end_writes_a_mixture_launch_accepts(mergemix_runs, tmp_path, capsys):
+def test_end_to_end_writes_a_mixture_launch_accepts(mergemix_runs, mergemix_experts, tmp_path, capsys):
+    """The experts come from the shared fixture (trained by the same experts module with the same
+    plan), copied: the pipeline finds them done and goes on to merge and search."""
     out = tmp_path / "out"
+    shutil.copytree(mergemix_experts, out / "experts")
     argv = _args(os.path.join(mergemix_runs, "base"), out, "--search", "both", "--budget", "6", "--seeds", "4",
                  "--min-weight", "code=0.1")
     main(argv)

@@ -2,17 +2,20 @@
 
 import json
 import os
+import shutil
 import types
+from pathlib import Path
 
 import pytest
 
 from data_mixture.mergemix import experts as ex
 from moejax.config import ConfigError, default_config, validate
 from moejax.train.optim import lr_schedule
-from tests.mergemix_fixture import BASE_STEP, mergemix_runs  # noqa: F401  (fixture)
+from tests.mergemix_fixture import (  # noqa: F401  (fixtures)
+    BASE_STEP, EXPERT_EVAL_ARGS, EXPERT_TOKENS, TRAINED_DOMAINS, mergemix_experts, mergemix_runs,
+)
 
 TOKENS_PER_STEP = 8 * 64  # the fixture base: global batch 8 x seq_len 64
-EVAL_ARGS = ["--tasks", "--loss-batches", "1"]  # held-out loss only: the runner evaluates every checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +162,16 @@ def test_other_plan_in_the_same_out_dir_is_refused(base, tmp_path):
 # ----------------------------------------------------------------------------------- end to end
 
 
-def test_train_one_expert_from_the_base(base, tmp_path):
-    plan = ex.plan_experts(base, domains=["code"], expert_tokens=4 * TOKENS_PER_STEP, fractions=(0.5, 1.0))
-    out = tmp_path / "experts"
-    result = ex.train_experts(plan, out, eval_args=EVAL_ARGS, progress=False)
-    assert result.succeeded == ["expert_code"] and result.launched == ["expert_code"]
-    assert ex.expert_checkpoints(out) == {"code": [2, 4]}
+def test_train_experts_from_the_base(base, mergemix_experts, tmp_path):  # noqa: F811
+    plan = ex.plan_experts(base, domains=list(TRAINED_DOMAINS), expert_tokens=EXPERT_TOKENS, fractions=(0.5, 1.0))
+    out = Path(mergemix_experts)
+    assert ex.expert_checkpoints(out) == {"code": [2, 4], "math": [2, 4]}
     assert ex.expert_tokens_at(out, "code", 2) == 2 * TOKENS_PER_STEP
     assert json.loads((out / ex.PLAN_FILE).read_text())["runs"] == json.loads(json.dumps(plan["runs"]))
     with pytest.raises(ex.MergeMixError, match=r"step 5 of expert 'code'; allowed: an integer in \[0, 4\]"):
         ex.expert_tokens_at(out, "code", 5)
-    with pytest.raises(ex.MergeMixError, match=r"domain 'math' has no expert"):
-        ex.expert_tokens_at(out, "math", 2)
+    with pytest.raises(ex.MergeMixError, match=r"domain 'prose' has no expert"):
+        ex.expert_tokens_at(out, "prose", 2)
 
     expert, base_metrics = read_metrics(out / "expert_code"), read_metrics(base)
     # it started from the base's step-6 parameters: its step-0 held-out losses are the base's final ones
@@ -183,7 +184,9 @@ def test_train_one_expert_from_the_base(base, tmp_path):
     assert final["eval_loss/code"] < first["eval_loss/code"]
     lrs = {r["step"]: r["lr"] for r in expert if "lr" in r}
     assert [lrs[s] for s in sorted(lrs) if s >= 2] == pytest.approx([3e-3] * len([s for s in lrs if s >= 2]))
-    # both checkpoints evaluated by the runner (moejax.eval files), and a rerun resumes: nothing relaunched
+    # both checkpoints evaluated by the runner (moejax.eval files), and a rerun (on a copy) launches nothing
     assert {"step_2.json", "step_4.json"} <= set(os.listdir(out / "expert_code" / "eval"))
-    again = ex.train_experts(ex.load_plan(out), out, eval_args=EVAL_ARGS, progress=False)
-    assert again.skipped == ["expert_code"] and again.launched == []
+    copy = tmp_path / "experts"
+    shutil.copytree(out, copy)
+    again = ex.train_experts(ex.load_plan(copy), copy, eval_args=list(EXPERT_EVAL_ARGS), progress=False)
+    assert sorted(again.skipped) == ["expert_code", "expert_math"] and again.launched == []
