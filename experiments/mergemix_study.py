@@ -18,8 +18,8 @@ Stages, each resumable (finished experts are skipped, every merge evaluation is 
    each of the sweep's 12 ``s1`` mixtures (alpha = the mixture) against the model really trained
    on it (same size, from scratch): Spearman per task, of the macro score, per domain loss and of
    the mean loss, with bootstrap intervals (``rank.json``); routing breakdown per treatment at
-   three mixtures (``breakdown.json``). The default expert budget and router are the ones whose
-   proxy ranks the trained mixtures best (macro score, then mean loss).
+   three mixtures. The default expert budget and router follow from this table
+   (:func:`choose_default`).
 3. **search**: ``python -m data_mixture mergemix`` at that budget and router, both searches
    (MergeMix's regressor-guided search and CMA-ES), ``BUDGET`` merges each, alpha floored at the
    sweep's lower bound (0.05 per domain), for two objectives: the paper's macro benchmark score
@@ -131,15 +131,20 @@ def stage_rank(root: Path, out: Path, base: str, trained: dict, mixtures: dict) 
     return result
 
 
-def choose_default(rank: dict[str, Any]) -> tuple[float, str]:
-    """The (expert fraction, router) whose proxy ranks the trained mixtures best: macro score, then
-    mean loss (NaN counts as worst)."""
-    def key(k):
-        r = rank["rank"][k]
-        return tuple(np.nan_to_num(r[m]["rho"], nan=-2.0) for m in ("overall", "mean_loss"))
+ROUTER_MARGIN = 0.1  # a treatment replaces the paper's linear router only if it ranks this much better
 
-    best = max(rank["rank"], key=key)
-    fraction, router = best.split("/")
+
+def choose_default(rank: dict[str, Any]) -> tuple[float, str]:
+    """The default (expert fraction, router): the expert budget whose proxies rank the trained
+    mixtures best (macro score, mean over the router treatments, so one lucky treatment does not
+    decide the budget), then the paper's ``linear`` router unless another treatment's macro-score
+    Spearman at that budget beats it by more than ``ROUTER_MARGIN`` (``harc`` costs about 3x a plain
+    merge per evaluation; differences smaller than this are far inside the bootstrap intervals)."""
+    rho = {k: np.nan_to_num(r["overall"]["rho"], nan=-2.0) for k, r in rank["rank"].items()}
+    fraction = max(FRACTIONS, key=lambda f: np.mean([rho[f"{f}/{r}"] for r in ROUTERS]))
+    router = max(ROUTERS, key=lambda r: rho[f"{fraction}/{r}"])
+    if rho[f"{fraction}/{router}"] - rho[f"{fraction}/linear"] <= ROUTER_MARGIN:
+        router = "linear"
     return float(fraction), router
 
 
