@@ -154,7 +154,7 @@ def stage_search(root: Path, out: Path, base: str, plan: dict, fraction: float, 
     for name, loss_weights in OBJECTIVES.items():
         dest = out / f"search_{name}"
         cmd = [sys.executable, "-m", "data_mixture", "mergemix", "--base", base, "--domains", ",".join(DOMAINS),
-               "--expert-tokens", f"{plan['mergemix']['expert_tokens']:.0f}", "--fractions",
+               "--expert-tokens", repr(plan["mergemix"]["expert_tokens"]), "--fractions",
                ",".join(map(str, FRACTIONS)), "--expert-fraction", str(fraction), "--experts-dir", str(root / "experts"),
                "--router", router, "--search", "both", "--budget", str(BUDGET), "--seeds", str(N_SEEDS),
                "--max-items", str(MAX_ITEMS), "--loss-batches", str(LOSS_BATCHES),
