@@ -6,6 +6,7 @@
     python -m experiments.balancing_study --front               # the loss-vs-MaxVio front (issue 17)
     python -m experiments.balancing_study --front --methods phi_bias,loss_free --seeds 1
     python -m experiments.balancing_study --front --quick       # smoke: 2 strengths x 1 seed x 6 steps
+    python -m experiments.balancing_study --front --shard 0/2 & python -m experiments.balancing_study --front --shard 1/2
 
 Model: d_model 128, 4 layers, 16 routed experts (width 128) top-2 plus one shared expert, on the
 built-in corpus, 16 x 256 tokens per step, CPU-sized. Every objective is composed with the
@@ -340,6 +341,7 @@ def run_front(args, error) -> None:
     seeds = FRONT_SEEDS[:1] if args.quick else FRONT_SEEDS[: args.seeds]
     out = os.path.join(args.out, "front_quick" if args.quick else "front")
     runs = front_runs(methods, 2 if args.quick else None, seeds)
+    shard, shards = args.shard
     runs_dir = os.path.join(out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     configs = {name: front_config(front_objectives(method, v), steps, FRONT_BATCH, seed)
@@ -354,8 +356,10 @@ def run_front(args, error) -> None:
 
         from moejax.train.loop import train
 
-        todo = [r for r in runs if not finished(os.path.join(runs_dir, r[0]), steps)]
-        print(f"front: {len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to do", flush=True)
+        mine = runs[shard::shards]
+        todo = [r for r in mine if not finished(os.path.join(runs_dir, r[0]), steps)]
+        print(f"front: {len(runs)} runs; shard {shard}/{shards}: {len(mine)} runs, {len(mine) - len(todo)} "
+              f"finished, {len(todo)} to do", flush=True)
         for i, (name, *_rest) in enumerate(todo):
             start = time.time()
             print(f"=== [{i + 1}/{len(todo)}] {name}: {front_objectives(*_rest[:2])}", flush=True)
@@ -364,6 +368,16 @@ def run_front(args, error) -> None:
     points = [front_point(name, method, v, seed, configs[name], os.path.join(runs_dir, name), steps)
               for name, method, v, seed in runs if finished(os.path.join(runs_dir, name), steps)]
     write_front(points, out, steps, FRONT_BATCH)
+
+
+def shard_arg(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected i/n, e.g. 0/2, got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"expected 0 <= i < n, got {text!r}")
+    return i, n
 
 
 def main() -> None:
@@ -381,6 +395,9 @@ def main() -> None:
                    help="--front: how many of the seeds 0, 1, 2")
     p.add_argument("--quick", action="store_true",
                    help="--front smoke: 2 strengths x 1 seed x 6 steps per method (into OUT/front_quick)")
+    p.add_argument("--shard", default="0/1", type=shard_arg,
+                   help="--front: train only runs i, i+n, i+2n, ... of the list (i/n), so that n processes "
+                        "(one per core) share the work; each tabulates every finished run")
     args = p.parse_args()
     if args.quick and not args.front:
         p.error("--quick goes with --front")
