@@ -75,3 +75,23 @@ def test_end_to_end_writes_a_mixture_launch_accepts(mergemix_runs, mergemix_expe
     assert again["cache_hits"] >= 12 and again["flops"]["merges_evaluated"] == summary["flops"]["merges_evaluated"]
     lines = (out / "cache.jsonl").read_text().splitlines()
     assert len(lines) == len({(tuple(np.round(json.loads(l)["alpha"], 9)), json.loads(l)["router"]) for l in lines})
+
+
+def test_harc_proxy_is_cached_with_its_calibration(mergemix_runs, mergemix_experts, tmp_path):
+    """The harc treatment calibrates once per alpha: a second evaluation (also from a reopened cache
+    file) is a cache hit and skips the calibration."""
+    from data_mixture.mergemix.pipeline import MergeProxy, open_merge
+    from data_mixture.mergemix.routing import calibration_batches
+
+    base, cache = os.path.join(mergemix_runs, "base"), str(tmp_path / "cache.jsonl")
+    kw = dict(max_items=1, loss_batches=1, cache_path=cache, tasks=[])
+    merge_set, evaluator = open_merge(base, None, mergemix_experts, ("code", "math"), 1.0, **kw)
+    calib = calibration_batches(merge_set.erun, ["code", "math"], batches_per_domain=1)
+    harc = MergeProxy(merge_set, evaluator, "harc", calib_batches=calib)
+    first = harc(np.array([0.3, 0.7]))
+    assert harc(np.array([0.3, 0.7])) == first and (evaluator.merges_evaluated, evaluator.cache_hits) == (1, 1)
+    linear = MergeProxy(merge_set, evaluator, "linear")(np.array([0.3, 0.7]))
+    assert evaluator.merges_evaluated == 2 and linear["loss:code"] != first["loss:code"]
+    _, reopened = open_merge(base, None, mergemix_experts, ("code", "math"), 1.0, **kw)
+    assert MergeProxy(merge_set, reopened, "harc", calib_batches=None)(np.array([0.3, 0.7])) == first
+    assert reopened.merges_evaluated == 0

@@ -224,7 +224,7 @@ def run(o: Options) -> dict[str, Any]:
     (out / "cost.json").write_text(json.dumps(flops, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=list))
     plots.search_curves(results, out / "search.png")
-    plots.surface(results[best_method if "mergemix" not in results else "mergemix"], out / "surface.png")
+    plots.surface(results.get("mergemix", best), out / "surface.png", lo_k=lo_k, free=free)
     return summary
 
 

@@ -47,17 +47,20 @@ def search_curves(results: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return _save(fig, path)
 
 
-def surface(result, path: str | os.PathLike, *, grid: int = 41) -> Path:
+def surface(result, path: str | os.PathLike, *, grid: int = 41, lo_k: np.ndarray | None = None,
+            free: float = 1.0) -> Path:
     """The merge proxy's objective over pairs of domains: one panel per pair (i, j), the plane
     ``alpha_i = a, alpha_j = b`` with the remaining mass ``1 - a - b`` split equally over the other
     domains, coloured by the LightGBM surrogate fitted (as the search fits it) to every evaluated
     merge of ``result``; the evaluated merges are drawn at their (alpha_i, alpha_j), the best one
-    as a star."""
+    as a star. A search run over ``beta`` with floors (``alpha = lo_k + free * beta``, see
+    ``pipeline.lower_bounded``) is drawn in merge weights alpha: pass ``lo_k`` and ``free``."""
     from data_mixture.mergemix.search import fit_regressors, predict_score
 
     plt = _plt()
     objective, domains = result.objective, result.domains
     k = len(domains)
+    lo_k = np.zeros(k) if lo_k is None else np.asarray(lo_k, np.float64)
     alpha_nk = np.array([t["alpha"] for t in result.trace])
     terms = [objective.normalised_terms(t["metrics"]) for t in result.trace]
     boosters = fit_regressors(alpha_nk, {key: np.array([t[key] for t in terms]) for key in terms[0]}, seed=0)
@@ -77,16 +80,18 @@ def surface(result, path: str | os.PathLike, *, grid: int = 41) -> Path:
             plane[:, others] = ((1.0 - plane[:, i] - plane[:, j]) / len(others))[:, None]
         z = np.full(aa.shape, np.nan)
         z[inside] = predict_score(boosters, objective, plane)
-        mesh = ax.pcolormesh(aa, bb, z, shading="auto", cmap="viridis")
-        ax.scatter(alpha_nk[:, i], alpha_nk[:, j], c=scores, cmap="viridis", edgecolors="w", s=16, linewidths=0.5)
+        shown_i, shown_j = lo_k[i] + free * alpha_nk[:, i], lo_k[j] + free * alpha_nk[:, j]
+        mesh = ax.pcolormesh(lo_k[i] + free * aa, lo_k[j] + free * bb, z, shading="auto", cmap="viridis")
+        ax.scatter(shown_i, shown_j, c=scores, cmap="viridis", edgecolors="w", s=16, linewidths=0.5)
         best = int(np.argmax(scores))
-        ax.scatter([alpha_nk[best, i]], [alpha_nk[best, j]], marker="*", s=120, c="r")
+        ax.scatter([shown_i[best]], [shown_j[best]], marker="*", s=120, c="r")
         ax.set_xlabel(f"alpha {domains[i]}")
         ax.set_ylabel(f"alpha {domains[j]}")
         fig.colorbar(mesh, ax=ax, shrink=0.8)
     for ax in list(axes.flat)[len(pairs):]:
         ax.axis("off")
-    fig.suptitle(f"{result.method}: surrogate objective (others share the rest equally)", fontsize=9)
+    floors = f"; alpha >= {', '.join(f'{v:g}' for v in lo_k)}" if lo_k.any() else ""
+    fig.suptitle(f"{result.method}: surrogate objective (others share the rest equally{floors})", fontsize=9)
     return _save(fig, path)
 
 
