@@ -58,7 +58,7 @@ class Options:
     parallel: int = 1
     max_items: int = 64
     loss_batches: int = 4
-    calib_batches: int = 2  # harc: held-out batches per domain used for calibration
+    calib_batches: int = 2  # harc: training-split batches per domain it calibrates on (routing.calibration_batches)
     damping: float = 0.1  # harc: pull towards the linearly merged router (routing.py)
     expert_eval_args: str = "--max-items 8 --loss-batches 1"  # moejax.eval flags for the experts' own checkpoints
     experts_dir: str = ""  # default OUT/experts (a directory of trained experts is reused as is)
@@ -154,6 +154,7 @@ def run(o: Options) -> dict[str, Any]:
     from data_mixture.mergemix import cost, experts as experts_lib, plots
     from data_mixture.mergemix.routing import calibration_batches
     from data_mixture.mergemix.search import Objective, cmaes_search, mergemix_search
+    from data_mixture.optimize import write_mixture
 
     check_options(o)
     objective = Objective(tasks=o.task_weights, losses=o.loss_weights)
@@ -200,7 +201,6 @@ def run(o: Options) -> dict[str, Any]:
     best = results[best_method]
     alpha_k = lo_k + free * best.best_alpha
     mixture = {d: float(a) for d, a in zip(o.domains, alpha_k)}
-    write_mixture = __import__("data_mixture.optimize", fromlist=["write_mixture"]).write_mixture
     write_mixture({"weights": mixture, "method": f"mergemix:{best_method}", "router": o.router,
                    "objective": best.objective.to_dict(), "score": best.best_score, "metrics": best.best_metrics,
                    "base": os.path.abspath(o.base), "base_step": base_step, "expert_fraction": o.expert_fraction,
