@@ -214,13 +214,21 @@ def write_report(out: Path, sweep_out: Path, rank: dict[str, Any], default: tupl
     lines += ["", f"Default chosen from this table: expert budget {default[0] * EXPERT_SHARE:.0%} of the base's tokens, "
                   f"router `{default[1]}`. Per task at that setting:", "",
               "| task | Spearman |", "|---|---|"] + [f"| {t} | {fmt(rank['rank'][best_key]['tasks'][t])} |" for t in tasks]
+    lines += ["", "## Merged models' scores (mean over the 12 mixtures' merges)", "",
+              "| expert budget | router | mean benchmark score | mean held-out loss |", "|---|---|---|---|"]
+    for key, got in rank["proxy"].items():
+        fraction, router = key.split("/")
+        bench = np.mean([[v for k, v in m.items() if k.startswith("bench:")] for m in got.values()])
+        loss = np.mean([[v for k, v in m.items() if k.startswith("loss:")] for m in got.values()])
+        lines.append(f"| {float(fraction) * EXPERT_SHARE:.0%} | {router} | {bench:.4f} | {loss:.4f} |")
     lines += ["", "## Routing breakdown (fraction of tokens whose top-k set differs from the domain expert's; "
-                  "mean over layers and domains) and its loss cost", "",
+                  "mean over domains, per MoE layer and their mean) and its loss cost", "",
               "| expert budget | mixture | linear | base | harc | loss cost linear / base / harc |", "|---|---|---|---|---|---|"]
     for fraction, per in rank["breakdown"].items():
         for run, tr in per.items():
             lines.append(f"| {float(fraction) * EXPERT_SHARE:.0%} | {run} | "
-                         + " | ".join(f"{tr[t]['breakdown']:.3f}" for t in ROUTERS) + " | "
+                         + " | ".join(f"{tr[t]['breakdown']:.3f} ({', '.join(f'{b:.2f}' for b in tr[t]['breakdown_l'])})"
+                                      for t in ROUTERS) + " | "
                          + " / ".join(f"{tr[t]['loss_cost']:+.3f}" for t in ROUTERS) + " |")
     lines += ["", "## Search (budget per method; alpha floored at 0.05 per domain)", "",
               "| objective | method | best score | evaluations | mixture (" + ", ".join(DOMAINS) + ") |", "|---|---|---|---|---|"]
