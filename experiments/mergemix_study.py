@@ -172,6 +172,8 @@ def stage_search(root: Path, out: Path, base: str, plan: dict, fraction: float, 
 def stage_targets(root: Path, out: Path, searches: dict[str, Any], parallel: int) -> None:
     mixtures = {f"mergemix_{name}": s["mixture"] for name, s in searches.items()}
     plan = sweep_study.target_plan(out, mixtures, seeds=1)
+    if (out / "target_runs.csv").exists():  # done (the runner would only skip them, adding its time)
+        return
     sweep_study.stage_sweep(plan, root / "targets", out / "target_runs.csv", out, parallel, MAX_ITEMS, "targets")
 
 
