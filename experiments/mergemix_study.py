@@ -91,9 +91,10 @@ def stage_experts(root: Path, out: Path, base: str, parallel: int) -> dict[str, 
     base_tokens = float(max(experts.base_steps(base))) * cfg["train"]["global_batch_size"] * cfg["train"]["seq_len"]
     plan = experts.plan_experts(base, domains=DOMAINS, expert_tokens=EXPERT_SHARE * base_tokens, fractions=FRACTIONS)
     t0 = time.perf_counter()
-    experts.train_experts(plan, root / "experts", parallel=parallel, progress=False,
-                          eval_args=["--max-items", "8", "--loss-batches", "1"])
-    sweep_study.record_time(out, "experts_s", time.perf_counter() - t0)
+    result = experts.train_experts(plan, root / "experts", parallel=parallel, progress=False,
+                                   eval_args=["--max-items", "8", "--loss-batches", "1"])
+    if result.launched:
+        sweep_study.record_time(out, "experts_s", time.perf_counter() - t0)
     return plan
 
 
