@@ -10,5 +10,7 @@ One module per job (docs/mergemix.md):
   simplex search -> verification merges, and a direct CMA-ES search;
 - :mod:`.routing` measures routing breakdown under merging and calibrates the merged router
   (HARC-style);
-- :mod:`.cli` is ``python -m data_mixture mergemix``.
+- :mod:`.rank` measures rank consistency (Spearman with bootstrap intervals) against trained
+  mixtures, :mod:`.cost` counts FLOPs, :mod:`.plots` draws the search and the score surface;
+- :mod:`.pipeline` is ``python -m data_mixture mergemix`` end to end (docs/mergemix.md).
 """
