@@ -165,7 +165,8 @@ def test_merged_evaluation_equals_evaluating_a_saved_merged_checkpoint(merge_set
     saved = open_run(target)
     want = flat_metrics(Evaluator(saved, make_settings(saved, max_items=4, loss_batches=1, tasks=TASKS),
                                   progress=False).evaluate(saved.load(BASE_STEP)))
-    assert set(want) == {f"loss:{d}" for d in merge_set.erun.dataset.domains} | {f"bench:{t}" for t in TASKS}
+    assert set(want) == ({f"loss:{d}" for d in merge_set.erun.dataset.domains} | {f"bench:{t}" for t in TASKS}
+                         | {"eval_tokens"})
     assert {k: got[k] for k in want} == want
     # And the merge differs from the base (the comparison is not between two copies of the base).
     base = flat_metrics(evaluator.evaluate(merge_set.base))
