@@ -128,16 +128,7 @@ def camel_case():
     return get_case("camel")
 
 
-# camel's bootstrap is too narrow on this design: 4 of its 11 components miss their 95 %
-# intervals (A and beta just outside; s_code: true 0 at its bound, fit 0.04 in [0.02, 0.08];
-# s_prose). Its vmapped L-BFGS resamples also spread less than fully converged ones (scipy
-# L-BFGS-B from the point fit, benchmark table: sd of A 0.016 vs 0.033, of s 0.009 vs 0.021),
-# so the resamples stop short along flat directions. A known shortfall, kept visible here (strict:
-# the test fails as soon as camel's coverage is fixed, so the marker must then go).
-KNOWN_UNDERCOVERAGE = {"camel"}
-
-
-def test_recovers_parameters_within_bootstrap_intervals(case, request):
+def test_recovers_parameters_within_bootstrap_intervals(case):
     """The true parameters lie in the fit's 95 % bootstrap percentile intervals
     (``Fit.param_intervals``, unwidened), every parameter of every law included (additive's E,
     C and gamma; mixing_law's per-mixture E_k themselves, not their differences).
@@ -147,10 +138,9 @@ def test_recovers_parameters_within_bootstrap_intervals(case, request):
     50). The components are pooled and may miss at most the 97th percentile of
     Binomial(n, 0.05) (2 of 11, 6 of 50), so a calibrated bootstrap fails this test with
     probability < 3 %, while one with 80 % coverage (too narrow, e.g. resamples stuck at the
-    point fit) fails it almost surely. The exponents must also be pinned down (intervals
-    narrower than 0.1)."""
-    if case.law in KNOWN_UNDERCOVERAGE:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"{case.law}: bootstrap intervals too narrow (see KNOWN_UNDERCOVERAGE)"))
+    point fit, or stopped short along flat directions as camel's were before each resample
+    ended with Levenberg-Marquardt, ``Fitter.refine``: 7 of 11 covered) fails it almost surely.
+    The exponents must also be pinned down (intervals narrower than 0.1)."""
     iv = case.fit.param_intervals("valid", interval=INTERVAL)
     oks, report = [], []
     for name, true in case.truth.params.items():
@@ -296,3 +286,26 @@ def test_registry_lists_every_law():
     for name in LAWS:
         assert get_law(name).name == name
     assert all(isinstance(get_law(n), ParametricLaw) for n in ("mixing_law", "additive", "camel"))
+
+
+def test_levenberg_marquardt_refine_reaches_the_polished_optimum():
+    """``Fitter.refine`` (the bootstrap's last stage) ends where a tight scipy L-BFGS-B polish
+    ends, never above where it began, with bounds held: on a flat valley (small b: a and c trade
+    off) with one outlier row (Huber's linear regime)."""
+    from data_mixture.fitting import Fitter, Param, ParamSpec
+
+    spec = ParamSpec([Param("a", lo=0.0, hi=10.0, init=(0.5, 2.0)), Param("b", lo=0.0, init=(0.01, 0.5)),
+                      Param("c", init=(-1.0, 1.0))])
+    fitter = Fitter(spec, lambda x, d: x["a"] * jnp.exp(-x["b"] * d["t"]) + x["c"], delta=1e-3)
+    t = np.linspace(0.0, 2.0, 40)
+    y = 3.0 * np.exp(-0.15 * t) - 1.0
+    y[7] += 0.5
+    data, y_qr, wts_qr = {"t": t}, y[None], np.ones((1, len(t)))
+    w0 = spec.pack({"a": 1.0, "b": 0.5, "c": 0.0})[None, None]
+    w_short, v_short, _ = fitter.solve(w0, data, y_qr, wts_qr, polish=0, iters=30)
+    w_ref, v_ref, _ = fitter.solve(w0, data, y_qr, wts_qr, polish=1, iters=30)
+    w, v, its = fitter.refine(w_short, data, y_qr, wts_qr)
+    assert v[0] <= v_short[0] and 0 < its[0] <= 100
+    assert v[0] <= v_ref[0] * (1 + 1e-9)
+    np.testing.assert_allclose(w[0], w_ref[0], atol=1e-5)
+    assert 0.0 <= w[0][0] <= 10.0 and w[0][1] >= 0.0
