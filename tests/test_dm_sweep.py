@@ -1,6 +1,6 @@
 """The sweep runner (``python -m data_mixture sweep``) on real, very small moejax runs.
 
-One reduced sweep (2 sizes x 3 mixtures, 4 steps with a checkpoint at step 2, plus one run whose
+One reduced sweep (2 sizes x 2 mixtures, 4 steps with a checkpoint at step 2, plus one run whose
 mixture names a domain the corpus lacks, so it fails only at run time) is shared by the module:
 it is trained, evaluated and collected once through the CLI (a subprocess, so exit codes, signals
 and output are the user's), then restarted. Cost control: the children train on one CPU device
@@ -33,7 +33,7 @@ TINY = {"model.d_model": 16, "model.num_layers": 1, "model.num_heads": 1, "model
 SIZES = {"a": TINY, "b": {**TINY, "model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2}}
 COMMON = {"train.steps": 4, "train.global_batch_size": 8, "train.seq_len": 32, "checkpoint.every_steps": 2,
           "train.eval_every": 2, "train.log_every": 1, "train.eval_batches": 1, "optim.warmup_steps": 1}
-MIXTURES = [dict(zip(DOMAINS, w)) for w in ((0.25, 0.25, 0.25, 0.25), (0.7, 0.1, 0.1, 0.1), (0.1, 0.1, 0.1, 0.7))]
+MIXTURES = [dict(zip(DOMAINS, w)) for w in ((0.25, 0.25, 0.25, 0.25), (0.1, 0.1, 0.1, 0.7))]
 EVAL_ARGS = "--tasks --loss-batches 1"
 GOOD = [f"{s}_m{k}" for s in SIZES for k in range(len(MIXTURES))]
 HEADER = (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{d}" for d in DOMAINS]
@@ -74,7 +74,7 @@ def read_csv(path: Path) -> tuple[list[str], list[dict]]:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, corpus_cache):
-    """The reduced sweep: 6 good runs + 1 run that fails at run time, --parallel 2, --retries 1."""
+    """The reduced sweep: 4 good runs + 1 run that fails at run time, --parallel 2, --retries 1."""
     base = tmp_path_factory.mktemp("dm_sweep")
     bad = entry("bad_m0", "a", {"nope": 1.0})
     plan = write_plan(base / "plan.json", good_entries() + [bad])
@@ -105,16 +105,16 @@ def test_sweep_trains_evaluates_and_collects_every_finished_run(sweep):
 
 def test_each_run_records_what_produced_it(sweep):
     root, plan = sweep["root"], json.loads(sweep["plan"].read_text())
-    rec = json.loads((root / "b_m2" / "record.json").read_text())
-    assert rec["plan_entry"] == plan["runs"][GOOD.index("b_m2")]
+    rec = json.loads((root / "b_m1" / "record.json").read_text())
+    assert rec["plan_entry"] == plan["runs"][GOOD.index("b_m1")]
     assert rec["resolved_config"]["model"]["d_model"] == 32 and rec["resolved_config"]["train"]["steps"] == 4
-    assert rec["resolved_config"]["data"]["mixture"] == MIXTURES[2]
+    assert rec["resolved_config"]["data"]["mixture"] == MIXTURES[1]
     (launch,) = rec["launches"]
     version = launch["code_version"]
     assert len(version["commit"]) == 40 and isinstance(version["dirty"], bool)
-    assert f"-m moejax.main --config experiments/tiny_moe.py --workdir {root / 'b_m2'}" in launch["train_command"]
+    assert f"-m moejax.main --config experiments/tiny_moe.py --workdir {root / 'b_m1'}" in launch["train_command"]
     assert launch["eval_command"].endswith("--all --no-progress --tasks --loss-batches 1")
-    status = json.loads((root / "b_m2" / "status.json").read_text())
+    status = json.loads((root / "b_m1" / "status.json").read_text())
     assert status["host"] and status["pid"] and status["heartbeat"] > 0 and status["history"][0]["trained"]
 
 
@@ -127,7 +127,7 @@ def test_failing_run_is_retried_then_reported_with_its_log(sweep):
     assert status["log"] == str(log) and log.read_text().count("=== attempt") == 2 and "nope" in log.read_text()
     assert f"failed: bad_m0 after 2 attempt(s) in this sweep: training exited with code" in proc.stderr
     assert f"log: {log}" in proc.stderr
-    assert "6 done" in proc.stderr and "1 failed" in proc.stderr
+    assert "4 done" in proc.stderr and "1 failed" in proc.stderr
 
 
 def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
@@ -144,7 +144,7 @@ def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
     good_plan = write_plan(sweep["base"] / "good.json", good_entries())
     proc = sweep_cli("--plan", str(good_plan), "--root", str(root), "--parallel", "2", "--eval-args", EVAL_ARGS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "6 done (5 skipped as already done, 1 run now)" in proc.stdout
+    assert "4 done (3 skipped as already done, 1 run now)" in proc.stdout
     after = {n: [(root / n / f).stat().st_mtime_ns for f in ("train.log", "eval.log", "status.json")] for n in others}
     assert after == before  # nothing relaunched, not even touched
     status = json.loads((victim / "status.json").read_text())
@@ -158,7 +158,7 @@ def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
     # and once more: everything is done, nothing runs, the table is rewritten the same
     t0 = time.time()
     again = sweep_cli("--plan", str(good_plan), "--root", str(root), "--eval-args", EVAL_ARGS)
-    assert again.returncode == 0 and "6 done (6 skipped as already done, 0 run now)" in again.stdout
+    assert again.returncode == 0 and "4 done (4 skipped as already done, 0 run now)" in again.stdout
     assert read_csv(root / "runs.csv")[1] == rows and time.time() - t0 < 120
 
 
@@ -298,7 +298,7 @@ def test_ray_micro_sweep_gives_the_same_table(tmp_path, corpus_cache):
     """Two runs as Ray tasks on a local Ray cluster (2 CPUs, one per run): same semantics, same table
     structure as the local sweep's. One run carries the stale lease of a runner that died: taken over."""
     pytest.importorskip("ray")
-    plan = write_plan(tmp_path / "plan.json", [good_entries()[0], good_entries()[3]])
+    plan = write_plan(tmp_path / "plan.json", [good_entries()[0], good_entries()[len(MIXTURES)]])
     root = tmp_path / "root"
     dead = {**record.new_owner(), "host": "node9", "pid": 99}
     assert record.try_acquire(root / "b_m0", dead, timeout=60)[0]
