@@ -6,6 +6,7 @@
     python -m experiments.balancing_study --front               # the loss-vs-MaxVio front (issue 17)
     python -m experiments.balancing_study --front --methods phi_bias,loss_free --seeds 1
     python -m experiments.balancing_study --front --quick       # smoke: 2 strengths x 1 seed x 6 steps
+    python -m experiments.balancing_study --front --only none,switch_weight0.1 --seeds 3   # more seeds, some settings
     python -m experiments.balancing_study --front --shard 0/2 & python -m experiments.balancing_study --front --shard 1/2
 
 Model: d_model 128, 4 layers, 16 routed experts (width 128) top-2 plus one shared expert, on the
@@ -82,7 +83,9 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def held_out(cfg, workdir: str) -> dict:
-    """Held-out loss and expert loads of the run's final checkpoint, routed as in training."""
+    """Held-out loss, expert loads and drop rate (mean over batches and MoE layers; 0 unless the
+    dispatch can drop) of the run's final checkpoint, routed as in training, on ``cfg``'s mesh and
+    dispatch (which may differ from the run's: the checkpoint is resharded on restore)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -107,20 +110,23 @@ def held_out(cfg, workdir: str) -> dict:
         logits, aux = model(batch["inputs"], batch["positions"], batch["segment_ids"],
                             balancer=run.balancer, balance_state=balance)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-        return jnp.sum(ce * batch["loss_mask"]), jnp.sum(batch["loss_mask"]), aux["load_le"]
+        return jnp.sum(ce * batch["loss_mask"]), jnp.sum(batch["loss_mask"]), aux["load_le"], aux["drop_rate_l"]
 
     t = cfg.train
     batches = make_eval_batches(DOMAINS, seq_len=t.seq_len, batch_size=t.global_batch_size,
                                 batches_per_domain=t.eval_batches)
-    losses, load_le = [], 0.0
+    losses, load_le, drops = [], 0.0, []
     with jax.set_mesh(mesh):
         for domain_batches in batches.values():
             total = count = 0.0
             for batch in domain_batches:
-                ce, n, load = forward(state["params"], state["balance"], to_global(batch, run.batch_sharding(False), None))
+                ce, n, load, drop_l = forward(state["params"], state["balance"],
+                                              to_global(batch, run.batch_sharding(False), None))
                 total, count, load_le = total + float(ce), count + float(n), load_le + np.asarray(load, np.float64)
+                drops.append(float(np.mean(drop_l)))
             losses.append(total / count)
-    return {"loss": float(np.mean(losses)), "max_vio": float(max_vio(load_le).max()), "gini": float(gini(load_le).mean())}
+    return {"loss": float(np.mean(losses)), "max_vio": float(max_vio(load_le).max()), "gini": float(gini(load_le).mean()),
+            "drop_rate": float(np.mean(drops))}
 
 
 def summarise(name: str, records: list[dict], steps: int, evaluation: dict) -> dict:
@@ -331,8 +337,9 @@ def write_front(points: list[dict], out: str, steps: int, batch: int) -> None:
 
 
 def run_front(args, error) -> None:
-    """``--front``: trains the missing runs (finished ones are kept; an interrupted one resumes),
-    then tabulates and plots every finished run."""
+    """``--front``: trains the missing runs of ``--methods`` x ``--seeds`` (``--only``: of those
+    settings; finished ones are kept, an interrupted one resumes), then tabulates and plots every
+    finished run of the front."""
     methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in methods if m not in FRONT]
     if unknown:
@@ -341,6 +348,13 @@ def run_front(args, error) -> None:
     seeds = FRONT_SEEDS[:1] if args.quick else FRONT_SEEDS[: args.seeds]
     out = os.path.join(args.out, "front_quick" if args.quick else "front")
     runs = front_runs(methods, 2 if args.quick else None, seeds)
+    if args.only:
+        only = {n for n in args.only.split(",") if n}
+        known = {name.rsplit("_s", 1)[0] for name, *_ in runs}
+        if only - known:
+            error(f"--only: unknown setting(s) {sorted(only - known)} for --methods {args.methods}; "
+                  f"choose from {', '.join(sorted(known))}")
+        runs = [r for r in runs if r[0].rsplit("_s", 1)[0] in only]
     shard, shards = args.shard
     runs_dir = os.path.join(out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
@@ -365,8 +379,11 @@ def run_front(args, error) -> None:
             print(f"=== [{i + 1}/{len(todo)}] {name}: {front_objectives(*_rest[:2])}", flush=True)
             train(configs[name], os.path.join(runs_dir, name))
             print(f"=== {name}: {time.time() - start:.1f} s wall", flush=True)
-    points = [front_point(name, method, v, seed, configs[name], os.path.join(runs_dir, name), steps)
-              for name, method, v, seed in runs if finished(os.path.join(runs_dir, name), steps)]
+    # the report covers every finished run of the whole front, whatever --methods/--only trained
+    every = front_runs(list(FRONT), 2 if args.quick else None, FRONT_SEEDS)
+    points = [front_point(name, method, v, seed, front_config(front_objectives(method, v), steps, FRONT_BATCH, seed),
+                          os.path.join(runs_dir, name), steps)
+              for name, method, v, seed in every if finished(os.path.join(runs_dir, name), steps)]
     write_front(points, out, steps, FRONT_BATCH)
 
 
@@ -393,6 +410,9 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(FRONT), help=f"--front: comma-separated, from: {', '.join(FRONT)}")
     p.add_argument("--seeds", type=int, default=len(FRONT_SEEDS), choices=range(1, len(FRONT_SEEDS) + 1),
                    help="--front: how many of the seeds 0, 1, 2")
+    p.add_argument("--only", default="",
+                   help="--front: train only these settings (comma-separated run names without the seed, "
+                        "e.g. none,switch_weight0.1), e.g. to add seeds to the best ones")
     p.add_argument("--quick", action="store_true",
                    help="--front smoke: 2 strengths x 1 seed x 6 steps per method (into OUT/front_quick)")
     p.add_argument("--shard", default="0/1", type=shard_arg,

@@ -1,9 +1,11 @@
 """Step-time overhead of each balancing objective relative to ``none``, measured side by side.
 
     python -m experiments.benchmarks.balancing_overhead [--rounds 60] [--out results/balancing_overhead.json]
+    python -m experiments.benchmarks.balancing_overhead --model front --only switch,global_batch,loss_free,phi,phi_bias
 
-One process builds a train step per objective for the same model (the balancing study's: 16
-experts top-2, d_model 128, 4 layers, 16 x 256 tokens) and the same batches, compiles them all,
+One process builds a train step per objective for the same model (``--model study``: the first
+balancing study's, 16 experts top-2, d_model 128, 4 layers; ``--model front``: the front's, 32
+experts top-4 + a shared expert; 16 x 256 tokens) and the same batches, compiles them all,
 then times them interleaved step by step: each round runs one step of every objective, in an
 order rotated from round to round, so the load of a shared machine hits all of them alike.
 Reported: the median over rounds of the step time, its ratio to ``none`` (which still computes
@@ -21,7 +23,7 @@ import time
 import jax
 import numpy as np
 
-from experiments.balancing_study import study_config
+from experiments.balancing_study import front_config, study_config
 from moejax import config as config_lib, sharding
 from moejax.data.pipeline import make_train_iterator
 from moejax.train.state import init_state, setup, to_global
@@ -37,11 +39,17 @@ OBJECTIVES = {
     "phi": (("phi", {"alpha": 1e-2}),),
     "dpsl": (("dpsl", {"weight": 1e-3}),),
     "phi+z_loss": (("phi", {"alpha": 1e-2}), ("z_loss", {"weight": 1e-3})),
+    # phi as a routing adjustment (docs/balancing.md, apply): the variants of the front
+    "phi_loads": (("phi", {"alpha": 1e-2, "ema_of": "loads"}),),
+    "phi_bias": (("phi", {"apply": "bias", "gamma": 1e-3}),),
+    "phi_bias_price": (("phi", {"apply": "bias", "bias_form": "price", "gamma": 1e-1}),),
+    "phi_both": (("phi", {"apply": "both", "alpha": 1e-2, "gamma": 1e-3}),),
 }
+MODELS = {"study": study_config, "front": front_config}
 
 
-def build(objectives, batch_size: int):
-    cfg = study_config(objectives, steps=1000, batch=batch_size)
+def build(objectives, batch_size: int, model: str):
+    cfg = MODELS[model](objectives, steps=1000, batch=batch_size, seed=0)
     mesh = sharding.make_mesh(config_lib.validate(cfg, jax.device_count()))
     run = setup(cfg, mesh)
     return cfg, mesh, run, init_state(cfg, run), make_train_step(cfg, run)
@@ -51,6 +59,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=60, help="timed steps per objective, interleaved")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--model", choices=MODELS, default="study",
+                   help="study: the first study's model; front: the front's (32 experts top-4 + shared)")
     p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(OBJECTIVES))
     p.add_argument("--out", default="results/balancing_overhead.json")
     args = p.parse_args()
@@ -58,7 +68,10 @@ def main() -> None:
     if "none" not in names:
         names.insert(0, "none")
 
-    runs = {name: build(OBJECTIVES[name], args.batch) for name in names}
+    unknown = [n for n in names if n not in OBJECTIVES]
+    if unknown:
+        p.error(f"--only: unknown objective(s) {unknown}; choose from {', '.join(OBJECTIVES)}")
+    runs = {name: build(OBJECTIVES[name], args.batch, args.model) for name in names}
     cfg, mesh, run, _, _ = runs["none"]
     data = make_train_iterator(dict(cfg.data.mixture), seq_len=cfg.train.seq_len,
                                global_batch_size=cfg.train.global_batch_size, seed=0)
@@ -96,7 +109,8 @@ def main() -> None:
               f"{r['paired_ratio_vs_none']:>13.3f}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "batch": [args.batch, 256],
+        json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "model": args.model,
+                   "batch": [args.batch, 256],
                    "rounds": args.rounds, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
 
