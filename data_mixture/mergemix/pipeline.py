@@ -206,7 +206,9 @@ def run(o: Options) -> dict[str, Any]:
                    "base": os.path.abspath(o.base), "base_step": base_step, "expert_fraction": o.expert_fraction,
                    "min_weight": dict(zip(o.domains, lo_k.tolist()))}, out / "mixture.json")
     erun = merge_set.erun
-    n_active = float(param_counts_of(erun.cfg)["active"])
+    from moejax.model.transformer import param_counts
+
+    n_active = float(param_counts(erun.cfg.model)["active"])
     expert_tokens = plan["runs"][0]["tokens_per_step"] * fraction_step(plan["runs"][0], o.expert_fraction)
     # distinct merges the searches needed (some may have come from a cache filled earlier)
     merges = len({tuple(np.round(t["merge_alpha"], 9)) for r in results.values() for t in r.trace})
@@ -226,12 +228,6 @@ def run(o: Options) -> dict[str, Any]:
     plots.search_curves(results, out / "search.png")
     plots.surface(results.get("mergemix", best), out / "surface.png", lo_k=lo_k, free=free)
     return summary
-
-
-def param_counts_of(cfg) -> dict[str, int]:
-    from moejax.model.transformer import param_counts
-
-    return param_counts(cfg.model)
 
 
 def base_tokens(erun, step: int) -> float:
