@@ -174,6 +174,13 @@ def _w_to_u(w: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return out
 
 
+def _as_jax(data: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """Feature arrays on device: integer dtypes kept (index arrays), floats as float64 (call
+    inside ``jax.enable_x64(True)``)."""
+    return {k: jnp.asarray(v) if np.issubdtype(np.asarray(v).dtype, np.integer) else jnp.asarray(v, jnp.float64)
+            for k, v in data.items()}
+
+
 def _strong(tree):
     """The same pytree without weak types (opt.init makes some scalars weakly typed, the loop's
     outputs are not): without it the first call of ``run`` traces apart from all later ones."""
@@ -262,13 +269,14 @@ class Fitter:
         q = len(w_qp)
         w_out, v_out, it_out = np.empty_like(w_qp, np.float64), np.empty(q), np.zeros(q, np.int64)
         with jax.enable_x64(True):
-            data_j = {k: jnp.asarray(v) if np.issubdtype(np.asarray(v).dtype, np.integer) else jnp.asarray(v, jnp.float64) for k, v in data.items()}
+            data_j = _as_jax(data)
             u_all = _w_to_u(self.spec.clip(np.asarray(w_qp, np.float64)), self.spec.lo, self.spec.hi)
+            y_qr, wts_qr = np.asarray(y_qr, np.float64), np.asarray(wts_qr, np.float64)
             it_max, tol = jnp.asarray(int(iters), jnp.int64), jnp.asarray(float(ftol), jnp.float64)
             for start in range(0, q, CHUNK):
                 idx = np.minimum(np.arange(start, start + CHUNK), q - 1)  # the last chunk repeats its last lane
-                w, v, it = self._refine(jnp.asarray(u_all[idx]), jnp.asarray(np.asarray(y_qr, np.float64)[idx]),
-                                        jnp.asarray(np.asarray(wts_qr, np.float64)[idx]), data_j, it_max, tol)
+                w, v, it = self._refine(jnp.asarray(u_all[idx]), jnp.asarray(y_qr[idx]), jnp.asarray(wts_qr[idx]),
+                                        data_j, it_max, tol)
                 n = min(CHUNK, q - start)
                 w_out[start:start + n], v_out[start:start + n], it_out[start:start + n] = (
                     np.asarray(w)[:n], np.asarray(v)[:n], np.asarray(it)[:n])
@@ -431,7 +439,7 @@ class Fitter:
         q, s, p = w0_qsp.shape
         t_start = time.perf_counter()
         with jax.enable_x64(True):
-            data_j = {k: jnp.asarray(v) if np.issubdtype(np.asarray(v).dtype, np.integer) else jnp.asarray(v, jnp.float64) for k, v in data.items()}
+            data_j = _as_jax(data)
             lo, hi = self.spec.lo, self.spec.hi
             u0 = _w_to_u(self.spec.clip(w0_qsp.reshape(q * s, p)), lo, hi)
             y_all = np.repeat(np.asarray(y_qr, np.float64), s, axis=0)

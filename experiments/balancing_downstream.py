@@ -74,7 +74,10 @@ def benchmarks(workdir: str, step: int) -> dict:
 
 def downstream(run: dict, steps: int, factors: list[float], workdir: str) -> dict:
     cache = os.path.join(workdir, "downstream.json")
-    done = json.load(open(cache)) if os.path.exists(cache) else {}
+    done = {}
+    if os.path.exists(cache):
+        with open(cache) as f:
+            done = json.load(f)
     cfg = front_config(front_objectives(run["method"], run["strength"]), steps, FRONT_BATCH, run["seed"])
     if "dropless" not in done:
         done["dropless"] = held_out(cfg, workdir)

@@ -196,12 +196,12 @@ class ParametricLaw(Law):
                 w0.append(self.bootstrap_starts(spec, w_point, starts, seed, i))
                 y_qr.append(y)
                 wts_qr.append(weights_br[i])
-        fitter = self.fitter(spec)
+        fitter, y_qr, wts_qr = self.fitter(spec), np.stack(y_qr), np.stack(wts_qr)
         w, v, infos = fitter.solve(
-            np.stack(w0), data, np.stack(y_qr), np.stack(wts_qr), polish=0, iters=self.boot_iters, ftol=self.boot_ftol, progress=progress
+            np.stack(w0), data, y_qr, wts_qr, polish=0, iters=self.boot_iters, ftol=self.boot_ftol, progress=progress
         )
         if self.boot_refine:
-            w, v, its = fitter.refine(w, data, np.stack(y_qr), np.stack(wts_qr), iters=self.boot_refine)
+            w, v, its = fitter.refine(w, data, y_qr, wts_qr, iters=self.boot_refine)
             infos = [{**inf, "objective": float(v[i]), "refine_iterations": int(its[i])} for i, inf in enumerate(infos)]
         out = {}
         for j, d in enumerate(domains):
