@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.model.layers import param
+from moejax.model.layers import linear, param
 
 
 class Routing(NamedTuple):
@@ -54,7 +54,7 @@ class Router(nnx.Module):
         self.topk_groups = moe_cfg.topk_groups
 
     def __call__(self, x_btd: jax.Array, bias_e: jax.Array | None = None) -> Routing:
-        logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32), self.w_de[...].astype(jnp.float32))
+        logits_bte = linear(x_btd.astype(jnp.float32), self.w_de[...].astype(jnp.float32))
         if self.score_func == "softmax":
             scores_bte = jax.nn.softmax(logits_bte, axis=-1)
             probs_bte = scores_bte

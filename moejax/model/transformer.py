@@ -11,7 +11,7 @@ from flax import nnx
 
 from moejax.model.decode import KVCache
 from moejax.model.l3 import L3Layer, L3Rows, RowOffsets, allocation_from_config, l3_forward_flops, l3_param_counts
-from moejax.model.layers import MLP, Attention, RMSNorm, param
+from moejax.model.layers import MLP, Attention, RMSNorm, linear, param
 from moejax.model.moe import MoE
 from moejax.sharding import constrain
 
@@ -209,7 +209,7 @@ class Transformer(nnx.Module):
         """Final norm and output head; float32 logits [B, T, V]."""
         x_btd = self.final_norm(x_btd)
         head_dv = self.embed_vd[...].T if self.head_dv is None else self.head_dv[...]
-        return jnp.einsum("btd,dv->btv", x_btd, head_dv.astype(self.dtype)).astype(jnp.float32)
+        return linear(x_btd, head_dv.astype(self.dtype)).astype(jnp.float32)
 
     def scan_layers(self, body, x_btd, lookup, *, balance_state=None, per_layer=None):
         """Applies ``body(block, x, inputs) -> (x, out)`` to every layer in depth order, and
