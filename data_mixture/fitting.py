@@ -35,6 +35,7 @@ bit-identical parameters.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,10 @@ FTOL = 1e-10  # stage 1 stops when a step improves the objective by less than th
 # the last one) and goes on; on the benchmark table the best starts' objectives after 20 and 40
 # iterations were identical to those with 20 trials allowed.
 LINESEARCH = lambda: optax.scale_by_zoom_linesearch(max_linesearch_steps=4, initial_guess_strategy="one")  # noqa: E731
+# The fits are long compute-bound loops: their jits keep XLA's full backend optimisation (level 3,
+# XLA's default) even in a process that lowers it to compile faster (the test suite sets
+# --xla_backend_optimization_level=0, tests/conftest.py, under which a fit ran 2.2x slower).
+_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 3})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +262,7 @@ class Fitter:
             u, v, _, it, _ = jax.lax.while_loop(cond, step, (u, v0, jnp.asarray(1e-3), jnp.asarray(0), jnp.asarray(False)))
             return _u_to_w(u, lo, hi), v, it
 
-        return jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None, None, None)))
+        return _jit(jax.vmap(one, in_axes=(0, 0, 0, None, None, None)))
 
     def refine(self, w_qp, data, y_qr, wts_qr, *, iters: int = 100, ftol: float = 1e-12):
         """Levenberg-Marquardt (:meth:`_build_refine`) from each working vector of ``w_qp``, for
@@ -337,14 +342,14 @@ class Fitter:
             v = f_of(y, wts, data)(u)
             return _u_to_w(u, lo, hi), jnp.where(jnp.isfinite(v), v, jnp.inf)
 
-        run = jax.jit(jax.vmap(run_one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None)))
-        init = jax.jit(jax.vmap(init_one, in_axes=(0, 0, 0, None)))
-        final = jax.jit(jax.vmap(final_one, in_axes=(0, 0, 0, None)))
+        run = _jit(jax.vmap(run_one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None)))
+        init = _jit(jax.vmap(init_one, in_axes=(0, 0, 0, None)))
+        final = _jit(jax.vmap(final_one, in_axes=(0, 0, 0, None)))
         return run, init, final
 
     def _value_and_grad(self):
         if self._vg is None:
-            self._vg = jax.jit(jax.value_and_grad(self.objective_w))
+            self._vg = _jit(jax.value_and_grad(self.objective_w))
         return self._vg
 
     def stage1(self, u0_np, y_nr, wts_nr, data_j, *, iters: int, ftol: float, progress: Any = None):

@@ -66,7 +66,9 @@ def logged_steps(workdir: str) -> dict[int, dict]:
 
 
 def launch(config: str, workdir: str) -> subprocess.Popen:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    # One CPU device; the caller's other XLA flags (e.g. the test suite's compile settings) are kept.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=1", *flags]))
     return subprocess.Popen(
         [sys.executable, "-m", "moejax.main", "--config", config, "--workdir", workdir],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

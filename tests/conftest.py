@@ -42,8 +42,15 @@ if "xla_backend_optimization_level" not in _xla_flags:
     # LLVM optimisation level 0 for XLA:CPU: compiles about 40% faster (measured on the tiny train
     # step) and computes the same numbers (no floating-point semantics change; the tiny step's loss
     # was bit-identical). Tests check behaviour, not the speed of compiled code. Training
-    # subprocesses started with their own XLA_FLAGS (the kill drills, multi-host) keep the default.
+    # subprocesses (the kill drills, multi-host, the sweeps) keep these flags and set their own
+    # device count.
     _xla_flags += " --xla_backend_optimization_level=0"
+if "xla_cpu_use_fusion_emitters" not in _xla_flags:
+    # XLA:CPU's older elemental emitters for fusions instead of the MLIR fusion emitters: the tiny
+    # train steps of the tests compile 2-2.5x faster (the sharding test's step on 8 devices: 4.2 s ->
+    # 1.9 s) and test_sharding + test_remat run 30% faster in all. The same tolerances hold
+    # (every equivalence test passes unchanged).
+    _xla_flags += " --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = _xla_flags.strip()
 
 if not os.environ.get("MOEJAX_TEST_RUN_DIR"):

@@ -112,7 +112,9 @@ def free_port() -> int:
 def child_env(compile_cache: str) -> dict[str, str]:
     """The environment of a process of the job: 4 fake CPU devices, no inherited JAX settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "MOEJAX_", "XLA_"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    # The compile settings of the test session itself (tests/conftest.py): faster compiles, same numbers.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=4", *flags]),
                PYTHONPATH=REPO, JAX_COMPILATION_CACHE_DIR=compile_cache)
     return env
 
