@@ -133,8 +133,10 @@ def default_config() -> ConfigDict:
     # to the devices of their experts over mesh.expert; docs/expert_parallel.md)
     c.model.moe.backend = "dropless"
     c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
-    c.model.moe.grouped_matmul = "auto"  # dropless matmul: auto (ragged on GPU/TPU, tiled on CPU) | ragged | tiled
-    c.model.moe.tile_size = 64  # tiled grouped matmul: rows per tile
+    # Dropless matmul: auto (ragged on GPU/TPU, hybrid on CPU) | ragged | tiled | hybrid (each expert's
+    # first 1.25x-even-share rows in one batched einsum, the rest tiled); moejax/model/grouped_matmul.py.
+    c.model.moe.grouped_matmul = "auto"
+    c.model.moe.tile_size = 64  # tiled grouped matmul (and hybrid's overflow): rows per tile
     c.model.moe.ep_comm = "all_to_all"  # expert_parallel: how tokens travel: all_to_all | all_gather
     # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its
     # share under perfect balance); assignments past them are dropped (drop_rate); >= mesh.expert: none
@@ -196,7 +198,7 @@ CHOICES = {
     "model.moe.backend": ("dropless", "capacity", "expert_parallel"),
     "model.moe.ep_comm": ("all_to_all", "all_gather"),
     "model.moe.ep_balance": ("drop", "llep"),
-    "model.moe.grouped_matmul": ("auto", "ragged", "tiled"),
+    "model.moe.grouped_matmul": ("auto", "ragged", "tiled", "hybrid"),
     "model.l3.output": ("concat", "residual"),
 }
 

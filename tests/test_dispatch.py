@@ -15,6 +15,7 @@ from moejax.model.grouped_matmul import (
     TileLayout,
     grouped_ffn,
     grouped_matmul,
+    hybrid_capacity,
     resolve_impl,
 )
 
@@ -60,7 +61,9 @@ def _assert_all_close(actual, expected, names, **tol):
 
 GROUP_CASES = [
     # (group sizes, rows, tile size): empty groups, sizes not divisible by the tile, a tile
-    # larger than every group, and rows past the groups' total (they must give zeros).
+    # larger than every group, and rows past the groups' total (they must give zeros). For
+    # "hybrid" (8 rows per expert in its batched part here) the first two overflow into its tiled
+    # part (9 > 8 and 13 > 8 rows), the last two do not.
     ([0, 5, 9, 0, 3], 17, 4),
     ([7, 0, 0, 13], 20, 8),
     ([3, 1, 2], 6, 64),
@@ -81,7 +84,7 @@ def _numpy_grouped_matmul(x_md, w_edf, group_sizes_e, dy_mf):
     return y_mf, dx_md, dw_edf
 
 
-@pytest.mark.parametrize("impl", ["ragged", "tiled"])
+@pytest.mark.parametrize("impl", ["ragged", "tiled", "hybrid"])
 @pytest.mark.parametrize("group_sizes, m, tile_size", GROUP_CASES)
 def test_grouped_matmul_matches_per_row_reference(impl, group_sizes, m, tile_size):
     rng = np.random.default_rng(0)
@@ -141,7 +144,7 @@ def test_grouped_ffn_ragged_and_tiled_match_per_row_reference():
     grads_ref, y_ref = jax.grad(functools.partial(loss, reference_ffn), argnums, has_aux=True)(
         x_md, *weights
     )
-    for impl in ("ragged", "tiled"):
+    for impl in ("ragged", "tiled", "hybrid"):  # hybrid: 8 rows per expert batched, 3 overflow
         ffn = lambda x, *w, impl=impl: grouped_ffn(x, *w, group_sizes_e, impl=impl, tile_size=4)
         grads, y_md = jax.jit(jax.grad(functools.partial(loss, ffn), argnums, has_aux=True))(
             x_md, *weights
@@ -153,7 +156,7 @@ def test_grouped_ffn_ragged_and_tiled_match_per_row_reference():
 # ---------------------------------------------------------------------------------------------
 # dispatch
 
-BACKEND_IMPLS = [("capacity", "auto"), ("dropless", "ragged"), ("dropless", "tiled")]
+BACKEND_IMPLS = [("capacity", "auto"), ("dropless", "ragged"), ("dropless", "tiled"), ("dropless", "hybrid")]
 GRAD_NAMES = ["dx", "dw_gtk", "dw_gate", "dw_up", "dw_down"]
 
 
@@ -244,12 +247,13 @@ def test_dropless_ragged_and_tiled_agree_on_skewed_routing():
     cotangent_gtd = jax.random.normal(jax.random.key(3), (G, T, D))
 
     results = {}
-    for impl in ("ragged", "tiled"):
+    for impl in ("ragged", "tiled", "hybrid"):  # hybrid: 16 rows per expert batched, expert 0's 16 overflow
         run = functools.partial(dispatch, backend="dropless", impl=impl, tile_size=8)
         y_gtd, stats = jax.jit(run)(*args)
         grads = jax.jit(functools.partial(_grads, lambda *a: run(*a)[0]))(cotangent_gtd, *args)
         results[impl] = (y_gtd, stats["tokens_per_expert_e"], *grads)
     _assert_all_close(results["tiled"], results["ragged"], ["y", "tokens_per_expert", *GRAD_NAMES])
+    _assert_all_close(results["hybrid"], results["ragged"], ["y", "tokens_per_expert", *GRAD_NAMES])
     np.testing.assert_array_equal(results["tiled"][1], [2 * T, 2 * T - 8, 8, 0])
 
 
@@ -301,26 +305,27 @@ def test_expert_capacity():
     assert expert_capacity(T, E, K, NO_DROPS) == T  # enough for any routing
 
 
-def test_auto_impl_is_tiled_on_cpu_where_ragged_dot_is_dense():
+def test_auto_impl_is_hybrid_on_cpu_where_ragged_dot_is_dense():
     assert jax.default_backend() == "cpu"
-    assert resolve_impl("auto") == "tiled"
+    assert resolve_impl("auto") == "hybrid"
+    assert hybrid_capacity(8192, 8) == 1280 and hybrid_capacity(17, 5) == 8 and hybrid_capacity(6, 3) == 6
 
 
 def test_bad_arguments_raise_clear_errors():
     args = (jnp.zeros((G, T, D)), *_routing(0), *_expert_weights(0))
     w_edf, x_md, sizes_e = args[3], jnp.zeros((4, D)), jnp.array([4, 0, 0, 0])
     assert BACKENDS == ("capacity", "dropless", "expert_parallel")
-    assert IMPLS == ("auto", "ragged", "tiled")
+    assert IMPLS == ("auto", "ragged", "tiled", "hybrid")
     with pytest.raises(
         ValueError,
         match=r"backend must be one of \('capacity', 'dropless', 'expert_parallel'\), got 'sorted'",
     ):
         dispatch(*args, backend="sorted")
     with pytest.raises(
-        ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled'\), got 'pallas'"
+        ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\), got 'pallas'"
     ):
         dispatch(*args, backend="dropless", impl="pallas")
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled'\)"):
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\)"):
         grouped_matmul(x_md, w_edf, sizes_e, impl="dense")
     with pytest.raises(ValueError, match="tile_size must be a positive int, got 0"):
         grouped_matmul(x_md, w_edf, sizes_e, tile_size=0)

@@ -8,7 +8,8 @@ groups are of random size like at the start of training), ``jax.value_and_grad``
 the output with respect to the tokens and all expert weights, timed in interleaved rounds
 (medians, :mod:`experiments.benchmarks.timing`). Candidates:
 
-- ``dropless_tiled``: sort + block-padded tiled SwiGLU (the CPU default);
+- ``dropless_hybrid``: sort + each expert's first 1.25x-even-share rows batched, the rest tiled (the CPU default);
+- ``dropless_tiled``: sort + block-padded tiled SwiGLU;
 - ``dropless_ragged``: sort + ``jax.lax.ragged_dot`` (the GPU/TPU default; dense on XLA:CPU);
 - ``capacity``: GShard one-hot dispatch, capacity factor 1.25 (drops tokens);
 - ``dense_equal_active``: a dense SwiGLU of width top_k * expert_dim (the same active FLOPs);
@@ -55,6 +56,7 @@ def candidates(b, t, d, e, k, f, seed=0):
         return jnp.einsum("btef,efd,bte->btd", h, wd, gates_bte)
 
     fns = {
+        "dropless_hybrid": (backend("dropless", "hybrid"), w),
         "dropless_tiled": (backend("dropless", "tiled"), w),
         "dropless_ragged": (backend("dropless", "ragged"), w),
         "capacity": (backend("capacity"), w),

@@ -13,7 +13,15 @@ Two implementations, chosen by ``impl``:
   of ``tile_size`` rows (:class:`TileLayout`), so every tile belongs to exactly one expert, and each
   tile is multiplied by its expert's weight matrix. Shapes are static: the number of tiles is
   bounded by ``m + min(e, m) * (tile_size - 1)`` padded rows, so it works under ``jax.jit``.
-- ``"auto"``: ``"ragged"`` on GPU/TPU, ``"tiled"`` on CPU (``jax.default_backend()``).
+- ``"hybrid"``: for CPU. Each expert's first ``c = hybrid_capacity(m, e)`` rows (1.25x an even
+  share, rounded up to 8) go through one batched einsum ``[e, c, d] x [e, d, f]``, large matmuls
+  that XLA:CPU runs near its peak; the rows past ``c`` of an expert that got more than that go
+  through ``"tiled"`` (with balanced routing, few or none). Nothing is dropped and every row is
+  multiplied by its own expert once, so it equals ``"tiled"`` up to float reassociation. Measured
+  (SwiGLU fwd+bwd, idle 2-core machine): 1.44x ``"tiled"`` at m 16384, d 256, f 512, 16 experts
+  with near-even groups, 1.20x with uneven ones (Dirichlet(5) shares), 1.08x at the tiny
+  config's m 8192, d 128, f 256, 8 experts.
+- ``"auto"``: ``"ragged"`` on GPU/TPU, ``"hybrid"`` on CPU (``jax.default_backend()``).
 
 Both are differentiable with respect to the rows and the weights and agree to float tolerance.
 
@@ -35,18 +43,21 @@ and random group sizes; four runs on a busy 2-core machine) gave 64 the best wor
 128 rows per expert of random size, where its padding bites; 32 rarely helps.
 
 Dimension letters: m sorted rows, e experts, d input dim, f output dim, n tiles, t rows per tile,
-p padded rows (p = n * t).
+p padded rows (p = n * t), c rows per expert of the hybrid's batched part, j its overflow rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-IMPLS = ("auto", "ragged", "tiled")
+IMPLS = ("auto", "ragged", "tiled", "hybrid")
+# "hybrid": the rows per expert of its batched part, as a multiple of an even share (see hybrid_capacity).
+HYBRID_CAPACITY_FACTOR = 1.25
 DEFAULT_TILE_SIZE = 64
 
 
@@ -55,7 +66,7 @@ def resolve_impl(impl: str) -> str:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "tiled" if jax.default_backend() == "cpu" else "ragged"
+        return "hybrid" if jax.default_backend() == "cpu" else "ragged"
     return impl
 
 
@@ -231,6 +242,39 @@ jax.tree_util.register_dataclass(
 )
 
 
+def hybrid_capacity(num_rows: int, num_experts: int) -> int:
+    """Rows per expert in the batched part of ``"hybrid"``: 1.25x an even share, a multiple of 8."""
+    even = HYBRID_CAPACITY_FACTOR * num_rows / num_experts
+    return min(-(-math.ceil(even) // 8) * 8, num_rows)
+
+
+def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, batched, tiled, f: int) -> jax.Array:
+    """The ``"hybrid"`` grouped op: ``batched(x_ecd) -> y_ecf`` on each expert's first c rows,
+    ``tiled(x_jd, over_e) -> y_jf`` on the rest (j: overflow rows, grouped by expert)."""
+    m = x_md.shape[0]
+    (e,) = group_sizes_e.shape
+    c = hybrid_capacity(m, e)
+    start_e = jnp.cumsum(group_sizes_e) - group_sizes_e
+    slot_c = jnp.arange(c, dtype=jnp.int32)
+    # Row of slot (e, s), or m (out of range: reads zero, writes nothing) for an empty slot.
+    src_ec = jnp.where(slot_c < group_sizes_e[:, None], start_e[:, None] + slot_c, m)
+    y_ecf = batched(jnp.take(x_md, src_ec, axis=0, mode="fill", fill_value=0))
+    # full_like (not jnp.zeros): inside shard_map the result keeps y's mesh-axis type (see _vary_alike).
+    y_mf = lax.full_like(y_ecf, 0, shape=(m, f)).at[src_ec.reshape(-1)].add(y_ecf.reshape(e * c, f), mode="drop")
+    if c == m:  # no expert can hold more than c rows
+        return y_mf
+    # At most m - c rows overflow (all rows in one expert); overflow row j of expert e_j is that
+    # expert's row c + (j - first overflow row of e_j).
+    over_e = jnp.maximum(group_sizes_e - c, 0)
+    over_end_e = jnp.cumsum(over_e)
+    j = jnp.arange(m - c, dtype=jnp.int32)
+    e_j = jnp.searchsorted(over_end_e, j, side="right").astype(jnp.int32)
+    e_jc = jnp.minimum(e_j, e - 1)
+    src_j = jnp.where(e_j < e, start_e[e_jc] + c + j - (over_end_e - over_e)[e_jc], m)
+    y_jf = tiled(jnp.take(x_md, src_j, axis=0, mode="fill", fill_value=0), over_e)
+    return y_mf.at[src_j].add(y_jf.astype(y_mf.dtype), mode="drop")
+
+
 def _check_grouped_args(x_md: jax.Array, w_edf: jax.Array, group_sizes_e: jax.Array) -> None:
     if x_md.ndim != 2:
         raise ValueError(f"x_md must be 2-D [m, d], got shape {x_md.shape}")
@@ -270,6 +314,10 @@ def grouped_matmul(
     _check_grouped_args(x_md, w_edf, group_sizes_e)
     if impl == "ragged":
         return lax.ragged_dot(x_md, w_edf, group_sizes_e)
+    if impl == "hybrid":
+        tiled = lambda x_jd, over_e: grouped_matmul(x_jd, w_edf, over_e, impl="tiled", tile_size=tile_size)
+        batched = lambda x_ecd: jnp.einsum("ecd,edf->ecf", x_ecd, w_edf)
+        return _hybrid(x_md, group_sizes_e, batched, tiled, w_edf.shape[2])
     layout = TileLayout.build(group_sizes_e, x_md.shape[0], tile_size=tile_size)
     return layout.from_tiles(layout.matmul(layout.to_tiles(x_md), w_edf))
 
@@ -305,6 +353,18 @@ def grouped_ffn(
         gate_mf = lax.ragged_dot(x_md, w_gate_edf, group_sizes_e)
         up_mf = lax.ragged_dot(x_md, w_up_edf, group_sizes_e)
         return lax.ragged_dot(jax.nn.silu(gate_mf) * up_mf, w_down_efd, group_sizes_e)
+
+    if impl == "hybrid":
+        def batched(x_ecd):
+            h_ecf = jax.nn.silu(jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)) * jnp.einsum(
+                "ecd,edf->ecf", x_ecd, w_up_edf
+            )
+            return jnp.einsum("ecf,efd->ecd", h_ecf, w_down_efd)
+
+        tiled = lambda x_jd, over_e: grouped_ffn(
+            x_jd, w_gate_edf, w_up_edf, w_down_efd, over_e, impl="tiled", tile_size=tile_size
+        )
+        return _hybrid(x_md, group_sizes_e, batched, tiled, d)
 
     layout = TileLayout.build(group_sizes_e, x_md.shape[0], tile_size=tile_size)
     x_ntd = layout.to_tiles(x_md)
