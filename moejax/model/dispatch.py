@@ -172,8 +172,8 @@ def dispatch(
       capacity_factor: ``"capacity"`` only; slots per expert and group are
         ``max(1, ceil(capacity_factor * t * k / e))`` (:func:`expert_capacity`).
       impl: ``"dropless"`` and ``"expert_parallel"``; grouped matmul implementation, ``"auto"``,
-        ``"ragged"`` or ``"tiled"`` (:func:`moejax.model.grouped_matmul.grouped_matmul`).
-      tile_size: with ``"tiled"`` only; rows per tile.
+        ``"ragged"``, ``"tiled"`` or ``"hybrid"`` (:func:`moejax.model.grouped_matmul.grouped_matmul`).
+      tile_size: with ``"tiled"`` and ``"hybrid"`` (its overflow rows) only; rows per tile.
       ep_comm: ``"expert_parallel"`` only; ``"all_to_all"`` or ``"all_gather"``, how tokens travel
         (:mod:`moejax.model.expert_parallel`).
       ep_capacity_factor: ``"expert_parallel"`` only; each device reserves

@@ -4,7 +4,7 @@ The rows of ``x_md`` are sorted by expert: the first ``group_sizes_e[0]`` rows b
 the next ``group_sizes_e[1]`` to expert 1, and so on. A grouped matmul multiplies each row by its
 own expert's weight matrix. Rows past ``sum(group_sizes_e)`` belong to no expert and give zeros.
 
-Two implementations, chosen by ``impl``:
+Three implementations, chosen by ``impl``:
 
 - ``"ragged"``: ``jax.lax.ragged_dot``. XLA lowers it to a grouped kernel on GPU and TPU, but on
   CPU it computes every expert densely over all rows (measured: about 48x slower than a batched
@@ -23,7 +23,7 @@ Two implementations, chosen by ``impl``:
   config's m 8192, d 128, f 256, 8 experts.
 - ``"auto"``: ``"ragged"`` on GPU/TPU, ``"hybrid"`` on CPU (``jax.default_backend()``).
 
-Both are differentiable with respect to the rows and the weights and agree to float tolerance.
+All are differentiable with respect to the rows and the weights and agree to float tolerance.
 
 Why a loop over tiles rather than one batched einsum. The obvious tiled kernel gathers each
 tile's weights into ``w_ndf`` and runs ``einsum('ntd,ndf->ntf')``. On the 2-core CPU machines
