@@ -9,9 +9,9 @@ with the SwiGLU expert ``FFN_e(x) = (silu(x @ w_gate[e]) * (x @ w_up[e])) @ w_do
 of three backends:
 
 - ``"capacity"`` (GShard/Switch): every expert has a fixed buffer of C slots per group; the
-  assignments that do not fit are dropped (they contribute nothing). Dense einsums with one-hot
-  dispatch/combine tensors, static shapes, cheap to shard over experts; wastes compute on empty
-  slots and loses tokens when routing is unbalanced.
+  assignments that do not fit are dropped (they contribute nothing). Tokens are gathered into a
+  static [g, e, c, d] slot buffer and the outputs gathered back; static shapes, cheap to shard over
+  experts; wastes compute on empty slots and loses tokens when routing is unbalanced.
 - ``"dropless"``: sort all assignments by expert and run a grouped matmul
   (:mod:`moejax.model.grouped_matmul`) over the variable-size groups. Never drops; compute is
   proportional to the real assignments (plus tile padding on CPU).
@@ -62,9 +62,18 @@ def expert_capacity(
 
 
 def _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd):
-    gate_gecf = jnp.einsum("gecd,edf->gecf", x_gecd, w_gate_edf)
-    up_gecf = jnp.einsum("gecd,edf->gecf", x_gecd, w_up_edf)
-    return jnp.einsum("gecf,efd->gecd", jax.nn.silu(gate_gecf) * up_gecf, w_down_efd)
+    """Each expert's SwiGLU over its slots of every group, as one [e, g * c] row block per expert.
+
+    Expert-major ([e, g * c, d], one batched matmul per weight) rather than an einsum batched over
+    g and e, which XLA:CPU runs slower (the peer-architecture capacity step: x1.17 with this
+    layout, identical loss; experiments/benchmarks/README.md).
+    """
+    g, e, c, d = x_gecd.shape
+    x_ecd = x_gecd.transpose(1, 0, 2, 3).reshape(e, g * c, d)
+    gate_ecf = jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)
+    up_ecf = jnp.einsum("ecd,edf->ecf", x_ecd, w_up_edf)
+    y_ecd = jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate_ecf) * up_ecf, w_down_efd)
+    return y_ecd.reshape(e, g, c, d).transpose(1, 0, 2, 3)
 
 
 def _capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor):
@@ -81,18 +90,19 @@ def _capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, 
     slot_gtk = jnp.swapaxes(slot_gkt, 1, 2)
     kept_gtk = slot_gtk < c
 
-    # one_hot of an out-of-range slot is all zeros: a dropped assignment has no slot.
-    slot_gtkc = jax.nn.one_hot(slot_gtk, c, dtype=jnp.float32)
-    expert_f32_gtke = expert_gtke.astype(jnp.float32)
-    dispatch_gtec = jnp.einsum("gtke,gtkc->gtec", expert_f32_gtke, slot_gtkc).astype(x_gtd.dtype)
-    combine_gtec = jnp.einsum("gtke,gtkc,gtk->gtec", expert_f32_gtke, slot_gtkc, w_gtk)
-
-    x_gecd = jnp.einsum("gtec,gtd->gecd", dispatch_gtec, x_gtd)
+    # The token in each slot (t, out of range, for an empty slot: reads zero); a dropped
+    # assignment (slot >= c) writes nothing. Gathers, not one-hot [g, t, e, c] einsums: the peer-
+    # architecture capacity step x1.08, the same loss.
+    g_gtk = jnp.broadcast_to(jnp.arange(g)[:, None, None], idx_gtk.shape)
+    t_gtk = jnp.broadcast_to(jnp.arange(t)[None, :, None], idx_gtk.shape)
+    src_gec = jnp.full((g, e, c), t, jnp.int32).at[g_gtk, idx_gtk, slot_gtk].set(t_gtk, mode="drop")
+    x_gecd = jax.vmap(lambda x_td, src_ec: jnp.take(x_td, src_ec, axis=0, mode="fill", fill_value=0))(x_gtd, src_gec)
     y_gecd = _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd)
-    y_gtd = jnp.einsum("gtec,gecd->gtd", combine_gtec.astype(y_gecd.dtype), y_gecd)
+    y_gtkd = y_gecd[g_gtk, idx_gtk, jnp.minimum(slot_gtk, c - 1)]
+    y_gtd = jnp.einsum("gtk,gtkd->gtd", jnp.where(kept_gtk, w_gtk, 0).astype(y_gtkd.dtype), y_gtkd)
     stats = dict(
         drop_rate=1.0 - jnp.mean(kept_gtk, dtype=jnp.float32),
-        tokens_per_expert_e=jnp.sum(expert_f32_gtke, axis=(0, 1, 2)),
+        tokens_per_expert_e=jnp.sum(expert_gtke, axis=(0, 1, 2)).astype(jnp.float32),
     )
     return y_gtd, stats
 
