@@ -347,7 +347,9 @@ def run_front(args, error) -> None:
     steps = args.steps if args.steps is not None else (6 if args.quick else FRONT_STEPS)
     seeds = FRONT_SEEDS[:1] if args.quick else FRONT_SEEDS[: args.seeds]
     out = os.path.join(args.out, "front_quick" if args.quick else "front")
-    runs = front_runs(methods, 2 if args.quick else None, seeds)
+    strengths = 2 if args.quick else None
+    config_of = lambda method, v, seed: front_config(front_objectives(method, v), steps, FRONT_BATCH, seed)  # noqa: E731
+    runs = front_runs(methods, strengths, seeds)
     if args.only:
         only = {n for n in args.only.split(",") if n}
         known = {name.rsplit("_s", 1)[0] for name, *_ in runs}
@@ -358,8 +360,7 @@ def run_front(args, error) -> None:
     shard, shards = args.shard
     runs_dir = os.path.join(out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
-    configs = {name: front_config(front_objectives(method, v), steps, FRONT_BATCH, seed)
-               for name, method, v, seed in runs}  # every config is built (and validated) first
+    configs = {name: config_of(method, v, seed) for name, method, v, seed in runs}  # all built (and validated) first
     from moejax import config as config_lib
     import jax
 
@@ -380,9 +381,8 @@ def run_front(args, error) -> None:
             train(configs[name], os.path.join(runs_dir, name))
             print(f"=== {name}: {time.time() - start:.1f} s wall", flush=True)
     # the report covers every finished run of the whole front, whatever --methods/--only trained
-    every = front_runs(list(FRONT), 2 if args.quick else None, FRONT_SEEDS)
-    points = [front_point(name, method, v, seed, front_config(front_objectives(method, v), steps, FRONT_BATCH, seed),
-                          os.path.join(runs_dir, name), steps)
+    every = front_runs(list(FRONT), strengths, FRONT_SEEDS)
+    points = [front_point(name, method, v, seed, config_of(method, v, seed), os.path.join(runs_dir, name), steps)
               for name, method, v, seed in every if finished(os.path.join(runs_dir, name), steps)]
     write_front(points, out, steps, FRONT_BATCH)
 

@@ -17,6 +17,11 @@ numbers come from XLA:CPU's buffer assignment for the SPMD-partitioned program: 
 optimizer figures are exact on any platform; temporaries are an estimate of what GPU/TPU
 compilers allocate (their fusion and scheduling differ, and on CPU the dropless experts use the
 tiled grouped matmul). Keep a margin.
+
+``model.moe.grouped_matmul="auto"`` is compiled as ``"tiled"``: on the GPU/TPU the check stands in
+for, ``"auto"`` is ``ragged_dot``, whose buffers are the rows themselves, and ``"tiled"``'s (the
+rows plus one tile of padding per expert) are the closest on CPU; the CPU default ``"hybrid"``
+holds about twice the expert activations (moejax/model/grouped_matmul.py).
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ def compile_report(cfg) -> dict:
     from moejax.train.state import setup
     from moejax.train.step import make_train_step
 
+    if cfg.model.moe.grouped_matmul == "auto":  # see the module docstring
+        cfg = cfg.copy_and_resolve_references()
+        cfg.model.moe.grouped_matmul = "tiled"
     mesh_shape = config_lib.validate(cfg, jax.device_count())
     run = setup(cfg, sharding.make_mesh(mesh_shape))
     train_step = make_train_step(cfg, run)
@@ -82,6 +90,7 @@ def compile_report(cfg) -> dict:
     return {
         "mesh": mesh_shape,
         "remat": cfg.train.remat,
+        "grouped_matmul": cfg.model.moe.grouped_matmul,
         "global_batch_size": cfg.train.global_batch_size,
         "seq_len": cfg.train.seq_len,
         "params_bytes": shard_bytes(run.abstract_state["params"]),

@@ -65,10 +65,18 @@ def logged_steps(workdir: str) -> dict[int, dict]:
     return out
 
 
+def child_xla_flags(devices: int | None) -> str:
+    """``XLA_FLAGS`` for a child training process: the caller's flags (e.g. the test suite's compile
+    settings) without their fake-device count, plus ``devices`` fake CPU devices (None: one, XLA's
+    default)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    if devices is not None:
+        flags.insert(0, f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(flags)
+
+
 def launch(config: str, workdir: str) -> subprocess.Popen:
-    # One CPU device; the caller's other XLA flags (e.g. the test suite's compile settings) are kept.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=1", *flags]))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=child_xla_flags(1))
     return subprocess.Popen(
         [sys.executable, "-m", "moejax.main", "--config", config, "--workdir", workdir],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

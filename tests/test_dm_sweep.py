@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from data_mixture.sweep import SweepOptions, record, run_sweep
+from experiments.fault_drill import child_xla_flags
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 TINY = {"model.d_model": 16, "model.num_layers": 1, "model.num_heads": 1, "model.num_kv_heads": 1,
@@ -55,10 +56,7 @@ def write_plan(path: Path, runs: list[dict]) -> Path:
 
 
 def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags)
-    return env
+    return dict(os.environ, XLA_FLAGS=child_xla_flags(None))
 
 
 def sweep_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

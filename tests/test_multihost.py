@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from experiments.fault_drill import child_xla_flags
 from moejax.data.dataset import open_dataset
 from moejax.data.errors import DataError
 from moejax.data.from_config import make_data
@@ -113,8 +114,7 @@ def child_env(compile_cache: str) -> dict[str, str]:
     """The environment of a process of the job: 4 fake CPU devices, no inherited JAX settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "MOEJAX_", "XLA_"))}
     # The compile settings of the test session itself (tests/conftest.py): faster compiles, same numbers.
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=4", *flags]),
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=child_xla_flags(4),
                PYTHONPATH=REPO, JAX_COMPILATION_CACHE_DIR=compile_cache)
     return env
 

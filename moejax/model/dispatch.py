@@ -40,6 +40,7 @@ from moejax.model.expert_parallel import COMMS, expert_parallel_dispatch, splits
 from moejax.model.llep import BALANCES
 from moejax.model.grouped_matmul import (
     DEFAULT_TILE_SIZE,
+    batched_ffn,
     check_tile_size,
     grouped_ffn,
     resolve_impl,
@@ -70,9 +71,7 @@ def _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd):
     """
     g, e, c, d = x_gecd.shape
     x_ecd = x_gecd.transpose(1, 0, 2, 3).reshape(e, g * c, d)
-    gate_ecf = jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)
-    up_ecf = jnp.einsum("ecd,edf->ecf", x_ecd, w_up_edf)
-    y_ecd = jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate_ecf) * up_ecf, w_down_efd)
+    y_ecd = batched_ffn(x_ecd, w_gate_edf, w_up_edf, w_down_efd)
     return y_ecd.reshape(e, g, c, d).transpose(1, 0, 2, 3)
 
 

@@ -250,7 +250,7 @@ def hybrid_capacity(num_rows: int, num_experts: int) -> int:
     return min(-(-math.ceil(even) // 8) * 8, num_rows)
 
 
-def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, batched, tiled, f: int) -> jax.Array:
+def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, batched, tiled) -> jax.Array:
     """The ``"hybrid"`` grouped op: ``batched(x_ecd) -> y_ecf`` on each expert's first c rows,
     ``tiled(x_jd, over_e) -> y_jf`` on the rest (j: overflow rows, grouped by expert)."""
     m = x_md.shape[0]
@@ -262,6 +262,7 @@ def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, batched, tiled, f: int) -
     src_ec = jnp.where(slot_c < group_sizes_e[:, None], start_e[:, None] + slot_c, m)
     y_ecf = batched(jnp.take(x_md, src_ec, axis=0, mode="fill", fill_value=0))
     # full_like (not jnp.zeros): inside shard_map the result keeps y's mesh-axis type (see _vary_alike).
+    f = y_ecf.shape[-1]
     y_mf = lax.full_like(y_ecf, 0, shape=(m, f)).at[src_ec.reshape(-1)].add(y_ecf.reshape(e * c, f), mode="drop")
     if c == m:  # no expert can hold more than c rows
         return y_mf
@@ -319,9 +320,16 @@ def grouped_matmul(
     if impl == "hybrid":
         tiled = lambda x_jd, over_e: grouped_matmul(x_jd, w_edf, over_e, impl="tiled", tile_size=tile_size)
         batched = lambda x_ecd: jnp.einsum("ecd,edf->ecf", x_ecd, w_edf)
-        return _hybrid(x_md, group_sizes_e, batched, tiled, w_edf.shape[2])
+        return _hybrid(x_md, group_sizes_e, batched, tiled)
     layout = TileLayout.build(group_sizes_e, x_md.shape[0], tile_size=tile_size)
     return layout.from_tiles(layout.matmul(layout.to_tiles(x_md), w_edf))
+
+
+def batched_ffn(x_ecd: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array, w_down_efd: jax.Array) -> jax.Array:
+    """Per-expert SwiGLU over equal row blocks: [e, c, d] -> [e, c, d], one batched matmul per
+    weight (the hybrid's batched part; the capacity backend's experts)."""
+    h_ecf = jax.nn.silu(jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)) * jnp.einsum("ecd,edf->ecf", x_ecd, w_up_edf)
+    return jnp.einsum("ecf,efd->ecd", h_ecf, w_down_efd)
 
 
 def grouped_ffn(
@@ -357,16 +365,11 @@ def grouped_ffn(
         return lax.ragged_dot(jax.nn.silu(gate_mf) * up_mf, w_down_efd, group_sizes_e)
 
     if impl == "hybrid":
-        def batched(x_ecd):
-            h_ecf = jax.nn.silu(jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)) * jnp.einsum(
-                "ecd,edf->ecf", x_ecd, w_up_edf
-            )
-            return jnp.einsum("ecf,efd->ecd", h_ecf, w_down_efd)
-
+        batched = lambda x_ecd: batched_ffn(x_ecd, w_gate_edf, w_up_edf, w_down_efd)
         tiled = lambda x_jd, over_e: grouped_ffn(
             x_jd, w_gate_edf, w_up_edf, w_down_efd, over_e, impl="tiled", tile_size=tile_size
         )
-        return _hybrid(x_md, group_sizes_e, batched, tiled, d)
+        return _hybrid(x_md, group_sizes_e, batched, tiled)
 
     layout = TileLayout.build(group_sizes_e, x_md.shape[0], tile_size=tile_size)
     x_ntd = layout.to_tiles(x_md)
