@@ -20,8 +20,8 @@ tiled grouped matmul). Keep a margin.
 
 ``model.moe.grouped_matmul="auto"`` is compiled as ``"tiled"``: on the GPU/TPU the check stands in
 for, ``"auto"`` is ``ragged_dot``, whose buffers are the rows themselves, and ``"tiled"``'s (the
-rows plus one tile of padding per expert) are the closest on CPU; the CPU default ``"hybrid"``
-holds about twice the expert activations (moejax/model/grouped_matmul.py).
+rows, sliced tile by tile in a loop) are the closest on CPU; the CPU default ``"hybrid"`` also
+holds a batched copy of each expert's first rows (moejax/model/grouped_matmul.py).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def default_config() -> ConfigDict:
     c.model.moe.backend = "dropless"
     c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
     # Dropless matmul: auto (ragged on GPU/TPU, hybrid on CPU) | ragged | tiled | hybrid (each expert's
-    # first 1.25x-even-share rows in one batched einsum, the rest tiled); moejax/model/grouped_matmul.py.
+    # first even-share rows in one batched matmul, the rest tiled); moejax/model/grouped_matmul.py.
     c.model.moe.grouped_matmul = "auto"
     c.model.moe.tile_size = 64  # tiled grouped matmul (and hybrid's overflow): rows per tile
     c.model.moe.ep_comm = "all_to_all"  # expert_parallel: how tokens travel: all_to_all | all_gather

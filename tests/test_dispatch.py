@@ -12,11 +12,11 @@ from jax.sharding import PartitionSpec as P
 from moejax.model.dispatch import BACKENDS, dispatch, expert_capacity
 from moejax.model.grouped_matmul import (
     IMPLS,
-    TileLayout,
     grouped_ffn,
     grouped_matmul,
     hybrid_capacity,
     resolve_impl,
+    row_tiles,
 )
 
 G, T, D, F, E, K = 2, 16, 8, 12, 4, 2
@@ -106,23 +106,19 @@ def test_grouped_matmul_matches_per_row_reference(impl, group_sizes, m, tile_siz
     )
 
 
+@pytest.mark.parametrize("skip", [0, 2])
 @pytest.mark.parametrize("group_sizes, m, tile_size", GROUP_CASES[:2])
-def test_tile_layout_pads_each_group_to_whole_tiles(group_sizes, m, tile_size):
+def test_row_tiles_cover_each_experts_rows_past_skip_once(group_sizes, m, tile_size, skip):
     group_sizes_e = np.asarray(group_sizes, np.int32)
-    layout = TileLayout.build(group_sizes_e, m, tile_size=tile_size)
-    tiles_e = -(-group_sizes_e // tile_size)
-    num_used = tiles_e.sum()
-    assert int(layout.num_used_tiles) == num_used
-    np.testing.assert_array_equal(
-        layout.tile_expert_n[:num_used], np.repeat(np.arange(len(group_sizes)), tiles_e)
-    )
-    # The round trip through the tiles keeps every grouped row and zeroes the rest.
-    x_md = np.arange(1, m + 1, dtype=np.float32)[:, None]
-    x_ntd = layout.to_tiles(x_md)
-    assert x_ntd.shape == (layout.num_tiles, tile_size, 1)
-    assert np.count_nonzero(x_ntd) == group_sizes_e.sum()
-    expected_md = np.where(np.arange(m)[:, None] < group_sizes_e.sum(), x_md, 0)
-    np.testing.assert_array_equal(layout.from_tiles(x_ntd), expected_md)
+    expert_n, row0_n, end_n, num_used = row_tiles(jnp.asarray(group_sizes_e), m, skip, tile_size)
+    tiles_e = -(-np.maximum(group_sizes_e - skip, 0) // tile_size)
+    assert int(num_used) == tiles_e.sum() and len(expert_n) >= tiles_e.sum()
+    np.testing.assert_array_equal(expert_n[:num_used], np.repeat(np.arange(len(group_sizes)), tiles_e))
+    covered = np.concatenate([np.arange(r0, r1) for r0, r1 in zip(row0_n[:num_used], end_n[:num_used])])
+    start_e = np.cumsum(group_sizes_e) - group_sizes_e
+    expected = np.concatenate([np.arange(s + skip, s + n) for s, n in zip(start_e, group_sizes_e) if n > skip])
+    np.testing.assert_array_equal(covered, expected)
+    assert np.all(end_n[:num_used] - row0_n[:num_used] <= tile_size)
 
 
 def test_grouped_ffn_ragged_and_tiled_match_per_row_reference():
@@ -308,7 +304,7 @@ def test_expert_capacity():
 def test_auto_impl_is_hybrid_on_cpu_where_ragged_dot_is_dense():
     assert jax.default_backend() == "cpu"
     assert resolve_impl("auto") == "hybrid"
-    assert hybrid_capacity(8192, 8) == 1280 and hybrid_capacity(17, 5) == 8 and hybrid_capacity(6, 3) == 6
+    assert hybrid_capacity(8192, 8) == 1024 and hybrid_capacity(17, 5) == 8 and hybrid_capacity(6, 3) == 6
 
 
 def test_bad_arguments_raise_clear_errors():

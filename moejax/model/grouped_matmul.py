@@ -9,48 +9,45 @@ Three implementations, chosen by ``impl``:
 - ``"ragged"``: ``jax.lax.ragged_dot``. XLA lowers it to a grouped kernel on GPU and TPU, but on
   CPU it computes every expert densely over all rows (measured: about 48x slower than a batched
   per-expert einsum at 64 experts).
-- ``"tiled"``: a block-padded grouped matmul, for CPU. Each expert's group is padded to a multiple
-  of ``tile_size`` rows (:class:`TileLayout`), so every tile belongs to exactly one expert, and each
-  tile is multiplied by its expert's weight matrix. Shapes are static: the number of tiles is
-  bounded by ``m + min(e, m) * (tile_size - 1)`` padded rows, so it works under ``jax.jit``.
-- ``"hybrid"``: for CPU. Each expert's first ``c = hybrid_capacity(m, e)`` rows (1.25x an even
-  share, rounded up to 8) go through one batched einsum ``[e, c, d] x [e, d, f]``, large matmuls
-  that XLA:CPU runs near its peak; the rows past ``c`` of an expert that got more than that go
-  through ``"tiled"`` (with balanced routing, few or none). Nothing is dropped and every row is
-  multiplied by its own expert once, so it equals ``"tiled"`` up to float reassociation. Measured
-  (SwiGLU fwd+bwd, idle 2-core machine): 1.44x ``"tiled"`` at m 16384, d 256, f 512, 16 experts
-  with near-even groups, 1.20x with uneven ones (Dirichlet(5) shares), 1.08x at the tiny
-  config's m 8192, d 128, f 256, 8 experts. The price is memory: its expert activations span
-  about ``2.25 m`` rows (``e * c`` batched plus the static bound of the overflow's tiles) against
-  ``m + e * tile_size`` for ``"tiled"``; choose ``"tiled"`` where that matters on CPU.
+- ``"tiled"``: for CPU. Each expert's rows (contiguous, since they are sorted) are cut into tiles
+  of ``tile_size`` rows, and a ``fori_loop`` over the tiles in use multiplies each tile, sliced
+  from ``x_md`` in place, by its expert's weight matrix (:func:`row_tile_loop`). Its work is that
+  of the rows in use, with static shapes under ``jax.jit``: no padded copy of the rows and nothing
+  computed for the tiles the static bound allows but the routing does not use.
+- ``"hybrid"``: for CPU. Each expert's first ``c = hybrid_capacity(m, e)`` rows (an even share
+  ``m / e``, rounded up to 8) go through one batched matmul ``[e, c, d] x [e, d, f]``, large
+  matmuls that XLA:CPU runs near its peak; the rows past ``c`` of an expert that got more than
+  that go through the ``"tiled"`` loop. Nothing is dropped and every row is multiplied by its own
+  expert once, so it equals ``"tiled"`` up to float reassociation. Memory: about ``m`` rows of
+  expert activations for the batched part (``e * c``) plus the loop's tiles (recomputed in its
+  backward pass), like ``"tiled"``.
 - ``"auto"``: ``"ragged"`` on GPU/TPU, ``"hybrid"`` on CPU (``jax.default_backend()``).
 
 All are differentiable with respect to the rows and the weights and agree to float tolerance.
 
-Why a loop over tiles rather than one batched einsum. The obvious tiled kernel gathers each
-tile's weights into ``w_ndf`` and runs ``einsum('ntd,ndf->ntf')``. On the 2-core CPU machines
-that gather is memory-bound (an [n, d, f] copy costs as much as the matmuls themselves), its
-gradient is a scatter-add of the same size, and every tile of the static bound is computed,
-including the ones that are pure padding (up to half of them). :func:`tile_matmul` instead runs a
-``fori_loop`` over the tiles actually used, slicing one expert's weights per tile (it stays in
-cache), with a hand-written VJP that does the same for ``dx`` and ``dw``: 2-5x faster forward and
-backward at m=8192, d=256, f=512. It is reverse-mode only (``jax.grad``/``jax.vjp``), which is
-what training needs.
+Why a loop over tiles. A batched einsum over tiles (``einsum('ntd,ndf->ntf')`` with each tile's
+weights gathered into ``w_ndf``) is memory-bound on the 2-core CPU machines: the [n, d, f] gather
+costs as much as the matmuls, its gradient is a scatter-add of the same size, and every tile of
+the static bound is computed. The loop slices one expert's weights per tile (they stay in cache)
+and runs only the tiles in use, forward and backward (a hand-written VJP that recomputes each
+tile's forward), so a loop with few tiles in use costs almost nothing: the hybrid's overflow is
+usually a few tiles or none out of a static bound of ``m - c`` rows. Reverse mode only
+(``jax.grad``/``jax.vjp``), which is what training needs. Measured on the whole train step (A/B in
+one process, idle 2-core machine, 2026-12-02; experiments/benchmarks/README.md): this loop made
+the hybrid 1.28x (tiny config) to 1.80x (the PyTorch peer's architecture, after 20 steps of
+training) faster than the earlier block-padded tiles, whose gathers and activations spanned the
+whole static bound, and ``"tiled"`` 1.05x / 1.16x faster.
 
-Tile size trades padding (up to ``tile_size - 1`` wasted rows per expert) against per-tile loop
-overhead. ``experiments/benchmarks/grouped_matmul.py`` (m=8192, d=256, f=512, e in {8, 64}, equal
-and random group sizes; four runs on a busy 2-core machine) gave 64 the best worst case in three:
-65-165 GFLOP/s (the load varied), against 85-245 for the dense per-expert einsum ceiling and
-2-18 for ``ragged_dot``. 128 is 10-25% faster with about 1000 rows per expert but 15-30% slower with about
-128 rows per expert of random size, where its padding bites; 32 rarely helps.
+Tile size trades the last, partly filled tile of each expert (its masked rows are still
+multiplied) against per-tile loop overhead; 64 measured best at the peer's shapes (the hybrid's
+step at 32: x0.85, at 128: x0.89 of its speed at 64) and is the default.
 
 Dimension letters: m sorted rows, e experts, d input dim, f output dim, n tiles, t rows per tile,
-p padded rows (p = n * t), c rows per expert of the hybrid's batched part, j its overflow rows.
+c rows per expert of the hybrid's batched part.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -59,7 +56,7 @@ from jax import lax
 
 IMPLS = ("auto", "ragged", "tiled", "hybrid")
 # "hybrid": the rows per expert of its batched part, as a multiple of an even share (see hybrid_capacity).
-HYBRID_CAPACITY_FACTOR = 1.25
+HYBRID_CAPACITY_FACTOR = 1.0
 DEFAULT_TILE_SIZE = 64
 
 
@@ -92,7 +89,7 @@ def _vary_alike(*arrays: jax.Array) -> tuple[jax.Array, ...]:
     """Inside ``shard_map``, make every array vary over the union of their mesh axes.
 
     ``shard_map`` types record the mesh axes a value varies over. A custom VJP must return
-    cotangents of its inputs' types, and a loop carry must keep its type, so :func:`tile_matmul`
+    cotangents of its inputs' types, and a loop carry must keep its type, so :func:`row_tile_loop`
     unifies its operands first; JAX differentiates the cast (its transpose is a ``psum``).
     ``lax.full_like`` inherits its example's axes without reading it, so the zero scalars carry the
     union and adding one casts an array. Outside ``shard_map`` (and after XLA folds ``+ 0``) this
@@ -102,157 +99,111 @@ def _vary_alike(*arrays: jax.Array) -> tuple[jax.Array, ...]:
     return tuple(a + lax.full_like(probe, 0, a.dtype, shape=()) for a in arrays)
 
 
-def tile_matmul(
-    x_ntd: jax.Array, w_edf: jax.Array, tile_expert_n: jax.Array, num_used_tiles: jax.Array
-) -> jax.Array:
-    """``y_ntf[j] = x_ntd[j] @ w_edf[tile_expert_n[j]]`` for ``j < num_used_tiles``, else 0.
-
-    A loop over the used tiles only; differentiable in reverse mode w.r.t. ``x_ntd`` and ``w_edf``.
-    """
-    return _tile_matmul(*_vary_alike(x_ntd, w_edf, tile_expert_n, num_used_tiles))
-
-
-@jax.custom_vjp
-def _tile_matmul(x_ntd, w_edf, tile_expert_n, num_used_tiles):
-    n, t, _ = x_ntd.shape
-    # full_like (not jnp.zeros) so the carry has the operands' shard_map type (see _vary_alike).
-    y_ntf = lax.full_like(x_ntd, 0, jnp.result_type(x_ntd, w_edf), shape=(n, t, w_edf.shape[2]))
-
-    def body(j, y_ntf):
-        w_df = lax.dynamic_index_in_dim(w_edf, tile_expert_n[j], keepdims=False)
-        x_td = lax.dynamic_index_in_dim(x_ntd, j, keepdims=False)
-        return lax.dynamic_update_index_in_dim(y_ntf, x_td @ w_df, j, axis=0)
-
-    return lax.fori_loop(0, num_used_tiles, body, y_ntf)
-
-
-def _tile_matmul_fwd(x_ntd, w_edf, tile_expert_n, num_used_tiles):
-    residuals = (x_ntd, w_edf, tile_expert_n, num_used_tiles)
-    return _tile_matmul(x_ntd, w_edf, tile_expert_n, num_used_tiles), residuals
-
-
-def _tile_matmul_bwd(residuals, dy_ntf):
-    x_ntd, w_edf, tile_expert_n, num_used_tiles = residuals
-    # Tiles of one expert add into the same dw slice: accumulate in at least float32.
-    acc_dtype = jnp.promote_types(w_edf.dtype, jnp.float32)
-
-    def body(j, carry):
-        dx_ntd, dw_edf = carry
-        e = tile_expert_n[j]
-        w_df = lax.dynamic_index_in_dim(w_edf, e, keepdims=False)
-        x_td = lax.dynamic_index_in_dim(x_ntd, j, keepdims=False)
-        dy_tf = lax.dynamic_index_in_dim(dy_ntf, j, keepdims=False)
-        dx_td = jnp.einsum("tf,df->td", dy_tf, w_df).astype(x_ntd.dtype)
-        dx_ntd = lax.dynamic_update_index_in_dim(dx_ntd, dx_td, j, axis=0)
-        dw_df = lax.dynamic_index_in_dim(dw_edf, e, keepdims=False) + jnp.einsum(
-            "td,tf->df", x_td, dy_tf, preferred_element_type=acc_dtype
-        )
-        return dx_ntd, lax.dynamic_update_index_in_dim(dw_edf, dw_df, e, axis=0)
-
-    init = (lax.full_like(x_ntd, 0), lax.full_like(w_edf, 0, acc_dtype))
-    dx_ntd, dw_edf = lax.fori_loop(0, num_used_tiles, body, init)
-    return dx_ntd, dw_edf.astype(w_edf.dtype), None, None
-
-
-_tile_matmul.defvjp(_tile_matmul_fwd, _tile_matmul_bwd)
-
-
-@dataclasses.dataclass(frozen=True)
-class TileLayout:
-    """Where each expert-sorted row goes when every group is padded to a multiple of a tile.
-
-    Computed once from the group sizes and shared by every matmul over the same rows (the
-    SwiGLU expert runs three): ``layout.from_tiles(layout.matmul(layout.to_tiles(x_md), w_edf))``
-    is the grouped matmul. A pytree, so it can cross ``jax.jit`` boundaries.
-
-    Attributes:
-      src_p: int32 [n * tile_size]; the sorted row each padded row holds, or ``m`` (out of range,
-        reads as zero) for a padding row.
-      dest_m: int32 [m]; the padded row of each sorted row, or ``n * tile_size`` (out of range,
-        reads as zero) for a row past ``sum(group_sizes_e)``.
-      tile_expert_n: int32 [n]; the expert that owns each tile (trailing unused tiles get the
-        last expert).
-      num_used_tiles: int32 scalar; tiles that hold rows (the rest of the static bound is unused).
-      tile_size: rows per tile (static).
-    """
-
-    src_p: jax.Array
-    dest_m: jax.Array
-    tile_expert_n: jax.Array
-    num_used_tiles: jax.Array
-    tile_size: int
-
-    @classmethod
-    def build(cls, group_sizes_e: jax.Array, num_rows: int, *, tile_size: int) -> TileLayout:
-        """The layout of ``num_rows`` expert-sorted rows with ``group_sizes_e`` rows per expert."""
-        check_tile_size(tile_size)
-        group_sizes_e = jnp.asarray(group_sizes_e, jnp.int32)
-        (num_experts,) = group_sizes_e.shape
-        n = max_tiles(num_rows, num_experts, tile_size)
-        p = n * tile_size
-
-        start_e = jnp.cumsum(group_sizes_e) - group_sizes_e
-        tiles_e = -(-group_sizes_e // tile_size)
-        tile_end_e = jnp.cumsum(tiles_e)
-
-        # Tile j belongs to the first expert whose tiles end after j.
-        tile_expert_n = jnp.searchsorted(tile_end_e, jnp.arange(n, dtype=jnp.int32), side="right")
-        tile_expert_n = jnp.minimum(tile_expert_n, num_experts - 1).astype(jnp.int32)
-
-        expert_p = jnp.repeat(tile_expert_n, tile_size, total_repeat_length=p)
-        padded_start_p = (tile_end_e - tiles_e)[expert_p] * tile_size
-        offset_p = jnp.arange(p, dtype=jnp.int32) - padded_start_p
-        is_row_p = offset_p < group_sizes_e[expert_p]
-        src_p = jnp.where(is_row_p, start_e[expert_p] + offset_p, num_rows)
-
-        # dest inverts src: padding rows (src_p == num_rows) are dropped by the scatter, and rows
-        # that no padded row holds keep the out-of-range fill.
-        dest_m = jnp.full((num_rows,), p, jnp.int32)
-        dest_m = dest_m.at[src_p].set(jnp.arange(p, dtype=jnp.int32), mode="drop")
-        return cls(
-            src_p=src_p,
-            dest_m=dest_m,
-            tile_expert_n=tile_expert_n,
-            num_used_tiles=tile_end_e[-1],
-            tile_size=tile_size,
-        )
-
-    @property
-    def num_tiles(self) -> int:
-        """The static number of tiles n (an upper bound on ``num_used_tiles``)."""
-        return self.tile_expert_n.shape[0]
-
-    def to_tiles(self, x_md: jax.Array) -> jax.Array:
-        """Sorted rows [m, d] -> tiles [n, tile_size, d]; padding rows are zero."""
-        x_pd = jnp.take(x_md, self.src_p, axis=0, mode="fill", fill_value=0)
-        return x_pd.reshape(self.num_tiles, self.tile_size, x_md.shape[-1])
-
-    def from_tiles(self, y_ntf: jax.Array) -> jax.Array:
-        """Tiles [n, tile_size, f] -> sorted rows [m, f]; rows past the groups' total are zero."""
-        y_pf = y_ntf.reshape(self.num_tiles * self.tile_size, y_ntf.shape[-1])
-        return jnp.take(y_pf, self.dest_m, axis=0, mode="fill", fill_value=0)
-
-    def matmul(self, x_ntd: jax.Array, w_edf: jax.Array) -> jax.Array:
-        """Each tile times its expert's weights: [n, t, d] x [e, d, f] -> [n, t, f]."""
-        return tile_matmul(x_ntd, w_edf, self.tile_expert_n, self.num_used_tiles)
-
-
-jax.tree_util.register_dataclass(
-    TileLayout,
-    data_fields=["src_p", "dest_m", "tile_expert_n", "num_used_tiles"],
-    meta_fields=["tile_size"],
-)
-
-
 def hybrid_capacity(num_rows: int, num_experts: int) -> int:
-    """Rows per expert in the batched part of ``"hybrid"``: 1.25x an even share, a multiple of 8."""
+    """Rows per expert in the batched part of ``"hybrid"``: an even share m / e, a multiple of 8."""
     even = HYBRID_CAPACITY_FACTOR * num_rows / num_experts
     return min(-(-math.ceil(even) // 8) * 8, num_rows)
 
 
-def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, batched, tiled) -> jax.Array:
-    """The ``"hybrid"`` grouped op: ``batched(x_ecd) -> y_ecf`` on each expert's first c rows,
-    ``tiled(x_jd, over_e) -> y_jf`` on the rest (j: overflow rows, grouped by expert)."""
+def row_tiles(group_sizes_e: jax.Array, num_rows: int, skip: int, tile_size: int):
+    """The tiles of each expert's rows past its first ``skip``: (expert_n, row0_n, end_n, num_used).
+
+    Expert e's rows past ``skip`` are the contiguous sorted rows ``[start_e + skip, start_e +
+    size_e)``; they are cut into tiles of ``tile_size`` rows, and tile j covers rows
+    ``[row0_n[j], end_n[j])`` of expert ``expert_n[j]``. The static bound n counts the tiles if
+    every row past ``skip`` were in use (:func:`max_tiles`); only the first ``num_used`` are.
+    """
+    (e,) = group_sizes_e.shape
+    start_e = jnp.cumsum(group_sizes_e) - group_sizes_e
+    over_e = jnp.maximum(group_sizes_e - skip, 0)
+    tiles_e = -(-over_e // tile_size)
+    tile_end_e = jnp.cumsum(tiles_e)
+    n = max_tiles(max(num_rows - skip, 1), e, tile_size)
+    expert_n = jnp.minimum(jnp.searchsorted(tile_end_e, jnp.arange(n), side="right"), e - 1).astype(jnp.int32)
+    row0_n = start_e[expert_n] + skip + (jnp.arange(n) - (tile_end_e - tiles_e)[expert_n]) * tile_size
+    end_n = jnp.minimum(row0_n + tile_size, (start_e + group_sizes_e)[expert_n])
+    return expert_n, row0_n.astype(jnp.int32), end_n.astype(jnp.int32), tile_end_e[-1]
+
+
+def row_tile_loop(tile_fn, x_md: jax.Array, ws_e: tuple, tiles, tile_size: int) -> jax.Array:
+    """``y_mf[i] = tile_fn(x_md[i], *(w[expert of i] for w in ws_e))`` on the rows of ``tiles``
+    (:func:`row_tiles`), zeros elsewhere: a ``fori_loop`` over the used tiles only.
+
+    Each tile reads a ``tile_size``-row slice of ``x_md`` in place (rows outside the tile masked to
+    zero), applies ``tile_fn`` with its expert's weights and adds the result into the output
+    slice, so the cost is that of the rows in use: no work over the static bound, no gathers and
+    no activations of unused tiles (the hybrid's overflow is usually a few tiles or none, out of a
+    bound of m - c rows). ``tile_fn`` must map zero rows to zero rows (a matmul or a SwiGLU does).
+    The hand-written VJP runs the same loop, recomputing each tile's forward under ``jax.vjp``
+    (only the inputs are kept), and accumulates each expert's weight gradient in at least float32.
+    Reverse mode only.
+    """
+    m = x_md.shape[0]
+    t = min(tile_size, m)
+
+    def tile(j, x_md, tiles):
+        """The clamped slice start of tile j and its rows of x (others zero)."""
+        _, row0_n, end_n, _ = tiles
+        s = jnp.minimum(row0_n[j], m - t)
+        rows_t = s + jnp.arange(t)
+        valid_t1 = ((rows_t >= row0_n[j]) & (rows_t < end_n[j]))[:, None]
+        return s, valid_t1, jnp.where(valid_t1, lax.dynamic_slice_in_dim(x_md, s, t), 0)
+
+    def add_rows(acc_md, s, rows_td):
+        return lax.dynamic_update_slice_in_dim(acc_md, lax.dynamic_slice_in_dim(acc_md, s, t) + rows_td, s, 0)
+
+    def expert_ws(j, ws_e, expert_n):
+        return tuple(lax.dynamic_index_in_dim(w, expert_n[j], keepdims=False) for w in ws_e)
+
+    # The tiles are explicit (integer) arguments, not closed over: they derive from the routing.
+    @jax.custom_vjp
+    def loop(x_md, ws_e, tiles):
+        f = jax.eval_shape(tile_fn, x_md[:t], *(w[0] for w in ws_e)).shape[-1]
+        y_mf = lax.full_like(x_md, 0, shape=(m, f))
+
+        def body(j, y_mf):
+            s, _, x_td = tile(j, x_md, tiles)
+            return add_rows(y_mf, s, tile_fn(x_td, *expert_ws(j, ws_e, tiles[0])).astype(y_mf.dtype))
+
+        return lax.fori_loop(0, tiles[3], body, y_mf)
+
+    def loop_fwd(x_md, ws_e, tiles):
+        return loop(x_md, ws_e, tiles), (x_md, ws_e, tiles)
+
+    def loop_bwd(residuals, dy_mf):
+        x_md, ws_e, tiles = residuals
+        expert_n = tiles[0]
+        acc = tuple(lax.full_like(w, 0, jnp.promote_types(w.dtype, jnp.float32)) for w in ws_e)
+
+        def body(j, carry):
+            dx_md, dws_e = carry
+            s, valid_t1, x_td = tile(j, x_md, tiles)
+            dy_tf = jnp.where(valid_t1, lax.dynamic_slice_in_dim(dy_mf, s, t), 0)
+            _, tile_vjp = jax.vjp(tile_fn, x_td, *expert_ws(j, ws_e, expert_n))
+            dx_td, *dw_tile = tile_vjp(dy_tf.astype(x_td.dtype))
+            dws_e = tuple(
+                lax.dynamic_update_index_in_dim(dw, dw[expert_n[j]] + g.astype(dw.dtype), expert_n[j], 0)
+                for dw, g in zip(dws_e, dw_tile)
+            )
+            return add_rows(dx_md, s, dx_td.astype(dx_md.dtype)), dws_e
+
+        dx_md, dws_e = lax.fori_loop(0, tiles[3], body, (lax.full_like(x_md, 0), acc))
+        return dx_md, tuple(dw.astype(w.dtype) for dw, w in zip(dws_e, ws_e)), (None,) * 4
+
+    loop.defvjp(loop_fwd, loop_bwd)
+    k = len(ws_e)
+    x_md, *rest = _vary_alike(x_md, *ws_e, *tiles)
+    return loop(x_md, tuple(rest[:k]), tuple(rest[k:]))
+
+
+def _tiled(x_md: jax.Array, group_sizes_e: jax.Array, tile_fn, ws_e: tuple, tile_size: int) -> jax.Array:
+    """The ``"tiled"`` grouped op ``tile_fn(rows, *expert weights)``: every row through the loop."""
+    return row_tile_loop(tile_fn, x_md, ws_e, row_tiles(group_sizes_e, x_md.shape[0], 0, tile_size), tile_size)
+
+
+def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, tile_fn, ws_e: tuple, tile_size: int) -> jax.Array:
+    """The ``"hybrid"`` grouped op ``tile_fn(rows, *expert weights)``: batched (``jax.vmap`` over
+    experts) on each expert's first c rows, :func:`row_tile_loop` on the rows past c."""
     m = x_md.shape[0]
     (e,) = group_sizes_e.shape
     c = hybrid_capacity(m, e)
@@ -260,22 +211,14 @@ def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, batched, tiled) -> jax.Ar
     slot_c = jnp.arange(c, dtype=jnp.int32)
     # Row of slot (e, s), or m (out of range: reads zero, writes nothing) for an empty slot.
     src_ec = jnp.where(slot_c < group_sizes_e[:, None], start_e[:, None] + slot_c, m)
-    y_ecf = batched(jnp.take(x_md, src_ec, axis=0, mode="fill", fill_value=0))
+    y_ecf = jax.vmap(tile_fn)(jnp.take(x_md, src_ec, axis=0, mode="fill", fill_value=0), *ws_e)
     # full_like (not jnp.zeros): inside shard_map the result keeps y's mesh-axis type (see _vary_alike).
     f = y_ecf.shape[-1]
     y_mf = lax.full_like(y_ecf, 0, shape=(m, f)).at[src_ec.reshape(-1)].add(y_ecf.reshape(e * c, f), mode="drop")
     if c == m:  # no expert can hold more than c rows
         return y_mf
-    # At most m - c rows overflow (all rows in one expert); overflow row j of expert e_j is that
-    # expert's row c + (j - first overflow row of e_j).
-    over_e = jnp.maximum(group_sizes_e - c, 0)
-    over_end_e = jnp.cumsum(over_e)
-    j = jnp.arange(m - c, dtype=jnp.int32)
-    e_j = jnp.searchsorted(over_end_e, j, side="right").astype(jnp.int32)
-    e_jc = jnp.minimum(e_j, e - 1)
-    src_j = jnp.where(e_j < e, start_e[e_jc] + c + j - (over_end_e - over_e)[e_jc], m)
-    y_jf = tiled(jnp.take(x_md, src_j, axis=0, mode="fill", fill_value=0), over_e)
-    return y_mf.at[src_j].add(y_jf.astype(y_mf.dtype), mode="drop")
+    tiles = row_tiles(group_sizes_e, m, c, tile_size)
+    return y_mf + row_tile_loop(tile_fn, x_md, ws_e, tiles, tile_size).astype(y_mf.dtype)
 
 
 def _check_grouped_args(x_md: jax.Array, w_edf: jax.Array, group_sizes_e: jax.Array) -> None:
@@ -318,18 +261,19 @@ def grouped_matmul(
     if impl == "ragged":
         return lax.ragged_dot(x_md, w_edf, group_sizes_e)
     if impl == "hybrid":
-        tiled = lambda x_jd, over_e: grouped_matmul(x_jd, w_edf, over_e, impl="tiled", tile_size=tile_size)
-        batched = lambda x_ecd: jnp.einsum("ecd,edf->ecf", x_ecd, w_edf)
-        return _hybrid(x_md, group_sizes_e, batched, tiled)
-    layout = TileLayout.build(group_sizes_e, x_md.shape[0], tile_size=tile_size)
-    return layout.from_tiles(layout.matmul(layout.to_tiles(x_md), w_edf))
+        return _hybrid(x_md, group_sizes_e, jnp.matmul, (w_edf,), tile_size)
+    return _tiled(x_md, group_sizes_e, jnp.matmul, (w_edf,), tile_size)
+
+
+def swiglu(x_td: jax.Array, w_gate_df: jax.Array, w_up_df: jax.Array, w_down_fd: jax.Array) -> jax.Array:
+    """One expert's SwiGLU ``(silu(x @ w_gate) * (x @ w_up)) @ w_down`` on rows [t, d] -> [t, d]."""
+    return (jax.nn.silu(x_td @ w_gate_df) * (x_td @ w_up_df)) @ w_down_fd
 
 
 def batched_ffn(x_ecd: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array, w_down_efd: jax.Array) -> jax.Array:
     """Per-expert SwiGLU over equal row blocks: [e, c, d] -> [e, c, d], one batched matmul per
     weight (the hybrid's batched part; the capacity backend's experts)."""
-    h_ecf = jax.nn.silu(jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)) * jnp.einsum("ecd,edf->ecf", x_ecd, w_up_edf)
-    return jnp.einsum("ecf,efd->ecd", h_ecf, w_down_efd)
+    return jax.vmap(swiglu)(x_ecd, w_gate_edf, w_up_edf, w_down_efd)
 
 
 def grouped_ffn(
@@ -365,13 +309,6 @@ def grouped_ffn(
         return lax.ragged_dot(jax.nn.silu(gate_mf) * up_mf, w_down_efd, group_sizes_e)
 
     if impl == "hybrid":
-        batched = lambda x_ecd: batched_ffn(x_ecd, w_gate_edf, w_up_edf, w_down_efd)
-        tiled = lambda x_jd, over_e: grouped_ffn(
-            x_jd, w_gate_edf, w_up_edf, w_down_efd, over_e, impl="tiled", tile_size=tile_size
-        )
-        return _hybrid(x_md, group_sizes_e, batched, tiled)
+        return _hybrid(x_md, group_sizes_e, swiglu, (w_gate_edf, w_up_edf, w_down_efd), tile_size)
 
-    layout = TileLayout.build(group_sizes_e, x_md.shape[0], tile_size=tile_size)
-    x_ntd = layout.to_tiles(x_md)
-    h_ntf = jax.nn.silu(layout.matmul(x_ntd, w_gate_edf)) * layout.matmul(x_ntd, w_up_edf)
-    return layout.from_tiles(layout.matmul(h_ntf, w_down_efd))
+    return _tiled(x_md, group_sizes_e, swiglu, (w_gate_edf, w_up_edf, w_down_efd), tile_size)
