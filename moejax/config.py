@@ -133,8 +133,9 @@ def default_config() -> ConfigDict:
     # to the devices of their experts over mesh.expert; docs/expert_parallel.md)
     c.model.moe.backend = "dropless"
     c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
-    # Dropless matmul: auto (ragged on GPU/TPU, hybrid on CPU) | ragged | tiled | hybrid (each expert's
-    # first even-share rows in one batched matmul, the rest tiled); moejax/model/grouped_matmul.py.
+    # Dropless matmul: auto (ragged on GPU/TPU; on CPU hybrid, or tiled under 256 rows per expert) | ragged |
+    # tiled | hybrid (each expert's first even-share rows in one batched matmul, the rest tiled);
+    # moejax/model/grouped_matmul.py.
     c.model.moe.grouped_matmul = "auto"
     c.model.moe.tile_size = 64  # tiled grouped matmul (and hybrid's overflow): rows per tile
     c.model.moe.ep_comm = "all_to_all"  # expert_parallel: how tokens travel: all_to_all | all_gather

@@ -304,6 +304,7 @@ def test_expert_capacity():
 def test_auto_impl_is_hybrid_on_cpu_where_ragged_dot_is_dense():
     assert jax.default_backend() == "cpu"
     assert resolve_impl("auto") == "hybrid"
+    assert resolve_impl("auto", 8192, 16) == "hybrid" and resolve_impl("auto", 8192, 64) == "tiled"
     assert hybrid_capacity(8192, 8) == 1024 and hybrid_capacity(17, 5) == 8 and hybrid_capacity(6, 3) == 6
 
 

@@ -8,8 +8,10 @@ groups are of random size like at the start of training), ``jax.value_and_grad``
 the output with respect to the tokens and all expert weights, timed in interleaved rounds
 (medians, :mod:`experiments.benchmarks.timing`). Candidates:
 
-- ``dropless_hybrid``: sort + each expert's first even-share rows batched, the rest tiled (the CPU default);
-- ``dropless_tiled``: sort + a loop over 64-row tiles of each expert's rows, SwiGLU per tile;
+- ``dropless_hybrid``: sort + each expert's first even-share rows batched, the rest tiled (the CPU
+  default from 256 rows per expert);
+- ``dropless_tiled``: sort + a loop over 64-row tiles of each expert's rows, SwiGLU per tile (the
+  CPU default under 256 rows per expert, as here with the defaults: 128);
 - ``dropless_ragged``: sort + ``jax.lax.ragged_dot`` (the GPU/TPU default; dense on XLA:CPU);
 - ``capacity``: GShard one-hot dispatch, capacity factor 1.25 (drops tokens);
 - ``dense_equal_active``: a dense SwiGLU of width top_k * expert_dim (the same active FLOPs);

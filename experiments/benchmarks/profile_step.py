@@ -211,8 +211,9 @@ def print_table(result: dict) -> None:
 
 # Innermost moejax/optax function of an op's stack -> the part of the step it belongs to.
 PART_OF_FUNCTION = (
-    ("tile_matmul", "experts: grouped matmul (tile loop)"),
-    ("TileLayout", "experts: tile layout, to/from tiles"),
+    ("row_tile_loop", "experts: tile loop (tiled, hybrid overflow)"),
+    ("swiglu", "experts: SwiGLU"),
+    ("_hybrid", "experts: hybrid gathers and batched part"),
     ("grouped_ffn", "experts: SwiGLU activation"),
     ("grouped_matmul", "experts: grouped matmul"),
     ("_dropless_dispatch", "dispatch: sort, gather, unsort, combine"),

@@ -204,7 +204,7 @@ def dispatch(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    impl = resolve_impl(impl)
+    resolve_impl(impl)  # validates; the grouped matmul resolves "auto", knowing the rows per expert
     check_tile_size(tile_size)
     for name, factor in (("capacity_factor", capacity_factor), ("ep_capacity_factor", ep_capacity_factor)):
         if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):

@@ -403,7 +403,7 @@ def expert_parallel_dispatch(
 
     Arguments are global arrays, as for :func:`moejax.model.dispatch.dispatch`; ``comm`` is one of
     :data:`COMMS`, ``capacity_factor`` sets the slots per (source, destination) pair
-    (:func:`pair_capacity`), ``impl`` is a resolved grouped matmul implementation. The mesh must
+    (:func:`pair_capacity`), ``impl`` a grouped matmul implementation (``"auto"`` resolves per device). The mesh must
     split the experts and the groups (:func:`splits_experts`). Returns ``y_gtd`` and the global
     ``drop_rate`` and ``tokens_per_expert_e``.
 
