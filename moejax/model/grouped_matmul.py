@@ -91,8 +91,8 @@ def check_tile_size(tile_size: int) -> None:
 def max_tiles(num_rows: int, num_experts: int, tile_size: int) -> int:
     """Static upper bound on the tiles that ``num_rows`` rows in ``num_experts`` groups can need.
 
-    Each non-empty group (at most ``min(num_experts, num_rows)`` of them) wastes at most
-    ``tile_size - 1`` rows of padding.
+    Each non-empty group (at most ``min(num_experts, num_rows)`` of them) leaves at most
+    ``tile_size - 1`` rows of its last tile unused.
     """
     padded_rows = num_rows + min(num_experts, num_rows) * (tile_size - 1)
     return max(1, -(-padded_rows // tile_size))
@@ -211,7 +211,8 @@ def row_tile_loop(tile_fn, x_md: jax.Array, ws_e: tuple, tiles, tile_size: int) 
 
 def _tiled(x_md: jax.Array, group_sizes_e: jax.Array, tile_fn, ws_e: tuple, tile_size: int) -> jax.Array:
     """The ``"tiled"`` grouped op ``tile_fn(rows, *expert weights)``: every row through the loop."""
-    return row_tile_loop(tile_fn, x_md, ws_e, row_tiles(group_sizes_e, x_md.shape[0], 0, tile_size), tile_size)
+    tiles = row_tiles(group_sizes_e, x_md.shape[0], 0, tile_size)
+    return row_tile_loop(tile_fn, x_md, ws_e, tiles, tile_size)
 
 
 def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, tile_fn, ws_e: tuple, tile_size: int) -> jax.Array:
