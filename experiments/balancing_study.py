@@ -348,7 +348,10 @@ def run_front(args, error) -> None:
     seeds = FRONT_SEEDS[:1] if args.quick else FRONT_SEEDS[: args.seeds]
     out = os.path.join(args.out, "front_quick" if args.quick else "front")
     strengths = 2 if args.quick else None
-    config_of = lambda method, v, seed: front_config(front_objectives(method, v), steps, FRONT_BATCH, seed)  # noqa: E731
+
+    def config_of(method, v, seed):
+        return front_config(front_objectives(method, v), steps, FRONT_BATCH, seed)
+
     runs = front_runs(methods, strengths, seeds)
     if args.only:
         only = {n for n in args.only.split(",") if n}
