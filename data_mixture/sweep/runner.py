@@ -47,8 +47,9 @@ from data_mixture.sweep import record
 from data_mixture.sweep.targets import RunTarget, SweepError, load_plan, targets_from_plan
 
 # Environment variables handed to every run explicitly (Ray workers do not inherit the driver's
-# environment); the local backend's children inherit the whole environment anyway.
-ENV_PREFIXES = ("JAX_", "XLA_", "MOEJAX_", "TF_CPP_")
+# environment); the local backend's children inherit the whole environment anyway. LD_PRELOAD
+# carries launch.sh's allocator (moejax/allocator.py) to each run's training process.
+ENV_PREFIXES = ("JAX_", "XLA_", "MOEJAX_", "TF_CPP_", "LD_PRELOAD")
 
 
 @dataclasses.dataclass
