@@ -14,7 +14,8 @@ How. ``launch.sh`` (training, ``test``, and ``python ...`` for any other command
 package ``cmeel-mimalloc`` (requirements.txt) installs, and puts it in ``LD_PRELOAD``; child
 processes (the sweep's runs, the drills) inherit it. ``MOEJAX_ALLOCATOR=system`` keeps glibc's
 malloc. A process started without launch.sh (``.venv/bin/python -m ...``) computes the same
-numbers, only its CPU steps are slower.
+numbers, only its CPU steps are slower; a training run then says so in its first line, and the
+benchmarks record the allocator in their JSON (:func:`active`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def preload(choice: str | None = None) -> str | None:
     if choice not in CHOICES:
         raise ValueError(f"MOEJAX_ALLOCATOR must be one of {CHOICES}, got {choice!r}")
     return mimalloc_path() if choice == "mimalloc" else None
+
+
+def active() -> str:
+    """The allocator this process runs with: "mimalloc" when preloaded, else "system"."""
+    return "mimalloc" if "libmimalloc" in os.environ.get("LD_PRELOAD", "") else "system"
 
 
 def main() -> int:

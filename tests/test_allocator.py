@@ -36,9 +36,10 @@ def launch_python(*args, allocator_choice: str | None = None) -> subprocess.Comp
 def test_launch_preloads_mimalloc_and_the_step_temporaries_stop_faulting():
     lib = allocator.mimalloc_path()
     assert lib is not None and os.path.isfile(lib), "requirements.txt installs cmeel-mimalloc"
-    proc = launch_python("-c", "import os; print(os.environ['LD_PRELOAD'])")
+    proc = launch_python("-c", "import os; from moejax import allocator; print(allocator.active(), os.environ['LD_PRELOAD'])")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().split(":")[0] == lib
+    active, preload = proc.stdout.split()
+    assert active == "mimalloc" and preload.split(":")[0] == lib
     proc = launch_python("-c", FAULTS_PER_CALL)
     assert proc.returncode == 0, proc.stderr
     # glibc maps and unmaps the 128 MB buffer at every call: ~32,800 faults per call; mimalloc reuses it.
@@ -46,9 +47,10 @@ def test_launch_preloads_mimalloc_and_the_step_temporaries_stop_faulting():
 
 
 def test_system_allocator_on_request_and_bad_choice_refused():
-    proc = launch_python("-c", "import os; print(os.environ.get('LD_PRELOAD', 'none'))", allocator_choice="system")
+    proc = launch_python("-c", "import os; from moejax import allocator; print(allocator.active(), "
+                         "os.environ.get('LD_PRELOAD', 'none'))", allocator_choice="system")
     assert proc.returncode == 0, proc.stderr
-    assert "mimalloc" not in proc.stdout
+    assert proc.stdout.split() == ["system", "none"]
     proc = launch_python("-c", "print(1)", allocator_choice="jemalloc")
     assert proc.returncode == 2
     assert "MOEJAX_ALLOCATOR must be one of ('mimalloc', 'system'), got 'jemalloc'" in proc.stderr
