@@ -12,7 +12,7 @@
 #
 # Every process started here runs with mimalloc preloaded (LD_PRELOAD): XLA:CPU takes a fresh
 # buffer for each step's temporaries, which glibc's malloc maps and unmaps every step, so the step
-# page-faults it all back in; mimalloc reuses it (CPU steps ~1.3x faster; moejax/allocator.py).
+# page-faults it all back in; mimalloc reuses it (CPU steps 1.2-1.3x faster; moejax/allocator.py).
 # MOEJAX_ALLOCATOR=system keeps the system allocator.
 #
 # Python: $MOEJAX_PYTHON if set (e.g. an environment with jax[cuda] or jax[tpu]); otherwise
