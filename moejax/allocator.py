@@ -12,8 +12,11 @@ machine; experiments/benchmarks/README.md, section 2, change 6). Nothing numeric
 
 How. ``launch.sh`` (training, ``test``, and ``python ...`` for any other command) runs
 ``python -m moejax.allocator``, which prints the path of the ``libmimalloc.so`` that the PyPI
-package ``cmeel-mimalloc`` (requirements.txt) installs, and puts it in ``LD_PRELOAD``; child
-processes (the sweep's runs, the drills) inherit it. ``MOEJAX_ALLOCATOR=system`` keeps glibc's
+package ``cmeel-mimalloc`` (requirements.txt) installs, and puts it in ``LD_PRELOAD``, with
+``MIMALLOC_PURGE_DELAY=-1`` (freed memory is never given back to the OS: with the default 10 ms
+delay the host work between two steps of the training loop was enough for mimalloc to return the
+buffer, and the loop's steps ran 1.08x slower); child processes (the sweep's runs, the drills)
+inherit both. ``MOEJAX_ALLOCATOR=system`` keeps glibc's
 malloc. A process started without launch.sh (``.venv/bin/python -m ...``) computes the same
 numbers, only its CPU steps are slower; a training run then says so in its first line, and the
 benchmarks record the allocator in their JSON (:func:`active`).

@@ -25,7 +25,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4)
 
 
 def launch_python(*args, allocator_choice: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MOEJAX_ALLOCATOR")}
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MOEJAX_ALLOCATOR", "MIMALLOC_PURGE_DELAY")}
     if allocator_choice is not None:
         env["MOEJAX_ALLOCATOR"] = allocator_choice
     return subprocess.run(["./launch.sh", "python", *args], cwd=REPO, env=env, capture_output=True, text=True,
@@ -36,10 +36,12 @@ def launch_python(*args, allocator_choice: str | None = None) -> subprocess.Comp
 def test_launch_preloads_mimalloc_and_the_step_temporaries_stop_faulting():
     lib = allocator.mimalloc_path()
     assert lib is not None and os.path.isfile(lib), "requirements.txt installs cmeel-mimalloc"
-    proc = launch_python("-c", "import os; from moejax import allocator; print(allocator.active(), os.environ['LD_PRELOAD'])")
+    proc = launch_python("-c", "import os; from moejax import allocator; "
+                         "print(allocator.active(), os.environ['LD_PRELOAD'], os.environ['MIMALLOC_PURGE_DELAY'])")
     assert proc.returncode == 0, proc.stderr
-    active, preload = proc.stdout.split()
+    active, preload, purge_delay = proc.stdout.split()
     assert active == "mimalloc" and preload.split(":")[0] == lib
+    assert purge_delay == "-1"  # freed memory stays mapped between the loop's steps
     proc = launch_python("-c", FAULTS_PER_CALL)
     assert proc.returncode == 0, proc.stderr
     # glibc maps and unmaps the 128 MB buffer at every call: ~32,800 faults per call; mimalloc reuses it.
