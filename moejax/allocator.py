@@ -7,8 +7,9 @@ with ``munmap`` when the step ends, so every step page-faults the whole buffer i
 minor faults and about 0.3 s of kernel time per tiny step, on top of 0.45 s of work.
 mimalloc keeps freed memory mapped and hands it to the next step: the faults fall to a few
 thousand, and the bare train step runs 1.27-1.34x faster (tiny) and 1.17-1.23x (the peer's
-architecture); the default job's loop gains about 1.1x (alternating processes on an idle
-machine; experiments/benchmarks/README.md, section 2, change 6). Nothing numerical changes.
+architecture); the default job's steps 0.58 -> 0.485 s on average, the whole job 4 min 35 s ->
+4 min 8 s (alternating processes on an idle machine; experiments/benchmarks/README.md, section
+2, change 6). Nothing numerical changes.
 
 How. ``launch.sh`` (training, ``test``, and ``python ...`` for any other command) runs
 ``python -m moejax.allocator``, which prints the path of the ``libmimalloc.so`` that the PyPI
