@@ -1,6 +1,8 @@
 """Where a train step's time goes on CPU: the step, and each of its parts timed alone.
 
-    python -m experiments.benchmarks.profile_step [--arch peer|tiny] [--backend dropless] [--rounds 7]
+    python -m experiments.benchmarks.profile_step [--arch peer|tiny|small] [--backend dropless] [--rounds 7]
+
+``small`` is experiments/small_moe.py at the batch step_time.py uses on CPU (8 x 512, float32).
 
 The parts are jitted on their own at the step's real shapes, forward and forward+backward
 (``jax.value_and_grad`` of the sum of the output), and timed in interleaved rounds with the whole
@@ -30,6 +32,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from experiments import small_moe
 from experiments.benchmarks import peer_arch
 from experiments.benchmarks.timing import interleaved, machine, matmul_peak_flops, write_json
 from moejax import config as config_lib, sharding
@@ -46,11 +49,13 @@ from moejax.train.step import forward_loss, make_train_step
 def arch_config(arch: str, backend: str):
     if arch == "peer":
         return peer_arch.moejax_config(backend)
-    if arch == "tiny":
-        c = default_config()
+    if arch in ("tiny", "small"):
+        c = default_config() if arch == "tiny" else small_moe.get_config()
+        if arch == "small":  # as step_time.py runs it on CPU
+            c.train.global_batch_size, c.train.seq_len, c.train.compute_dtype = 8, 512, "float32"
         c.model.moe.backend = backend
         return c
-    raise ValueError(f"--arch must be peer or tiny, got {arch!r}")
+    raise ValueError(f"--arch must be peer, tiny or small, got {arch!r}")
 
 
 def random_batch(cfg, seed: int = 0) -> dict[str, jax.Array]:
@@ -343,7 +348,7 @@ def print_breakdown(parts: dict[str, float]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", default="peer", choices=("peer", "tiny"))
+    parser.add_argument("--arch", default="peer", choices=("peer", "tiny", "small"))
     parser.add_argument("--backend", default="dropless", choices=("dropless", "capacity"))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-trace", action="store_true", help="skip the per-op profiler trace")
