@@ -17,10 +17,10 @@ package ``cmeel-mimalloc`` (requirements.txt) installs, and puts it in ``LD_PREL
 ``MIMALLOC_PURGE_DELAY=-1`` (freed memory is never given back to the OS: with the default 10 ms
 delay the host work between two steps of the training loop was enough for mimalloc to return the
 buffer, and the loop's steps ran 1.08x slower); child processes (the sweep's runs, the drills)
-inherit both. ``MOEJAX_ALLOCATOR=system`` keeps glibc's
-malloc. A process started without launch.sh (``.venv/bin/python -m ...``) computes the same
-numbers, only its CPU steps are slower; a training run then says so in its first line, and the
-benchmarks record the allocator in their JSON (:func:`active`).
+inherit both. ``MOEJAX_ALLOCATOR=system`` keeps glibc's malloc. A process started without
+launch.sh (``.venv/bin/python -m ...``) computes the same numbers, only its CPU steps are slower;
+a training run then says so in its first line, and the benchmarks record the allocator in their
+JSON (:func:`active`).
 """
 
 from __future__ import annotations
@@ -57,12 +57,13 @@ def active() -> str:
 
 
 def main() -> int:
+    choice = os.environ.get("MOEJAX_ALLOCATOR", "mimalloc")
     try:
-        path = preload()
+        path = preload(choice)
     except ValueError as e:
         print(f"launch.sh: {e}", file=sys.stderr)
         return 2
-    if path is None and os.environ.get("MOEJAX_ALLOCATOR", "mimalloc") == "mimalloc":
+    if path is None and choice == "mimalloc":
         print(f"launch.sh: {LIBRARY} not found under this Python's packages (pip install "
               "cmeel-mimalloc); using the system allocator, so steps on CPU run slower", file=sys.stderr)
     print(path or "")

@@ -150,7 +150,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
             f"mesh {mesh_shape}, {jax.device_count()} {jax.default_backend()} device(s), "
             f"{'resuming from step ' + str(step) if resumed else 'fresh start'}"
             + ("" if jax.default_backend() != "cpu" or allocator.active() == "mimalloc" else
-               "; system allocator: CPU steps 1.2-1.3x slower than through ./launch.sh (moejax/allocator.py)")
+               "; system allocator: CPU steps 1.2-1.3x slower than with ./launch.sh's mimalloc (moejax/allocator.py)")
         )
 
     train_step = make_train_step(cfg, run)
