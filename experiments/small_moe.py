@@ -37,3 +37,11 @@ def get_config():
     m.moe.shared_expert_dim = 512
     m.moe.tile_size = 128
     return c
+
+
+def cpu_benchmark_config(batch: int = 8, seq: int = 512):
+    """The config at the reduced batch the CPU benchmarks time (step_time.py, profile_step.py):
+    ``batch`` x ``seq`` tokens in float32 (bf16 matmuls are slower than f32 on CPU)."""
+    c = get_config()
+    c.train.global_batch_size, c.train.seq_len, c.train.compute_dtype = batch, seq, "float32"
+    return c

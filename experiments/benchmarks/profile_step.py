@@ -50,9 +50,7 @@ def arch_config(arch: str, backend: str):
     if arch == "peer":
         return peer_arch.moejax_config(backend)
     if arch in ("tiny", "small"):
-        c = default_config() if arch == "tiny" else small_moe.get_config()
-        if arch == "small":  # as step_time.py runs it on CPU
-            c.train.global_batch_size, c.train.seq_len, c.train.compute_dtype = 8, 512, "float32"
+        c = default_config() if arch == "tiny" else small_moe.cpu_benchmark_config()
         c.model.moe.backend = backend
         return c
     raise ValueError(f"--arch must be peer, tiny or small, got {arch!r}")

@@ -260,7 +260,7 @@ def grouped_matmul(
       w_edf: [e, d, f] one weight matrix per expert.
       group_sizes_e: int [e] consecutive rows per expert; sums to at most m (rows past the sum
         give zeros).
-      impl: ``"auto"``, ``"ragged"`` or ``"tiled"`` (see the module docstring).
+      impl: ``"auto"``, ``"ragged"``, ``"tiled"`` or ``"hybrid"`` (see the module docstring).
       tile_size: rows per tile for ``"tiled"``.
 
     Returns:
@@ -300,8 +300,8 @@ def grouped_ffn(
 ) -> jax.Array:
     """Per-expert SwiGLU over expert-sorted rows: ``(silu(x @ w_gate) * (x @ w_up)) @ w_down``.
 
-    With ``impl="tiled"`` the rows are padded into tiles once and all three matmuls run on the
-    tiles. Arguments are as for :func:`grouped_matmul`; returns y_md [m, d].
+    ``"tiled"`` and ``"hybrid"`` run the whole SwiGLU per tile (or per expert block), so the
+    activations of one tile never leave it. Arguments are as for :func:`grouped_matmul`; returns y_md [m, d].
     """
     impl = resolve_impl(impl, x_md.shape[0], w_gate_edf.shape[0])
     check_tile_size(tile_size)
