@@ -100,6 +100,17 @@ def test_generated_domains_are_deterministic_per_seed():
         assert corpus_lib.content_hash(first["train"]) != corpus_lib.content_hash(other["train"])
 
 
+def test_prose_parsed_in_worker_processes_equals_parsing_here():
+    from moejax.data import stdlib_text
+
+    files = stdlib_text.read_stdlib_files()[:150]
+    odd = ['"""Caf\u00e9 \u2603 docstring."""\n# one\n# two\n# three words here\n', "def broken(:\n", ""]
+    sources = [f.text for f in files] + odd
+    pieces = stdlib_text.all_prose_pieces(sources)  # two or more worker processes on 2+ cores
+    assert pieces == [stdlib_text._prose_pieces(source) for source in sources]
+    assert pieces[-3] == ["Caf\u00e9 \u2603 docstring.", "one\ntwo\nthree words here"] and pieces[-2] == []
+
+
 def test_full_build_is_deterministic(tokenized, rebuilt):
     manifest = rebuilt.manifest
     for domain in DOMAINS:

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import os
 import re
+import subprocess
+import sys
 import sysconfig
 import warnings
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Final
 
 MAX_CODE_FILE_BYTES: Final = 200_000
@@ -44,6 +49,8 @@ _COMMENT_PREFIX: Final = re.compile(r"^[ \t]*#+[ \t]?", re.MULTILINE)
 _PARAGRAPH_BREAK: Final = re.compile(r"\n[ \t]*\n")
 _DOCSTRING_OWNERS: Final = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _NESTED_BODIES: Final = ("body", "orelse", "finalbody", "handlers", "cases")
+# Sources per worker process below which all_prose_pieces parses in this process.
+_MIN_SOURCES_PER_WORKER: Final = 64
 
 # (source key, text)
 Document = tuple[str, str]
@@ -125,7 +132,8 @@ def prose_documents(files: Sequence[SourceFile], *, max_chars: int = 4096) -> li
     from pydoc_data.topics import topics  # A 750 KB module: imported only when needed.
 
     sources = [(f"pydoc_data.topics/{name}", topics[name]) for name in sorted(topics)]
-    sources += [(file.relpath, "\n\n".join(_prose_pieces(file.text))) for file in files]
+    pieces = all_prose_pieces([file.text for file in files])
+    sources += [(file.relpath, "\n\n".join(p)) for file, p in zip(files, pieces)]
     documents, seen = [], set()
     for key, text in sources:
         for chunk in chunk_paragraphs(text, max_chars):
@@ -181,6 +189,40 @@ def _pieces_at_most(text: str, max_chars: int) -> Iterator[str]:
             yield piece
 
 
+def all_prose_pieces(sources: Sequence[str]) -> list[list[str]]:
+    """The docstrings and comment blocks of each Python source, in order, over the machine's cores.
+
+    ``ast.parse`` of the ~1,800 stdlib files is most of a fresh corpus build (~10 s on one core),
+    and it holds the GIL for a whole file at a time. So the sources are parsed in child processes
+    (``python -m moejax.data.stdlib_text``, JSON over pipes; not ``fork``, unsafe once JAX's threads
+    run, nor ``multiprocessing``'s spawn, which re-runs the caller's main module): on 2 cores the
+    build takes about half as long, and the training loop's background compile
+    (:mod:`moejax.train.precompile`) keeps the GIL meanwhile. The result is the same as parsing
+    each source here, in the same order.
+    """
+    workers = min(os.cpu_count() or 1, len(sources) // _MIN_SOURCES_PER_WORKER)
+    if workers < 2:
+        return [_prose_pieces(source) for source in sources]
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+
+    def parse(shard: list[str]) -> list[list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "moejax.data.stdlib_text"], input=json.dumps(shard), capture_output=True,
+            text=True, encoding="utf-8", env=env, check=False,
+        )
+        if done.returncode:
+            raise RuntimeError(f"the prose parser process failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        return json.loads(done.stdout)
+
+    with ThreadPoolExecutor(workers) as pool:  # threads only wait on the processes
+        shards = list(pool.map(parse, [list(sources[i::workers]) for i in range(workers)]))
+    pieces: list[list[str]] = [[] for _ in sources]
+    for i, shard in enumerate(shards):
+        pieces[i::workers] = shard
+    return pieces
+
+
 def _prose_pieces(source: str) -> list[str]:
     """Docstrings and comment blocks of one Python source, in source order."""
     pieces = _docstrings(source) + _comment_blocks(source)
@@ -217,3 +259,7 @@ def _comment_blocks(source: str) -> list[tuple[int, str]]:
             last_offset = match.start()
             found.append((line, block))
     return found
+
+
+if __name__ == "__main__":  # a worker of all_prose_pieces: a JSON list of sources in, their pieces out
+    json.dump([_prose_pieces(source) for source in json.load(sys.stdin)], sys.stdout)
