@@ -319,7 +319,10 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     from moejax.train.loop import Diverged, train
+    from moejax.train.precompile import use_persistent_cache
     from moejax.train.preemption import Preempted
+
+    use_persistent_cache()  # a rerun, a resume or the next sweep run reads the compiled steps back
 
     try:  # ``changed``: a conflict between two keys is reported against the one the user set
         summary = train(command.config, command.workdir, changed=command.changed)

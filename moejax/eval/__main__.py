@@ -24,6 +24,7 @@ from moejax.eval.plots import plot_curves
 from moejax.eval.report import format_result
 from moejax.eval.restore import open_run
 from moejax.eval.tasks import TaskFileError
+from moejax.train.precompile import use_persistent_cache
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax notes on the items a params-only read skips
+    use_persistent_cache()  # evaluating again (or the next checkpoint of the shape) skips the compiles
     try:
         erun = open_run(args.workdir)
         settings = make_settings(

@@ -23,10 +23,13 @@ from moejax.data.from_config import check_data_config, make_data
 from moejax.data.mixture import stage_index
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.model.transformer import flops_per_token, param_counts
-from moejax.train.checkpoint import Checkpointer, any_process, check_same_on_every_process, load_params
+from moejax.train.checkpoint import Checkpointer, Restored, any_process, check_same_on_every_process, load_params
 from moejax.train.preemption import Preempted, PreemptionGuard
 from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
-from moejax.train.state import Run, check_l3_allocation_matches, init_state, process_rows, setup, to_global
+from moejax.train.precompile import Precompile
+from moejax.train.state import (
+    Run, abstract_batch, check_l3_allocation_matches, init_state, make_init, process_rows, setup, to_global,
+)
 from moejax.train.step import make_eval_step, make_train_step
 
 def check_config(cfg, changed=()) -> dict[str, int]:
@@ -79,23 +82,28 @@ class Diverged(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
 
-def restore_or_init(cfg, run: Run, checkpointer: Checkpointer, tokenizer_name: str):
-    """(state, data state or None): the latest readable checkpoint, else a fresh (or warm) start."""
+def restore_checked(run: Run, checkpointer: Checkpointer, tokenizer_name: str, data_path: str) -> Restored | None:
+    """The latest readable checkpoint, checked against this run's tokenizer and L3 allocation, or None."""
     restored = checkpointer.restore_latest(run.abstract_state)
     if restored is not None:
         check_tokenizer_matches(
-            tokenizer_name, restored.meta.get("tokenizer"), data_source=f"data.path={cfg.data.path!r}",
+            tokenizer_name, restored.meta.get("tokenizer"), data_source=f"data.path={data_path!r}",
             checkpoint=f"{checkpointer.directory}/{restored.step}",
         )
         check_l3_allocation_matches(run, restored.meta, f"{checkpointer.directory}/{restored.step}")
-        return restored.state, restored.data
-    state = init_state(cfg, run)
+    return restored
+
+
+def fresh_state(cfg, run: Run, init=None) -> dict[str, Any]:
+    """A fresh start (with ``init``, the run's jitted state initialiser, if given), or a warm one
+    from ``checkpoint.init_from``'s parameters."""
+    state = init_state(cfg, run, init)
     if cfg.checkpoint.init_from:
         init_step = None if cfg.checkpoint.init_step < 0 else cfg.checkpoint.init_step
         state["params"], step = load_params(cfg.checkpoint.init_from, run.abstract_state["params"], init_step)
         if jax.process_index() == 0:
             print(f"moejax: parameters from {cfg.checkpoint.init_from} (step {step}); fresh optimizer and data")
-    return state, None
+    return state
 
 
 def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
@@ -103,28 +111,42 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
 
     ``changed``: the config keys set on the command line (for the config errors' wording)."""
     mesh_shape = check_config(cfg, changed)
+    data_info, _ = check_data_config(cfg)
     os.makedirs(workdir, exist_ok=True)
     t = cfg.train
     mesh = sharding.make_mesh(mesh_shape)
     run: Run = setup(cfg, mesh)
     is_main = jax.process_index() == 0
     train_sharding, eval_sharding = run.batch_sharding(accum=True), run.batch_sharding(accum=False)
-
-    train_data = make_data(  # train iterator, eval batches (this process's rows), domains, tokenizer
-        cfg, train_rows=process_rows(train_sharding, t.global_batch_size, t.grad_accum_steps),
-        eval_rows=process_rows(eval_sharding, t.global_batch_size, None),
-    )
-    data_iter, eval_batches = train_data.train_iter, train_data.eval_batches
-
     c = cfg.checkpoint
     checkpointer = Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=c.max_to_keep, keep_period=c.keep_period
     )
+    restored = restore_checked(run, checkpointer, data_info.tokenizer.name, cfg.data.path)
+
+    # Compile while the data loads (moejax/train/precompile.py): the initialiser (unless resuming),
+    # the eval step (for the evaluation at step 0 or the resumed step) and the train step.
+    init, train_step, eval_step = make_init(cfg, run), make_train_step(cfg, run), make_eval_step(cfg, run)
+    jobs = {} if restored is not None else {"init": lambda: init.lower(t.seed)}
+    jobs["eval step"] = lambda: eval_step.lower(
+        run.abstract_state["params"], abstract_batch(eval_sharding, t.global_batch_size, None, t.seq_len),
+        run.abstract_state["balance"],
+    )
+    jobs["train step"] = lambda: train_step.lower(
+        run.abstract_state, abstract_batch(train_sharding, t.global_batch_size, t.grad_accum_steps, t.seq_len)
+    )
+    with Precompile(mesh, jobs) as precompile:
+        train_data = make_data(  # train iterator, eval batches (this process's rows), domains, tokenizer
+            cfg, train_rows=process_rows(train_sharding, t.global_batch_size, t.grad_accum_steps),
+            eval_rows=process_rows(eval_sharding, t.global_batch_size, None),
+        )
+    compile_s = precompile.seconds
+    data_iter, eval_batches = train_data.train_iter, train_data.eval_batches
     meta = {
         "config": config_lib.to_dict(cfg), "tokenizer": train_data.tokenizer.name, "code_version": code_version(),
         "l3_allocation": run.l3_meta(),  # {"sha256", "method"} of the L3 row allocation, or None
     }
-    state, data_state = restore_or_init(cfg, run, checkpointer, train_data.tokenizer.name)
+    state, data_state = (restored.state, restored.data) if restored is not None else (fresh_state(cfg, run, init), None)
     domain_tokens = np.zeros(len(train_data.domains), np.int64)  # tokens trained on, per domain, cumulative
     if data_state is not None:
         data_iter.set_state(data_state["iterator"])
@@ -153,9 +175,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
                "; system allocator: CPU steps 1.2-1.3x slower than with ./launch.sh's mimalloc (moejax/allocator.py)")
         )
 
-    train_step = make_train_step(cfg, run)
-    eval_step = make_eval_step(cfg, run)
-    summary: dict[str, Any] = {"start_step": step}
+    summary: dict[str, Any] = {"start_step": step, "precompile_s": compile_s}
     bad_streak = 0
     skipped_steps = data_state.get("skipped_steps", 0) if data_state else 0
 
@@ -166,6 +186,8 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
 
     try:
         with jax.set_mesh(mesh), PreemptionGuard(c.grace_seconds) as preemption:
+            if step < t.steps and is_main:  # from here a SIGTERM stops the run after its next step
+                logger.bar.write(f"moejax: training (the steps compiled in {compile_s:.1f} s, while the data loaded)")
             if step == 0:
                 first_eval = evaluate(eval_step, state, eval_batches, eval_sharding, t.global_batch_size)
                 logger.log(0, first_eval)
@@ -174,8 +196,6 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
             stage = stage_index(train_data.schedule, step)
             if len(train_data.schedule) > 1 and is_main:
                 logger.bar.write(_stage_line(train_data.schedule, stage, step))
-            if step < t.steps and is_main:
-                logger.bar.write("moejax: compiling the train step... (the first step waits for it)")
             while step < t.steps:
                 stage_now = stage_index(train_data.schedule, step)  # the stage of the batch drawn next
                 stage_switched, stage = stage_now != stage, stage_now

@@ -135,8 +135,10 @@ def check_l3_allocation_matches(run: Run, saved_meta: dict, checkpoint: str) -> 
     )
 
 
-def init_state(cfg, run: Run) -> dict[str, Any]:
-    """Initialises the whole train state directly into its shardings (no host copy)."""
+def make_init(cfg, run: Run):
+    """The jitted ``init(seed)`` (seed static) of the whole train state, directly into its
+    shardings (no host copy). One jitted function per run, so a compile ahead of the call
+    (:mod:`moejax.train.precompile`) is the one the call finds."""
 
     def init(seed):
         params = nnx.to_pure_dict(nnx.state(make_model(cfg, seed, run.l3_offsets)))
@@ -145,8 +147,24 @@ def init_state(cfg, run: Run) -> dict[str, Any]:
             **routing_state(cfg, run.balancer),
         }
 
+    return jax.jit(init, static_argnums=0, out_shardings=run.state_shardings)
+
+
+def init_state(cfg, run: Run, init=None) -> dict[str, Any]:
+    """Initialises the whole train state directly into its shardings, with ``init`` (from
+    :func:`make_init`; a new one if None)."""
     with jax.set_mesh(run.mesh):
-        return jax.jit(init, static_argnums=0, out_shardings=run.state_shardings)(cfg.train.seed)
+        return (init or make_init(cfg, run))(cfg.train.seed)
+
+
+def abstract_batch(target: NamedSharding, global_batch_size: int, micro_batches: int | None, seq_len: int):
+    """The shapes, dtypes and sharding of the global batches :func:`to_global` builds (the fields
+    of :mod:`moejax.data.packing`): what a train or eval step is compiled for ahead of its data."""
+    shape = (*batch_shape(global_batch_size, micro_batches), seq_len)
+    return {
+        key: jax.ShapeDtypeStruct(shape, jnp.float32 if key == "loss_mask" else jnp.int32, sharding=target)
+        for key in BATCH_KEYS
+    }
 
 
 def batch_shape(global_batch_size: int, micro_batches: int | None) -> tuple[int, ...]:

@@ -121,4 +121,6 @@ def make_eval_step(cfg, run: Run) -> Callable:
     def call(params, batch, balance=None):
         return jitted(params, {} if balance is None else balance, batch)
 
+    # The same arguments, lowered (compile it ahead of the first call: moejax.train.precompile).
+    call.lower = lambda params, batch, balance=None: jitted.lower(params, {} if balance is None else balance, batch)
     return call
