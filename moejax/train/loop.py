@@ -206,12 +206,12 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
                 )
                 step += 1
                 interval_steps += 1
-                if step == summary["start_step"] + 1:  # the first step includes compilation
+                if step == summary["start_step"] + 1:  # the first step: first-run costs (and any compile not done ahead)
                     jax.block_until_ready(state)
                     summary["compile_and_first_step_s"] = time.perf_counter() - interval_start
                     interval_start, interval_steps = time.perf_counter(), 0
                     if is_main:
-                        logger.bar.write(f"moejax: compiled; first step took {summary['compile_and_first_step_s']:.1f} s")
+                        logger.bar.write(f"moejax: first step took {summary['compile_and_first_step_s']:.1f} s")
                 # A skipped (non-finite) step left the state unchanged; too many in a row end the run.
                 if bool(metrics["skipped"]):
                     bad_streak, skipped_steps = bad_streak + 1, skipped_steps + 1
