@@ -201,7 +201,7 @@ def all_prose_pieces(sources: Sequence[str]) -> list[list[str]]:
     each source here, in the same order.
     """
     workers = min(os.cpu_count() or 1, len(sources) // _MIN_SOURCES_PER_WORKER)
-    if workers < 2:
+    if workers < 2 or not sys.executable:
         return [_prose_pieces(source) for source in sources]
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}

@@ -118,9 +118,12 @@ def make_eval_step(cfg, run: Run) -> Callable:
         out_shardings=None,
     )
 
-    def call(params, batch, balance=None):
-        return jitted(params, {} if balance is None else balance, batch)
+    def args(params, batch, balance=None):
+        return params, {} if balance is None else balance, batch
 
-    # The same arguments, lowered (compile it ahead of the first call: moejax.train.precompile).
-    call.lower = lambda params, batch, balance=None: jitted.lower(params, {} if balance is None else balance, batch)
+    def call(params, batch, balance=None):
+        return jitted(*args(params, batch, balance))
+
+    # The same call, lowered: compiled ahead of the first call by moejax.train.precompile.
+    call.lower = lambda params, batch, balance=None: jitted.lower(*args(params, batch, balance))
     return call
