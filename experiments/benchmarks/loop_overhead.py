@@ -14,7 +14,12 @@ and generation throughput of the checkpoint it wrote.
 3. ``python -m moejax.eval`` on the final checkpoint: tokens/s of held-out scoring, of
    multiple-choice scoring and of greedy generation with the KV cache (its ``throughput``).
 
-The ratio loop/bare is the loop's host overhead (data, metrics, syncs).
+The ratio loop/bare is the loop's host overhead (data, metrics, syncs), but it compares two
+processes. ``--host-only`` runs the in-process comparison instead (also part of the full run):
+the train step on the built-in corpus's batches in blocks of 8 steps, alternated: as the loop
+runs it (next batch, ``to_global``, the step, the per-step ``skipped`` sync), on batches made
+beforehand with the same sync, and on batches made beforehand without syncs; plus the host work
+alone (next batch and ``to_global``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 import tempfile
 import time
 
+import jax
 import numpy as np
 
 from experiments import tiny_moe
@@ -48,6 +54,47 @@ def run_loop(steps: int, workdir: str) -> dict:
             "command": " ".join(cmd)}
 
 
+def host_overhead(cfg, rounds: int = 6, block: int = 8) -> dict:
+    """Median ms per step of each way of feeding the step (module docstring), in one process."""
+    from moejax import sharding
+    from moejax.data.from_config import make_data
+    from moejax.train.state import init_state, process_rows, setup, to_global
+    from moejax.train.step import make_train_step
+
+    t = cfg.train
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}, jax.devices()[:1])
+    run = setup(cfg, mesh)
+    target = run.batch_sharding(True)
+    batches = make_data(cfg, train_rows=process_rows(target, t.global_batch_size, 1)).train_iter
+    next_global = lambda: to_global(next(batches), target, 1, t.global_batch_size)
+    state, step = init_state(cfg, run), make_train_step(cfg, run)
+    secs: dict[str, list[float]] = {"loop": [], "prefetched_synced": [], "prefetched_async": [], "host_only": []}
+
+    def timed(name, body):
+        start = time.perf_counter()
+        body()
+        secs[name].append((time.perf_counter() - start) / block)
+
+    def run_steps(feed, sync):
+        nonlocal state
+        for batch in feed():
+            state, metrics = step(state, batch)
+            if sync:
+                bool(metrics["skipped"])
+        jax.block_until_ready(state)
+
+    with jax.set_mesh(mesh):
+        run_steps(lambda: (next_global() for _ in range(2 * block)), True)  # compile; routing moves off init
+        for _ in range(rounds):
+            timed("loop", lambda: run_steps(lambda: (next_global() for _ in range(block)), True))
+            ready = [next_global() for _ in range(block)]
+            timed("prefetched_synced", lambda: run_steps(lambda: ready, True))
+            ready = [next_global() for _ in range(block)]
+            timed("prefetched_async", lambda: run_steps(lambda: ready, False))
+            timed("host_only", lambda: [jax.block_until_ready(next_global()) for _ in range(block)])
+    return {name: 1e3 * float(np.median(v)) for name, v in secs.items()}
+
+
 def run_eval(workdir: str) -> dict:
     subprocess.run([sys.executable, "-m", "moejax.eval", "--workdir", workdir], check=True, stdout=subprocess.DEVNULL)
     path = sorted(glob.glob(os.path.join(workdir, "eval", "step_*.json")))[-1]
@@ -58,9 +105,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--bare-steps", type=int, default=10)
+    parser.add_argument("--host-only", action="store_true", help="only the in-process comparison")
     parser.add_argument("--out", default="results/loop_overhead.json")
     args = parser.parse_args()
     cfg = tiny_moe.get_config()
+    host = host_overhead(cfg)
+    for name, ms in host.items():
+        print(f"in process, {name:18s} {ms:7.1f} ms/step")
+    if args.host_only:
+        write_json(args.out, {"host_overhead_ms_per_step": host, "machine": machine()})
+        return
     bare = measure(cfg, args.bare_steps)
     with tempfile.TemporaryDirectory() as workdir:
         loop = run_loop(args.steps, workdir)
@@ -72,7 +126,7 @@ def main() -> None:
     for phase, v in throughput.items():
         print(f"eval {phase:16s} {v['tokens_per_sec']:8.0f} tokens/s ({v['tokens']} tokens in {v['seconds']:.1f} s)")
     write_json(args.out, {"bare": bare, "loop": loop, "loop_over_bare": ratio, "eval_throughput": throughput,
-                          "machine": machine()})
+                          "host_overhead_ms_per_step": host, "machine": machine()})
 
 
 if __name__ == "__main__":
