@@ -316,7 +316,7 @@ def _logged_eval_routes_with_the_bias(cfg, workdir, logged_eval_loss):
     from moejax.train.state import setup
     from moejax.train.step import make_eval_step
 
-    mesh = sharding.make_mesh(check_config(cfg))
+    mesh = sharding.make_mesh(check_config(cfg)[0])
     run = setup(cfg, mesh)
     state = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3).restore_latest(run.abstract_state).state
     eval_batches = make_data(cfg).eval_batches

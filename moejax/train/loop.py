@@ -19,6 +19,7 @@ import numpy as np
 
 from moejax import allocator, code_version, sharding
 from moejax import config as config_lib
+from moejax.data.dataset import DatasetInfo
 from moejax.data.from_config import check_data_config, make_data
 from moejax.data.mixture import stage_index
 from moejax.data.tokenizer import check_tokenizer_matches
@@ -32,13 +33,14 @@ from moejax.train.state import (
 )
 from moejax.train.step import make_eval_step, make_train_step
 
-def check_config(cfg, changed=()) -> dict[str, int]:
-    """Everything that can be checked before compiling; returns the resolved mesh shape.
+def check_config(cfg, changed=()) -> tuple[dict[str, int], DatasetInfo]:
+    """Everything that can be checked before compiling; returns the resolved mesh shape and what
+    the dataset is (its domains and tokenizer).
 
     ``changed``: the keys the command line set (messages about two conflicting keys name those)."""
     mesh_shape = config_lib.validate(cfg, jax.device_count(), changed=changed)
-    check_data_config(cfg)  # dataset, mixture/schedule domains and weights, vocab vs tokenizer
-    return mesh_shape
+    data_info, _ = check_data_config(cfg)  # dataset, mixture/schedule domains and weights, vocab vs tokenizer
+    return mesh_shape, data_info
 
 
 def evaluate(
@@ -110,8 +112,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
     """Trains ``cfg`` into ``workdir``, resuming from its latest checkpoint. Returns a summary.
 
     ``changed``: the config keys set on the command line (for the config errors' wording)."""
-    mesh_shape = check_config(cfg, changed)
-    data_info, _ = check_data_config(cfg)
+    mesh_shape, data_info = check_config(cfg, changed)
     os.makedirs(workdir, exist_ok=True)
     t = cfg.train
     mesh = sharding.make_mesh(mesh_shape)
@@ -175,7 +176,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
                "; system allocator: CPU steps 1.2-1.3x slower than with ./launch.sh's mimalloc (moejax/allocator.py)")
         )
 
-    summary: dict[str, Any] = {"start_step": step, "precompile_s": compile_s}
+    summary: dict[str, Any] = {"start_step": step}
     bad_streak = 0
     skipped_steps = data_state.get("skipped_steps", 0) if data_state else 0
 
