@@ -11,8 +11,18 @@ Columns (``docs/data_mixture.md``, "Runs table"):
 ``loss:<domain>``   held-out loss on a validation domain (finite, > 0)
 ``bench:<task>``    optional benchmark score; empty = not measured (NaN)
 ``flops``           optional training FLOPs; empty = unknown (NaN)
+``seed``            optional training seed (an integer; absent: 0 for every row). Replicates of
+                    one (size, mixture) differ only in ``seed`` (and ``run``)
+``base``            optional: the run a mid-training run continued from (empty: trained from
+                    scratch). Every base named must be a run of the table, of the same model size
+``base_tokens``     tokens the base was trained on (> 0 where ``base`` is set; empty otherwise).
+                    For a mid-training run ``tokens`` counts the mid-training tokens only
 anything else       carried through unchanged as strings (``extra``)
 ==================  ===========================================================================
+
+A table with mid-training runs is a *mid-training table*: the laws fit its mid-training rows
+(:meth:`RunsTable.law_rows`), with D = the mid-training tokens; its bases (pretrained on the base
+mixture) are the reference the runs continue from, not points of the mixture law.
 
 Training domains (``mix:*``) and validation domains (``loss:*``) are independent sets. Every
 error is a :class:`TableError` naming the 1-based data rows (header not counted) with their run
@@ -24,6 +34,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +42,7 @@ from typing import Any
 import numpy as np
 
 REQUIRED = ("run", "params_total", "params_active", "tokens")
+PROTOCOL = ("seed", "base", "base_tokens")
 SIZE_COLUMNS = ("params_total", "params_active")
 MIX, LOSS, BENCH = "mix:", "loss:", "bench:"
 SIMPLEX_TOL = 1e-3  # rows within this of sum 1 are renormalised; hand-written CSVs carry rounding
@@ -76,6 +88,9 @@ class RunsTable:
     bench_rt: np.ndarray | None
     flops: np.ndarray | None
     extra: dict[str, np.ndarray]
+    seed: np.ndarray | None = None  # (R,) int64; None: the table has no seed column (all 0)
+    base: np.ndarray | None = None  # (R,) str, "" for runs trained from scratch; None: no base column
+    base_tokens: np.ndarray | None = None  # (R,) float, 0 where base is ""
 
     def __len__(self) -> int:
         return int(self.run.shape[0])
@@ -106,7 +121,32 @@ class RunsTable:
             bench_rt=sub(self.bench_rt),
             flops=sub(self.flops),
             extra={k: v[idx] for k, v in self.extra.items()},
+            seed=sub(self.seed),
+            base=sub(self.base),
+            base_tokens=sub(self.base_tokens),
         )
+
+    def seeds(self) -> np.ndarray:
+        """(R,) training seed of every row (0 where the table has no ``seed`` column)."""
+        return np.zeros(len(self), np.int64) if self.seed is None else self.seed
+
+    def mid_training(self) -> np.ndarray:
+        """(R,) bool: rows of mid-training runs (a non-empty ``base``)."""
+        return np.zeros(len(self), bool) if self.base is None else self.base != ""
+
+    def law_rows(self) -> "RunsTable":
+        """The rows a mixture law is fitted to and scored on: the mid-training rows of a
+        mid-training table (its bases are pretrained on one base mixture, in another regime),
+        every row otherwise."""
+        mid = self.mid_training()
+        return self.take(mid) if mid.any() else self
+
+    def mixture_keys(self, size_column: str = "params_total", decimals: int = 6) -> np.ndarray:
+        """(R,) int id of each row's (model size, mixture, tokens) cell: rows of one cell differ
+        only in seed (replicates) -- the unit a comparison averages over."""
+        key = np.concatenate([self.size(size_column)[:, None], np.round(self.mix_rm, decimals), self.tokens[:, None]], axis=1)
+        _, inverse = np.unique(key, axis=0, return_inverse=True)
+        return inverse.reshape(-1)
 
     def run_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(unique run names, inverse index (R,)): row r belongs to run ``names[inverse[r]]``."""
@@ -269,7 +309,9 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
                 "mixture per run (for a staged schedule write its token-weighted average)."
             )
 
-    known = set(REQUIRED) | set(mix_cols) | set(loss_cols) | set(bench_cols) | {"flops"}
+    seed, base, base_tokens = _protocol_columns(columns, run, params_total, n_rows)
+
+    known = set(REQUIRED) | set(mix_cols) | set(loss_cols) | set(bench_cols) | {"flops"} | set(PROTOCOL)
     extra = {n: np.array([_cell_text(v) for v in columns[n]], dtype=str) for n in names if n not in known}
     return RunsTable(
         run=run,
@@ -284,7 +326,59 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
         bench_rt=bench_rt,
         flops=flops,
         extra=extra,
+        seed=seed,
+        base=base,
+        base_tokens=base_tokens,
     )
+
+
+def _protocol_columns(columns: Mapping[str, Sequence[Any]], run: np.ndarray, params_total: np.ndarray, n_rows: int):
+    """Parses and cross-checks the optional ``seed``, ``base`` and ``base_tokens`` columns."""
+    seed = None
+    if "seed" in columns:
+        cells = [_cell_text(v) for v in columns["seed"]]
+        bad = [i for i, c in enumerate(cells) if not re.fullmatch(r"[+-]?\d+(\.0*)?", c)]
+        if bad:
+            raise TableError(f"column 'seed': {_rows(bad, run, [cells[i] for i in bad])} is not an integer; allowed: an integer "
+                             "seed in every row (the same seed column type throughout; leave the column out for one seed).")
+        seed = np.array([int(float(c)) for c in cells], np.int64)
+    base = base_tokens = None
+    if "base_tokens" in columns and "base" not in columns:
+        raise TableError("column 'base_tokens' without a 'base' column; a mid-training table names each run's base in 'base'.")
+    if "base" in columns:
+        base = np.array([_cell_text(v) for v in columns["base"]], dtype=object).astype(str)
+        mid = base != ""
+        if "base_tokens" not in columns:
+            raise TableError("column 'base' without a 'base_tokens' column; allowed: both (base_tokens = tokens the base was "
+                             "trained on, empty for runs trained from scratch).")
+        base_tokens = _numeric("base_tokens", columns["base_tokens"], run, empty="nan", positive=False)
+        missing = np.flatnonzero(mid & ~(np.isfinite(base_tokens) & (base_tokens > 0)))
+        if missing.size:
+            raise TableError(f"column 'base_tokens': {_rows(missing, run, [float(base_tokens[i]) for i in missing])} has a base "
+                             "but no base token count; allowed: a number > 0 where 'base' is set.")
+        stray = np.flatnonzero(~mid & np.isfinite(base_tokens) & (base_tokens != 0))
+        if stray.size:
+            raise TableError(f"column 'base_tokens': {_rows(stray, run, [float(base_tokens[i]) for i in stray])} has base tokens "
+                             "but an empty 'base'; allowed: empty (or 0) for runs trained from scratch.")
+        base_tokens = np.where(mid, base_tokens, 0.0)
+        names = set(run.tolist())
+        orphan = [i for i in np.flatnonzero(mid) if base[i] not in names]
+        if orphan:
+            raise TableError(f"column 'base': {_rows(orphan, run, [str(base[i]) for i in orphan])} names a base that is not a run of "
+                             "this table; allowed: the name of a run in the table (add the base's own rows, trained from scratch).")
+        size_of = {str(r): float(n) for r, n in zip(run, params_total)}
+        wrong = [i for i in np.flatnonzero(mid) if size_of[base[i]] != params_total[i]]
+        if wrong:
+            raise TableError(f"column 'base': {_rows(wrong, run, [f'{base[i]} has params_total {size_of[base[i]]:g}, the run {params_total[i]:g}' for i in wrong])}; "
+                             "allowed: a base of the same model (a mid-training run continues its base's weights).")
+    first: dict[str, int] = {}
+    for i in range(n_rows):
+        j = first.setdefault(str(run[i]), i)
+        for col, arr in (("seed", seed), ("base", base), ("base_tokens", base_tokens)):
+            if arr is not None and arr[i] != arr[j]:
+                raise TableError(f"run {str(run[i])!r} has {col} {arr[j].item()!r} in row {j + 1} but {arr[i].item()!r} in row {i + 1}; "
+                                 f"allowed: one {col} per run (give a replicate its own run name).")
+    return seed, base, base_tokens
 
 
 def read_runs(path: str | Path, *, query: bool = False) -> RunsTable:
@@ -332,6 +426,11 @@ def to_columns(table: RunsTable) -> dict[str, list[str]]:
     if table.bench_rt is not None:
         for j, t in enumerate(table.bench_tasks):
             cols[BENCH + t] = [_fmt(x) for x in table.bench_rt[:, j]]
+    if table.seed is not None:
+        cols["seed"] = [str(int(x)) for x in table.seed]
+    if table.base is not None:
+        cols["base"] = [str(x) for x in table.base]
+        cols["base_tokens"] = [_fmt(x) if b else "" for x, b in zip(table.base_tokens, table.base)]
     for k, v in table.extra.items():
         cols[k] = [str(x) for x in v]
     return cols

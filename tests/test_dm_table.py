@@ -164,3 +164,63 @@ def test_unknown_domain_and_law():
         get_law("additive").fit(t, "nope")
     with pytest.raises(TableError, match=r"unknown law 'camle'. Did you mean 'camel'\?"):
         get_law("camle")
+
+
+def midtrain_columns():
+    """Two bases (b1 at 1e6, b2 at 4e6), mid-training runs from them, two seeds of one mixture."""
+    return {
+        "run": ["b1", "m1", "m1s1", "m2", "b2", "m3"],
+        "params_total": [1e6, 1e6, 1e6, 1e6, 4e6, 4e6],
+        "params_active": [1e6, 1e6, 1e6, 1e6, 4e6, 4e6],
+        "tokens": [2e7, 1e6, 1e6, 1e6, 8e7, 1e6],
+        "mix:code": [0.5, 0.2, 0.2, 0.8, 0.5, 0.2],
+        "mix:prose": [0.5, 0.8, 0.8, 0.2, 0.5, 0.8],
+        "loss:valid": [3.0, 2.9, 2.91, 2.95, 2.6, 2.5],
+        "seed": ["0", "0", "1", "0", "0", "0"],
+        "base": ["", "b1", "b1", "b1", "", "b2"],
+        "base_tokens": ["", "2e7", "2e7", "2e7", "", "8e7"],
+    }
+
+
+def test_mid_training_table_round_trip_and_law_rows(tmp_path):
+    t = from_columns(midtrain_columns())
+    np.testing.assert_array_equal(t.seeds(), [0, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(t.mid_training(), [False, True, True, True, False, True])
+    np.testing.assert_array_equal(t.base_tokens, [0, 2e7, 2e7, 2e7, 0, 8e7])
+    law = t.law_rows()  # the laws see the mid-training rows only
+    assert law.run.tolist() == ["m1", "m1s1", "m2", "m3"]
+    keys = law.mixture_keys()
+    assert keys[0] == keys[1] and len(set(keys.tolist())) == 3  # m1 and its replicate share a cell
+    write_runs(t, tmp_path / "mid.csv")
+    back = read_runs(tmp_path / "mid.csv")
+    np.testing.assert_array_equal(back.seed, t.seed)
+    np.testing.assert_array_equal(back.base, t.base)
+    np.testing.assert_array_equal(back.base_tokens, t.base_tokens)
+    plain = from_columns(good_columns())  # a table without the protocol columns: one seed, from scratch
+    assert plain.seed is None and plain.seeds().tolist() == [0, 0, 0, 0] and plain.law_rows() is plain
+
+
+@pytest.mark.parametrize(
+    "changes, pattern",
+    [
+        ({"seed": ["0", "x", "1", "0", "0", "0"]}, r"column 'seed': row 2 \(run 'm1', value 'x'\) is not an integer"),
+        ({"seed": ["0", "1.5", "1", "0", "0", "0"]}, r"column 'seed': row 2 \(run 'm1', value '1\.5'\) is not an integer"),
+        ({"base": ["", "b9", "b1", "b1", "", "b2"]}, r"column 'base': row 2 \(run 'm1', value 'b9'\) names a base that is not a run"),
+        ({"base": ["", "b2", "b1", "b1", "", "b2"]}, r"column 'base': row 2 .*b2 has params_total 4e\+06, the run 1e\+06"),
+        ({"base_tokens": ["", "", "2e7", "2e7", "", "8e7"]}, r"column 'base_tokens': row 2 \(run 'm1', value nan\) has a base but no base token count"),
+        ({"base_tokens": ["5", "2e7", "2e7", "2e7", "", "8e7"]}, r"column 'base_tokens': row 1 \(run 'b1', value 5\.0\) has base tokens but an empty 'base'"),
+        ({"base_tokens": None}, r"column 'base' without a 'base_tokens' column"),
+        ({"base": None}, r"column 'base_tokens' without a 'base' column"),
+        ({"run": ["b1", "m1", "m1", "m2", "b2", "m3"], "tokens": [2e7, 1e6, 2e6, 1e6, 8e7, 1e6]},
+         r"run 'm1' has seed 0 in row 2 but 1 in row 3; allowed: one seed per run"),
+    ],
+)
+def test_bad_protocol_columns_are_named(changes, pattern):
+    cols = midtrain_columns()
+    for k, v in changes.items():
+        if v is None:
+            del cols[k]
+        else:
+            cols[k] = v
+    with pytest.raises(TableError, match=pattern):
+        from_columns(cols)
