@@ -25,7 +25,13 @@
 # must be on a filesystem every host sees. To try it on one machine:
 #   MOEJAX_LOCAL_PROCESSES=2 JAX_NUM_CPU_DEVICES=4 ./launch.sh CONFIG --workdir DIR
 # starts 2 processes on localhost (CPU, 4 devices each) with those variables set.
+#
+# Paths: every command runs from this repository (its .venv, experiments/ and the default runs/
+# live here), and relative paths given to it mean what they mean where you ran it:
+# MOEJAX_CALLER_CWD tells the Python side (moejax/paths.py) where that was. A config file is
+# looked up there first, then in the repository (experiments/tiny_moe.py works from anywhere).
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")"
 
 python_env() {
@@ -67,7 +73,7 @@ python_env
 use_mimalloc
 if [[ "${1:-}" == "python" ]]; then
   shift
-  exec "$PY" "$@"
+  MOEJAX_CALLER_CWD=$caller exec "$PY" "$@"
 fi
 if [[ "${1:-}" == "test" ]]; then
   shift
@@ -86,14 +92,20 @@ if [[ $# -gt 0 && "$1" != --* ]]; then
   config=$1
   shift
 fi
+here=$PWD
+if [[ "$caller" != "$here" && "$config" != /* && -f "$caller/$config" ]]; then
+  config="$caller/$config"
+fi
 if [[ ! -f "$config" ]]; then
-  echo "launch.sh: config file '$config' not found; experiments/ has: $(ls experiments/*.py | tr '\n' ' ')" >&2
+  echo "launch.sh: error: config file '$config' not found (looked in $caller and in $here); experiments/ has: $(ls experiments/*.py | tr '\n' ' ')" >&2
   exit 2
 fi
 workdir_given=0
 for arg in "$@"; do [[ "$arg" == --workdir* ]] && workdir_given=1; done
 extra=()
-if [[ $workdir_given == 0 ]]; then
-  extra=(--workdir "runs/$(basename "$config" .py)")
+if [[ $workdir_given == 0 ]]; then  # the default workdir is in the repository, wherever you are
+  workdir="runs/$(basename "$config" .py)"
+  [[ "$caller" != "$here" ]] && workdir="$here/$workdir"
+  extra=(--workdir "$workdir")
 fi
-exec "$PY" -m moejax.main --config "$config" "${extra[@]}" "$@"
+MOEJAX_CALLER_CWD=$caller exec "$PY" -m moejax.main --config "$config" "${extra[@]}" "$@"

@@ -6,6 +6,12 @@ import subprocess
 
 __version__ = "0.1.0"
 
+# The directory the user ran launch.sh from (launch.sh runs every command from the repository).
+# Taken out of the environment at the first import, so that processes a moejax command starts do
+# not resolve their own paths against it; moejax.paths.user_path uses it.
+CALLER_CWD_ENV = "MOEJAX_CALLER_CWD"
+CALLER_CWD = os.environ.pop(CALLER_CWD_ENV, None)
+
 
 @functools.cache
 def code_version() -> str:

@@ -205,6 +205,10 @@ CHOICES = {
 
 # Dict-valued knobs whose keys are the user's to choose (checked against the data instead).
 FREE_KEYS = ("data.mixture",)
+# Knobs that hold a path: the command line expands '~' in them and resolves the ones it sets against
+# the directory the user ran it from (moejax/paths.py). data.schedule holds a path unless it is JSON text.
+PATH_KEYS = ("data.path", "data.mixture_file", "data.schedule", "data.cache_dir", "checkpoint.init_from",
+             "model.l3.allocation")
 BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
@@ -449,11 +453,13 @@ def effective_warmup_steps(warmup_steps: int, total_steps: int) -> int:
     return min(warmup_steps, total_steps // 2)
 
 
-def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = ()) -> dict[str, int]:
+def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes: bool = True) -> dict[str, int]:
     """Checks the whole config; returns the resolved mesh shape. Raises ConfigError.
 
     ``changed``: the keys the command line set. When two keys conflict, the message is about the
     one the user changed (and names the other), not about a default they never touched.
+    ``notes``: print notes about training (a shortened warmup); off for commands that only read
+    a trained model.
     """
     _check_tree(cfg, default_config())
     t, m, moe = cfg.train, cfg.model, cfg.model.moe
@@ -504,7 +510,7 @@ def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = ()) -> dict[st
               "Set model.moe.num_shared_experts and model.moe.shared_expert_dim, or turn the gate off.")
     _check_groups(moe)
     warmup = effective_warmup_steps(cfg.optim.warmup_steps, t.steps)
-    if warmup != cfg.optim.warmup_steps:
+    if warmup != cfg.optim.warmup_steps and notes:
         print(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
               f"train.steps={t.steps}; warming up over {warmup} steps instead.", file=sys.stderr)
 

@@ -152,27 +152,60 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--beyond-context", action="store_true",
+                        help="generate past the context the model was trained on (train.seq_len); refused "
+                             "by default, as positions past it were never trained")
     args = parser.parse_args(argv)
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if not all(args.prompt) or args.max_new_tokens < 1:
         parser.error("every --prompt needs some text, and --max-new-tokens must be positive")
 
+    from absl import logging as absl_logging
+
+    from moejax import paths
     from moejax.config import ConfigError
     from moejax.eval.restore import open_run
 
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on the items a params-only read skips
     try:
-        erun = open_run(args.workdir)
+        erun = open_run(paths.user_path(args.workdir))
         ckpt = erun.load(args.step)
+        prompts = [erun.tokenizer.encode(p) for p in args.prompt]
+        if not args.beyond_context:
+            check_context(prompts, args.max_new_tokens, erun.cfg.train.seq_len)
+        _generate(erun, ckpt, args, prompts)
     except ConfigError as e:
-        sys.exit(f"moejax.generate: error: {e}")
+        sys.stderr.write(f"moejax.generate: error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("moejax.generate: interrupted; nothing is saved by generation. Rerun the command.\n")
+        sys.exit(130)
+
+
+def check_context(prompts: Sequence[np.ndarray], max_new_tokens: int, seq_len: int) -> None:
+    """Refuses prompts plus new tokens longer than the trained context, naming the fix."""
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens <= seq_len:
+        return
+    from moejax.config import ConfigError
+
+    room = seq_len - longest
+    fix = (f"use --max-new-tokens {room} or fewer" if room > 0 else "shorten the prompt")
+    raise ConfigError(
+        f"--max-new-tokens {max_new_tokens} with a prompt of {longest} tokens needs {longest + max_new_tokens} "
+        f"positions, past the {seq_len} the model was trained on (train.seq_len): the text past them is "
+        f"untrained. {fix[0].upper() + fix[1:]}, or pass --beyond-context to generate anyway.")
+
+
+def _generate(erun, ckpt, args, prompts: list) -> None:
+    """Samples from ``ckpt`` and prints each prompt with its continuation."""
     tokenizer = erun.tokenizer
-    prompts = [tokenizer.encode(p) for p in args.prompt]
     max_len = length_bucket(max(len(p) for p in prompts), 1 << 30) + args.max_new_tokens
     generator = Generator(erun.run, erun.cfg, max_len=max_len, balancer=erun.run.balancer)
     rows = generator.generate(
         ckpt.params, ckpt.balance, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, seed=args.seed, stop_ids=(tokenizer.eos_id,), progress=True,
+        top_p=args.top_p, seed=args.seed, stop_ids=(tokenizer.eos_id,), progress=sys.stderr.isatty(),
     )
     for prompt, row in zip(args.prompt, rows):
         print(f"--- step {ckpt.step}, {len(row)} new tokens\n{prompt}{tokenizer.decode(row)}")

@@ -10,6 +10,11 @@ values, and the ``data.mixture`` overrides are taken out and applied by
 config cannot know in advance: ``--config.data.mixture.DOMAIN=W`` per domain, or
 ``--config.data.mixture='{"DOMAIN": W, ...}'``.
 
+Paths: ``--config``, ``--workdir`` and the path config keys (``config.PATH_KEYS``) set here mean
+what the user typed: ``~`` expanded, relative to the directory launch.sh was run from
+(``moejax/paths.py``). Ctrl-C during training saves a checkpoint and exits 130 (the loop's
+preemption guard); before the loop starts it exits 130 with one line saying nothing was saved.
+
 Multi-host (docs/multihost.md): the same command on every host, with the coordinator in the
 environment; ``MOEJAX_LOCAL_PROCESSES=N`` runs N such processes on this machine instead.
 """
@@ -32,6 +37,7 @@ from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as _config_flags_module
 
 from moejax import config as config_lib
+from moejax import paths
 from moejax.config import ConfigError
 
 USAGE = (
@@ -105,12 +111,28 @@ def _check_override_paths(args: list[str]) -> list[str]:
 
 
 def _config_file(args: list[str]) -> str | None:
+    """The --config FILE[:ARG] of ``args``, with FILE resolved as the user meant it (``args`` is
+    rewritten to hold the resolved name)."""
     for i, arg in enumerate(args):
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-        if arg == "--config" and i + 1 < len(args):
-            return args[i + 1]
+        if arg.startswith("--config=") or (arg == "--config" and i + 1 < len(args)):
+            index, value = (i, arg.split("=", 1)[1]) if arg.startswith("--config=") else (i + 1, args[i + 1])
+            name, sep, rest = value.partition(":")
+            value = paths.user_input_path(name) + sep + rest
+            args[index] = f"--config={value}" if index == i else value
+            return value
     return None
+
+
+def _resolve_config_paths(cfg: config_lib.ConfigDict, changed: list[str]) -> None:
+    """'~' expanded in every path knob; the ones the command line set resolved against the
+    directory the user ran it from (a path in the experiment file keeps its meaning there)."""
+    for key in config_lib.PATH_KEYS:
+        value = config_lib.get_path(cfg, key)
+        if not value or (key == "data.schedule" and value.strip()[:1] in "[{"):
+            continue
+        value = paths.user_path(value) if key in changed else os.path.expanduser(value)
+        section, _, name = key.rpartition(".")
+        config_lib.get_path(cfg, section)[name] = value
 
 
 def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, args: list[str]) -> str:
@@ -168,8 +190,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     if config_file is None:
         _die(f"--config FILE is required, e.g. --config experiments/tiny_moe.py. {USAGE}")
     if not os.path.isfile(config_file.split(":", 1)[0]):
-        _die(f"config file {config_file!r} not found; give the path of an experiment file, e.g. "
-             "experiments/tiny_moe.py.")
+        _die(f"config file {config_file!r} not found{paths.relative_to_note(config_file)}; give the path "
+             "of an experiment file, e.g. experiments/tiny_moe.py.")
     values = flags.FlagValues()
     argv = [argv[0], *args]
     config = config_flags.DEFINE_config_file(
@@ -182,6 +204,9 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(_describe_flag_error(e, config_lib.default_config(), args))
     except (TypeError, ValueError) as e:  # a broken experiment file (the message holds its traceback)
         _die(_describe_config_file_error(str(e), config_file))
+    except (AttributeError, SyntaxError, ImportError, NameError) as e:  # not an experiment file at all
+        _die(f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}. An experiment file is "
+             "a Python file whose get_config() returns the config, e.g. experiments/tiny_moe.py.")
     if positional:
         _die(f"unexpected argument {positional[0]!r}. {USAGE}")
     if workdir.value is None:
@@ -191,8 +216,9 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         cfg = config_lib.apply_mixture_overrides(cfg, mixture)
     except ConfigError as e:
         _die(f"{e}")
+    _resolve_config_paths(cfg, changed)
     changed += [_MIXTURE + (f".{domain}" if domain else "") for domain, _ in mixture]
-    return CommandLine(cfg, workdir.value, tuple(changed))
+    return CommandLine(cfg, paths.user_path(workdir.value), tuple(changed))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:
@@ -257,6 +283,8 @@ def run_local_processes(count: int, args: list[str]) -> int:
         env = {key: v for key, v in os.environ.items() if key != "MOEJAX_LOCAL_PROCESSES"}
         env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES=str(count),
                    JAX_PROCESS_ID=str(index))
+        if paths.caller_cwd():  # the children resolve the user's relative paths as this process did
+            env[paths.CALLER_CWD_ENV] = paths.caller_cwd()
         env.setdefault("JAX_PLATFORMS", "cpu")
         children.append(subprocess.Popen([sys.executable, "-m", "moejax.main", *args], env=env))
 
@@ -328,6 +356,10 @@ def main(argv: list[str] | None = None) -> None:
         summary = train(command.config, command.workdir, changed=command.changed)
     except ConfigError as e:
         _die(f"{e}")
+    except KeyboardInterrupt:  # before the loop took over Ctrl-C (it saves, then raises Preempted)
+        sys.stderr.write(f"moejax: interrupted before training started; nothing new was saved in "
+                         f"{command.workdir}. Rerun the same command to start (or resume).\n")
+        sys.exit(130)
     except Preempted as e:
         sys.stderr.write(f"moejax: {e}; checkpoint saved. Rerun the same command to resume.\n")
         sys.exit(128 + e.signum)

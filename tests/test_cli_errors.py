@@ -135,3 +135,24 @@ def test_mixture_warning_points_at_the_callers_line():
     (warning,) = [w for w in caught if issubclass(w.category, MixtureWarning)]
     assert warning.filename == __file__
     assert "weights sum to 4, not 1; normalised to {code: 0.75, math: 0.25}" in str(warning.message)
+
+
+def test_paths_on_the_command_line_mean_what_the_user_typed(tmp_path, monkeypatch):
+    """'~' is expanded in path flags and path config keys; relative ones resolve where the user ran
+    launch.sh (MOEJAX_CALLER_CWD), while paths written in the experiment file keep their meaning."""
+    import os
+
+    import moejax
+    from moejax.main import parse_command_line
+
+    command = parse_command_line(["moejax.main", "--config", CONFIG, "--workdir", "~/runs/x",
+                                  "--config.data.path=~/ds", "--config.data.cache_dir=~/cache"])
+    assert command.workdir == os.path.expanduser("~/runs/x")
+    assert command.config.data.path == os.path.expanduser("~/ds")
+    assert command.config.data.cache_dir == os.path.expanduser("~/cache")
+    monkeypatch.setattr(moejax, "CALLER_CWD", str(tmp_path))
+    command = parse_command_line(["moejax.main", "--config", CONFIG, "--workdir", "mine",
+                                  "--config.data.mixture_file=m.json", "--config.data.schedule=[[0, {\"code\": 1}]]"])
+    assert command.workdir == str(tmp_path / "mine")  # the experiment file itself is the repository's
+    assert command.config.data.mixture_file == str(tmp_path / "m.json")
+    assert command.config.data.schedule == '[[0, {"code": 1}]]'  # JSON text is not a path

@@ -304,8 +304,8 @@ def test_glob_sources_read_any_suffix_as_text(tmp_path):
     for name in ("a.py", "b.py", "c.txt"):
         (tmp_path / name).write_text(f"# {name}\nprint('{name}')\n")
     out = tmp_path / "ds"
-    with pytest.warns(UserWarning, match=r"domain 'code' has no held-out document \(2 documents"):
-        prepare_dataset([f"code={tmp_path}/*.py"], out, **{**OPTIONS, "heldout_fraction": 0.0})
+    with pytest.warns(UserWarning, match=r"domain 'code': its held-out split has 0 documents .* asks for no held-out"):
+        prepare_dataset([f"code={tmp_path}/*.py"], out, **{**OPTIONS, "heldout_fraction": 0.0, "seq_len": 16})
     dataset = open_dataset(out)
     expected = ["# a.py\nprint('a.py')\n", "# b.py\nprint('b.py')\n"]  # c.txt does not match
     assert sorted(_documents(dataset, "code", "train")) == expected
@@ -395,3 +395,43 @@ def test_incomplete_or_foreign_dataset_dirs_are_refused(prepared, tmp_path):
     with pytest.raises(DataError, match=r"lists domain 'jsonl' but .*manifest.json is missing: a "
                                         r"prepare run was interrupted"):
         open_dataset(partial)
+
+
+def test_files_are_read_by_what_they_are_not_by_their_name(tmp_path):
+    """Compressed or tabular files are refused, never read as text; Parquet is known by content;
+    a directory says which files it skipped."""
+    import gzip
+
+    from moejax.data.sources import SkippedFilesWarning
+
+    records = "".join(json.dumps({"text": f"document {i} " * 30}) + "\n" for i in range(40))
+    with gzip.open(tmp_path / "named_plain.jsonl", "wt") as f:  # gzip bytes behind a .jsonl name
+        f.write(records)
+    with pytest.raises(DataError, match=r"named_plain.jsonl is gzip-compressed.*decompress it first \(gunzip "):
+        prepare_dataset([f"a={tmp_path / 'named_plain.jsonl'}"], tmp_path / "o1", **OPTIONS)
+    (tmp_path / "t.csv").write_text("title,text\nx,hello\n")
+    with pytest.raises(DataError, match=r"t.csv is a CSV table, which prepare does not read; it reads plain text"):
+        prepare_dataset([f"a={tmp_path / 't.csv'}"], tmp_path / "o2", **OPTIONS)
+    table = pa.table({"text": [f"row {i} " * 40 for i in range(60)]})
+    pq.write_table(table, tmp_path / "rows.bin")  # Parquet content, another name
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.txt").write_text("plain text " * 400)
+    (mixed / "b.txt").write_text("more text " * 400)
+    (mixed / "c.csv").write_text("x,y\n")
+    with pytest.warns(SkippedFilesWarning, match=r"source m=.*mixed: skipped 1 file\(s\) .*c.csv \(a CSV table\)"):
+        prepare_dataset([f"p={tmp_path / 'rows.bin'}", f"m={mixed}"], tmp_path / "o3",
+                        **{**OPTIONS, "heldout_fraction": 0.5, "seq_len": 16})
+    assert open_dataset(tmp_path / "o3").info.domains == ("m", "p")
+
+
+def test_a_split_without_a_training_window_stops_prepare_with_the_fraction_that_fixes_it(tmp_path):
+    src = tmp_path / "small"
+    src.mkdir()
+    for i in range(60):  # 60 documents, ~2.4k tokens each: 1% holds out none of them, usually
+        (src / f"f{i:02d}.txt").write_text(" ".join(f"w{(i * 31 + j) % 97}" for j in range(600)))
+    with pytest.raises(DataError, match=r"domain 'small': its held-out split has 0 documents / 0 tokens, less "
+                                        r"than one training window of 257 tokens .* --heldout-fraction 0.083"):
+        prepare_dataset([f"small={src}"], tmp_path / "ds", **{**OPTIONS, "heldout_fraction": 0.01})
+    summary = prepare_dataset([f"small={src}"], tmp_path / "ds", **{**OPTIONS, "heldout_fraction": 0.083})
+    assert summary["domains"]["small"]["heldout"]["tokens"] >= 257

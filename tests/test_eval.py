@@ -251,12 +251,13 @@ def test_bad_task_file_names_file_line_and_field(tmp_path, line, message):
     assert str(path) in str(info.value) and message in str(info.value)
 
 
-def test_cli_reports_a_bad_task_file(workdir, tmp_path):
+def test_cli_reports_a_bad_task_file(workdir, tmp_path, capsys):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"prompt": "Q: 1 + 1?", "answer": 2}\n')
     with pytest.raises(SystemExit) as info:
         eval_cli.main(["--workdir", workdir, "--tasks", str(path), "--no-progress"])
-    assert f"{path}, line 1: field 'answer' must be a string, got 2" in str(info.value)
+    assert info.value.code == 2
+    assert f"{path}, line 1: field 'answer' must be a string, got 2" in capsys.readouterr().err
 
 
 def test_masked_experts_get_zero_load(erun, ckpt, scorer):

@@ -57,3 +57,16 @@ def test_generate_cli_prints_the_continuation(workdir, capsys):
     assert "--- step 5" in out and "\ndef " in out
     with pytest.raises(SystemExit):
         generate_cli.main(["--workdir", workdir, "--prompt", "x", "--top-p", "0"])
+
+
+def test_generation_past_the_trained_context_is_refused_with_the_budget_that_fits():
+    from moejax.config import ConfigError
+
+    prompts = [np.arange(5), np.arange(10)]
+    generate_cli.check_context(prompts, 246, 256)  # 10 + 246 = 256 fits
+    with pytest.raises(ConfigError, match=r"--max-new-tokens 100000 with a prompt of 10 tokens needs 100010 "
+                                          r"positions, past the 256 .* Use --max-new-tokens 246 or fewer, or pass "
+                                          r"--beyond-context"):
+        generate_cli.check_context(prompts, 100000, 256)
+    with pytest.raises(ConfigError, match="Shorten the prompt"):
+        generate_cli.check_context([np.arange(300)], 1, 256)

@@ -7,6 +7,7 @@ mapping mistakes) and weights large enough that routing decisions are sharp.
 
 import functools
 import json
+import os
 
 import numpy as np
 import pytest
@@ -225,3 +226,36 @@ def test_a_model_with_l3_layers_is_not_exported():
     model_cfg.l3.after_layers = (1,)
     with pytest.raises(interop.InteropError, match=r"model.l3.after_layers=\(1,\) \(Large Lookup Layers"):
         interop.choose_architecture(model_cfg)
+
+
+def test_export_never_overwrites_the_import_source_or_mixes_old_shards(root, tmp_path, capsys):
+    """Exporting into the directory a run was imported from is refused (exit 2, files unchanged);
+    --force replaces a sharded directory as a whole, leaving no old shard or index beside the new file."""
+    import hashlib
+    import shutil
+
+    path, reference = hf_checkpoint("qwen3_moe", root)
+    source = str(tmp_path / "source")
+    shutil.copytree(path, source)
+    workdir = str(tmp_path / "run")
+    interop.main(["import", "--hf-dir", source, "--workdir", workdir])
+
+    def hashes():
+        return {p: hashlib.sha256(open(os.path.join(source, p), "rb").read()).hexdigest() for p in os.listdir(source)}
+
+    before = hashes()
+    with pytest.raises(SystemExit) as exit_:
+        interop.main(["export", "--workdir", workdir, "--hf-dir", source])
+    assert exit_.value.code == 2
+    assert "holds the Hugging Face checkpoint this run was imported from; refusing to overwrite" in capsys.readouterr().err
+    assert hashes() == before
+    with pytest.raises(SystemExit):
+        interop.main(["import", "--hf-dir", source, "--workdir", workdir])  # the workdir exists
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", interop.INDEX_FILE):
+        with open(os.path.join(source, name), "w") as f:
+            f.write("an old shard")
+    interop.main(["export", "--workdir", workdir, "--hf-dir", source, "--force"])
+    assert sorted(os.listdir(source)) == ["config.json", "model.safetensors"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporaries left
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    assert max_diff(hf_logits(reloaded), reference) < TOLERANCE

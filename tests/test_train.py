@@ -107,3 +107,59 @@ def test_a_dense_model_trains_checkpoints_and_resumes(tmp_path, cache_dir):
     assert train(cfg, workdir)["start_step"] == 2
     records = [r for r in read_metrics(workdir) if "loss" in r]
     assert [r["step"] for r in records] == [1, 2, 3] and "max_vio" not in records[-1]
+
+
+def test_config_json_holds_the_weights_the_run_trains_on(tmp_path):
+    """A mixture file's weights, normalised, become data.mixture (the file is then cleared); a
+    schedule is stored as its normalised stages."""
+    from moejax.train.loop import resolved_config
+
+    (tmp_path / "m.json").write_text(json.dumps({"weights": {"code": 0.7, "prose": 0.7}}))
+    cfg = default_config()
+    cfg.data.mixture_file = str(tmp_path / "m.json")
+    resolved = resolved_config(cfg)  # check_config warned about the normalisation; this is quiet
+    assert dict(resolved.data.mixture) == {"code": 0.5, "prose": 0.5} and resolved.data.mixture_file == ""
+    assert cfg.data.mixture_file == str(tmp_path / "m.json")  # the caller's config is left as it was
+    cfg = default_config()
+    cfg.data.schedule = '[[0, {"code": 3, "math": 1}], [10, {"prose": 2}]]'
+    stages = json.loads(resolved_config(cfg).data.schedule)
+    assert stages == [[0, {"code": 0.75, "math": 0.25}], [10, {"prose": 1.0}]]
+
+
+def test_divergence_message_says_what_a_rerun_does():
+    from moejax.train.loop import _diverged_message
+
+    assert "No checkpoint was saved before the trouble, so a rerun starts from scratch" in _diverged_message(8, 9, None)
+    assert "step None" not in _diverged_message(8, 9, None)
+    assert "The newest checkpoint (step 100) is from before the trouble" in _diverged_message(8, 109, 100)
+
+
+def test_a_refused_run_leaves_no_empty_directory(tmp_path, monkeypatch):
+    from moejax.config import ConfigError
+    from moejax.train import loop
+
+    def refused(cfg, workdir, *args):
+        os.makedirs(os.path.join(workdir, "checkpoints"))  # as the Checkpointer does
+        raise ConfigError("refused after the workdir was made")
+
+    monkeypatch.setattr(loop, "_train", refused)
+    with pytest.raises(ConfigError):
+        train(default_config(), str(tmp_path / "new" / "run"))
+    assert not (tmp_path / "new" / "run").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(ConfigError):
+        train(default_config(), str(tmp_path / "mine"))
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+
+
+def test_metrics_in_a_log_file_are_lines_and_skip_non_finite_tensorboard_values(tmp_path, capsys):
+    from moejax.train.metrics import MetricsLogger
+
+    logger = MetricsLogger(str(tmp_path), total_steps=4, start_step=0)
+    assert logger.bar.disable  # pytest's stderr is not a terminal
+    logger.advance()
+    logger.log(2, {"loss": float("nan"), "lr": 0.1})
+    logger.close()
+    assert "[2/4] step=2 loss=nan lr=0.1" in capsys.readouterr().out
+    assert '"loss": NaN' in (tmp_path / "metrics.jsonl").read_text()

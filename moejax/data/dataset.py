@@ -125,6 +125,9 @@ def describe_dataset(path: str | os.PathLike[str] = "") -> DatasetInfo:
             f"moejax.data.prepare --source DOMAIN=PATH --out {path}; or set data.path='' for the "
             "built-in corpus."
         )
+    if not directory.is_dir() or (any(directory.iterdir()) and not (directory / layout.DATASET_FILE).is_file()
+                                  and not (directory / PROGRESS_FILE).is_file()):
+        raise DataError(_not_a_dataset_message(str(path), directory.is_dir()))
     _check_prepare_finished(directory, str(path))
     dataset = _read_json(directory / layout.DATASET_FILE, f"data.path {str(path)!r}")
     if dataset.get("format") != layout.FORMAT:
@@ -221,6 +224,14 @@ def _check_prepare_finished(directory: Path, path: str) -> None:
         f"was interrupted or is still running, so it has no {layout.DATASET_FILE}. Rerun the same "
         "prepare command to finish it (shards already done are kept)."
     )
+
+
+def _not_a_dataset_message(path: str, is_dir: bool) -> str:
+    """data.path names the user's raw input (a file, or a directory of text) instead of a dataset."""
+    what = "a directory without dataset.json" if is_dir else "a file"
+    return (f"data.path {path!r} is {what}, not a prepared dataset. Training reads datasets made by "
+            f"prepare from your files: python -m moejax.data.prepare --source DOMAIN={path} --out "
+            "datasets/NAME, then set --config.data.path=datasets/NAME.")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

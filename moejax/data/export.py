@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
+from moejax import paths
+from moejax.config import ConfigError
 from moejax.data.corpus import DOMAINS, build_domain
 
 FORMATS = ("txt", "jsonl")
@@ -50,9 +53,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--format", choices=FORMATS, default="txt")
     parser.add_argument("--split", choices=("train", "heldout", "all"), default="train")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="replace an existing non-empty --out (as a whole)")
     args = parser.parse_args(argv)
-    counts = export_corpus(args.out, fmt=args.format, split=args.split, seed=args.seed)
-    print(f"{args.out}: " + ", ".join(f"{d} {n:,} documents" for d, n in counts.items()))
+    out = paths.user_path(args.out)
+    try:
+        paths.check_new_output(out, "--out", force=args.force)
+        with paths.replace_dir(out) as tmp:  # complete, or not there: never a partial corpus
+            counts = export_corpus(tmp, fmt=args.format, split=args.split, seed=args.seed)
+    except ConfigError as e:
+        sys.stderr.write(f"moejax.data.export: error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"moejax.data.export: interrupted; nothing was written to {out}. Rerun the command.\n")
+        sys.exit(130)
+    print(f"{out}: " + ", ".join(f"{d} {n:,} documents" for d, n in counts.items()))
 
 
 if __name__ == "__main__":

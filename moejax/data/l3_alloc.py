@@ -41,6 +41,8 @@ from typing import Any, Final, NoReturn
 import numpy as np
 import numpy.typing as npt
 
+from moejax import paths
+from moejax.config import ConfigError
 from moejax.data.errors import DataError
 
 FORMAT: Final = "moejax-l3-allocation-v1"
@@ -501,12 +503,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, metavar="FILE",
                         help="output JSON (default: l3_allocation_<method>_v<budget>_k<k>.json in "
                              "the dataset directory, or the built-in corpus cache directory)")
+    parser.add_argument("--force", action="store_true", help="replace an existing output file")
     args = parser.parse_args(argv)
+    args.data_path = paths.user_path(args.data_path)
+    args.out = paths.user_path(args.out) if args.out else None
     try:
         return _run(args)
-    except DataError as e:
+    except ConfigError as e:  # DataError, or an output that cannot be written
         sys.stderr.write(f"moejax: error: {e}\n")
         return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("moejax: interrupted; no allocation file was written. Rerun the command.\n")
+        return 130
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -529,6 +537,7 @@ def _run(args: argparse.Namespace) -> int:
     check_budget(vocab_size, args.budget, args.max_rows)
     out = Path(args.out) if args.out else default_out_path(args.data_path, args.method, args.budget,
                                                            args.max_rows)
+    paths.check_new_file(str(out), "--out", force=args.force)
     start = time.perf_counter()
     sample_tokens = 0
     if args.method == "lzw":

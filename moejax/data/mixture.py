@@ -163,6 +163,16 @@ def schedule_from_config(data_cfg: Any, domains: Sequence[str], dataset: str) ->
                          dataset=dataset)
 
 
+def resolved_data_values(data_cfg: Any, schedule: Schedule) -> dict[str, Any]:
+    """The ``data`` config values that say what ``schedule`` is, with nothing left to read or
+    normalise: the weights of a mixture (or mixture file) as ``mixture``, a schedule as its JSON
+    text; ``mixture_file`` cleared, since its weights are now in the config."""
+    if data_cfg.schedule:
+        stages = [[stage.start_step, dict(stage.weights)] for stage in schedule]
+        return {"schedule": json.dumps(stages), "mixture_file": ""}
+    return {"mixture": dict(schedule[0].weights), "mixture_file": ""}
+
+
 def stage_index(schedule: Schedule, step: int) -> int:
     """Index of the stage that step ``step`` (0-based: the batch drawn after ``step`` batches) is in."""
     index = 0

@@ -34,6 +34,7 @@ import math
 import multiprocessing
 import os
 import random
+import signal
 import sys
 import time
 import warnings
@@ -45,14 +46,17 @@ from typing import Any, Final
 import numpy as np
 import tqdm
 
+from moejax import paths
+from moejax.config import ConfigError, default_config
 from moejax.data import layout, sources as sources_lib
 from moejax.data.dataset import PROGRESS_FILE, HeldoutWarning, combined_hash, small_heldout_message
 from moejax.data.errors import DataError, user_stacklevel
-from moejax.data.sources import Piece, Source
+from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
 
 DEFAULT_HELDOUT_FRACTION: Final = 0.01
+DEFAULT_SEQ_LEN: Final = default_config().train.seq_len
 DEFAULT_SHARD_MB: Final = 64
 DEFAULT_VOCAB_SIZE: Final = 8192
 DEFAULT_BPE_SAMPLE_MB: Final = 256
@@ -90,8 +94,13 @@ def prepare_dataset(
     shard_mb: float = DEFAULT_SHARD_MB,
     workers: int | None = None,
     progress: bool = True,
+    seq_len: int = DEFAULT_SEQ_LEN,
 ) -> dict[str, Any]:
     """Prepare ``sources`` (``"DOMAIN=PATH"`` strings or ``Source`` s) into ``out_dir``.
+
+    Every domain's train and held-out split must hold one training window of ``seq_len + 1``
+    tokens (the sequence length training will use), so that training on the dataset cannot stop
+    at its start for want of data; ``heldout_fraction`` 0 asks for no held-out split.
 
     Returns a summary: per-domain documents/tokens, shards tokenized and skipped, input bytes,
     seconds (and the BPE training time). Raises ``DataError`` on bad input: missing or empty
@@ -100,11 +109,12 @@ def prepare_dataset(
     start_time = time.perf_counter()
     out = Path(out_dir)
     parsed = [s if isinstance(s, Source) else sources_lib.parse_source(s) for s in sources]
-    _check_options(parsed, tokenizer, heldout_fraction, shard_mb, bpe_sample_mb, workers)
+    _check_options(parsed, tokenizer, heldout_fraction, shard_mb, bpe_sample_mb, workers, seq_len)
     shard_bytes = max(1, int(shard_mb * MB))
     plans = {s.domain: sources_lib.plan_pieces(sources_lib.list_files(s), shard_bytes, text_field)
              for s in parsed}
     existing, progress = _read_existing(out)
+    paths.make_dir(str(out), "--out")
     options = _tokenizer_options(tokenizer, vocab_size)
     bpe_seconds = 0.0
     tok_json = _reuse_tokenizer(out, existing or progress, options)
@@ -123,7 +133,7 @@ def prepare_dataset(
     _write_json(out / PROGRESS_FILE, record)
     try:
         summary = _tokenize_and_summarise(out, parsed, plans, dataset, tok, tok_json, heldout_fraction,
-                                          text_field, shard_bytes, workers, progress)
+                                          text_field, shard_bytes, workers, progress, seq_len)
     except DataError as e:
         _write_json(out / PROGRESS_FILE, {**record, "state": "failed", "error": str(e)})
         raise
@@ -135,7 +145,7 @@ def prepare_dataset(
 def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str, list[Piece]],
                             dataset: dict[str, Any], tok: Tokenizer, tok_json: str | None,
                             heldout_fraction: float, text_field: str, shard_bytes: int,
-                            workers: int | None, progress: bool) -> dict[str, Any]:
+                            workers: int | None, progress: bool, seq_len: int) -> dict[str, Any]:
     """Tokenize every shard not already done, write the domain manifests and fill ``dataset``."""
     tasks = {domain: _shard_tasks(out, domain, pieces, tok, tok_json, heldout_fraction, text_field,
                                   shard_bytes) for domain, pieces in plans.items()}
@@ -157,7 +167,7 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
     summary_domains = {}
     for source in parsed:
         manifest = _write_domain_manifest(out, source, tasks[source.domain], records, tok,
-                                          heldout_fraction, text_field)
+                                          heldout_fraction, text_field, seq_len)
         dataset["domains"][source.domain] = {
             "source": str(source), "sha256": manifest["sha256"],
             **{f"{split}_{key}": manifest["splits"][split][key]
@@ -220,7 +230,7 @@ def is_heldout(text: str, fraction: float) -> bool:
 
 
 def _check_options(parsed: list[Source], tokenizer: str, heldout_fraction: float,
-                   shard_mb: float, bpe_sample_mb: float, workers: int | None) -> None:
+                   shard_mb: float, bpe_sample_mb: float, workers: int | None, seq_len: int) -> None:
     if not parsed:
         raise DataError("no --source given; name at least one, e.g. --source code=./src")
     seen: dict[str, Source] = {}
@@ -237,8 +247,9 @@ def _check_options(parsed: list[Source], tokenizer: str, heldout_fraction: float
     for flag, value in (("--shard-mb", shard_mb), ("--bpe-sample-mb", bpe_sample_mb)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise DataError(f"{flag} {value!r}: allowed: a positive number")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise DataError(f"--workers {workers!r}: allowed: a positive int")
+    for flag, value in (("--workers", workers), ("--seq-len", seq_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DataError(f"{flag} {value!r}: allowed: a positive int")
 
 
 def _tokenizer_options(tokenizer: str, vocab_size: int) -> dict[str, Any]:
@@ -383,8 +394,8 @@ def _run(pending: list[ShardTask], workers: int, progress: bool,
          out: Path) -> Iterator[tuple[ShardTask, dict[str, Any]]]:
     """Tokenize ``pending`` shards, in ``workers`` processes when that is more than one."""
     bar = tqdm.tqdm(total=sum(t.input_bytes for t in pending), unit="B", unit_scale=True,
-                    unit_divisor=1024, desc=f"prepare {out.name}", disable=not progress or not pending,
-                    file=sys.stderr)
+                    unit_divisor=1024, desc=f"prepare {out.name}", file=sys.stderr,
+                    disable=not progress or not pending or not sys.stderr.isatty())
     with bar:
         if workers <= 1:
             for task in pending:
@@ -393,7 +404,7 @@ def _run(pending: list[ShardTask], workers: int, progress: bool,
             return
         # "spawn": HF tokenizers' thread pool does not survive fork, and fresh workers are cheap.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_ctrl_c) as pool:
             futures = {pool.submit(tokenize_shard, task): task for task in pending}
             try:
                 for future in as_completed(futures):
@@ -406,9 +417,14 @@ def _run(pending: list[ShardTask], workers: int, progress: bool,
                 raise
 
 
+def _ignore_ctrl_c() -> None:
+    """In a worker: Ctrl-C is the main process's to handle (it lets running shards finish)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
                            records: Mapping[tuple[str, int], dict], tok: Tokenizer,
-                           heldout_fraction: float, text_field: str) -> dict[str, Any]:
+                           heldout_fraction: float, text_field: str, seq_len: int) -> dict[str, Any]:
     """Sum the shard records of a domain into its ``manifest.json``; drop stale shard files."""
     domain = source.domain
     shards = [records[(domain, task.index)] for task in tasks]
@@ -417,20 +433,13 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
     if not splits["train"]["documents"] + splits["heldout"]["documents"]:
         raise DataError(f"source {source} holds no non-empty documents (every file or record is "
                         "empty or whitespace); point it at text.")
-    if not splits["heldout"]["documents"] or not splits["train"]["documents"]:
-        which = "held-out" if not splits["heldout"]["documents"] else "train"
-        warnings.warn(f"domain {domain!r} has no {which} document "
-                      f"({sum(s['documents'] for s in splits.values())} documents, heldout "
-                      f"fraction {heldout_fraction}); training or evaluating on it will fail. Use "
-                      "more, smaller documents (e.g. JSONL) or another --heldout-fraction.",
-                      HeldoutWarning, stacklevel=user_stacklevel())
-    else:
-        problem = small_heldout_message(
-            domain, splits["heldout"]["documents"], splits["heldout"]["tokens"],
-            total_documents=splits["train"]["documents"] + splits["heldout"]["documents"],
-            total_tokens=splits["train"]["tokens"] + splits["heldout"]["tokens"], fraction=heldout_fraction)
-        if problem:
-            warnings.warn(problem, HeldoutWarning, stacklevel=user_stacklevel())
+    _check_training_windows(source, shards, splits, heldout_fraction, seq_len)
+    problem = small_heldout_message(
+        domain, splits["heldout"]["documents"], splits["heldout"]["tokens"],
+        total_documents=splits["train"]["documents"] + splits["heldout"]["documents"],
+        total_tokens=splits["train"]["tokens"] + splits["heldout"]["tokens"], fraction=heldout_fraction)
+    if problem and heldout_fraction > 0:
+        warnings.warn(problem, HeldoutWarning, stacklevel=user_stacklevel())
     manifest = {
         "format": layout.FORMAT,
         "domain": domain,
@@ -452,6 +461,44 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
     _remove_stale_shards(out / domain, len(tasks))
     _write_json(out / domain / layout.MANIFEST_FILE, manifest)
     return manifest
+
+
+def _check_training_windows(source: Source, shards: list[dict], splits: dict, heldout_fraction: float,
+                            seq_len: int) -> None:
+    """Both splits of a domain hold a training window of ``seq_len + 1`` tokens in one shard
+    (windows never cross shards), or a ``DataError`` that says how to get one: training would
+    refuse the domain later. With ``heldout_fraction`` 0 the user asked for no held-out split:
+    a warning only."""
+    window = seq_len + 1
+    total_documents = sum(split["documents"] for split in splits.values())
+    total_tokens = sum(split["tokens"] for split in splits.values())
+    for split in layout.SPLITS:
+        largest = max(shard["splits"][split]["tokens"] for shard in shards)
+        if largest >= window:
+            continue
+        name = "held-out" if split == "heldout" else split
+        message = (f"domain {source.domain!r}: its {name} split has {splits[split]['documents']:,} "
+                   f"documents / {splits[split]['tokens']:,} tokens, less than one training window of "
+                   f"{window} tokens (train.seq_len {seq_len} + 1; --seq-len) in any shard, so training or "
+                   f"evaluating on it would stop.")
+        if split == "heldout" and heldout_fraction == 0:
+            warnings.warn(f"{message} (--heldout-fraction 0 asks for no held-out split.)", HeldoutWarning,
+                          stacklevel=user_stacklevel())
+            continue
+        raise DataError(f"{message} {_window_fix(split, heldout_fraction, total_documents, total_tokens, window)}")
+
+
+def _window_fix(split: str, fraction: float, documents: int, tokens: int, window: int) -> str:
+    """How to give a split a training window: another --heldout-fraction, or more text."""
+    if tokens < 2 * window or documents < 2:
+        return (f"The source holds {documents:,} document(s) / {tokens:,} tokens in all; give it more "
+                "text, in more documents (e.g. one JSONL record per document).")
+    if split == "heldout":  # expect about 5 documents and 3 windows held out (the hash split varies)
+        suggested = float(f"{min(0.5, max(5 / documents, 3 * window / tokens)):.2g}")
+    else:
+        suggested = float(f"{fraction / 2:.2g}")
+    return (f"Rerun the prepare command with --heldout-fraction {suggested:g} (now {fraction:g}); the "
+            "shards are redone with the new split.")
 
 
 def _remove_stale_shards(directory: Path, num_shards: int) -> None:
@@ -512,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", action="append", default=[], metavar="DOMAIN=PATH",
                         help="a directory (its .txt/.jsonl/.parquet files), a file or a quoted glob; "
                              "repeat for each domain")
-    parser.add_argument("--out", required=True, help="dataset directory (created, or resumed)")
+    parser.add_argument("--out", required=True,
+                        help="dataset directory (created; an existing dataset is resumed or gains domains)")
     parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE only")
     parser.add_argument("--bpe-sample-mb", type=float, default=DEFAULT_BPE_SAMPLE_MB,
@@ -523,24 +571,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="input MB per shard (the unit of parallel work and of resumption)")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes (default: one per CPU, at most one per 32 MB of input)")
+    parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN,
+                        help="the train.seq_len training will use: every split of every domain must hold "
+                             "one window of it")
     parser.add_argument("--verify", action="store_true",
                         help="only check every file of --out against its manifest checksums")
     args = parser.parse_args(argv)
+    out = paths.user_path(args.out)
     try:
         if args.verify:
             from moejax.data.dataset import verify_dataset
 
-            checked = verify_dataset(args.out)
-            print(f"{args.out}: {checked} files match their checksums")
+            checked = verify_dataset(out)
+            print(f"{out}: {checked} files match their checksums")
             return 0
         summary = prepare_dataset(
-            args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-            bpe_sample_mb=args.bpe_sample_mb, heldout_fraction=args.heldout_fraction,
-            text_field=args.text_field, shard_mb=args.shard_mb, workers=args.workers,
+            [_user_source(s) for s in args.source], out, tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
+            heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
+            workers=args.workers, seq_len=args.seq_len,
         )
-    except DataError as e:
+    except ConfigError as e:  # DataError, or an --out that cannot be a directory
         print(f"prepare: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"prepare: interrupted; the shards finished so far are kept in {out}. Rerun the same "
+              "command to resume (finished shards are skipped).", file=sys.stderr)
+        return 130
     for domain, splits in summary["domains"].items():
         print(f"{domain:>12}: " + ", ".join(
             f"{split} {s['documents']:,} docs / {s['tokens']:,} tokens" for split, s in splits.items()))
@@ -552,9 +609,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _user_source(arg: str) -> str:
+    """``DOMAIN=PATH`` with PATH resolved as the user meant it (a malformed one is left to
+    ``parse_source`` to report)."""
+    domain, sep, path = arg.partition("=")
+    return f"{domain}={paths.user_path(path)}" if sep and path else arg
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
     """On the command line, warnings about the user's data are one line, without a source line."""
-    if issubclass(category, HeldoutWarning):
+    if issubclass(category, (HeldoutWarning, SkippedFilesWarning)):
         (file or sys.stderr).write(f"prepare: warning: {message}\n")
     else:
         _default(message, category, filename, lineno, file, line)

@@ -7,10 +7,14 @@ A source is ``DOMAIN=PATH``; ``PATH`` is one of
 - a file;
 - a glob pattern (quote it in the shell), e.g. ``'src/**/*.py'``: the matching files.
 
-A file's suffix sets its format: ``.jsonl`` holds one JSON object per line whose ``text`` field
-(``text_field``) is a document; ``.parquet`` has a string column ``text`` whose rows are
-documents; any other file is one plain-text document (UTF-8; undecodable bytes become U+FFFD).
-Empty and whitespace-only documents, and JSON/Parquet nulls, are skipped (and counted).
+A file's suffix and first bytes set its format: ``.jsonl`` holds one JSON object per line whose
+``text`` field (``text_field``) is a document; a Parquet file (``.parquet``, or any file that
+starts with Parquet's magic bytes) has a string column ``text`` whose rows are documents; any
+other text file is one plain-text document (UTF-8; undecodable bytes become U+FFFD). Files that
+are none of these are refused, never read as text: compressed files (by suffix, or gzip, zstd,
+bzip2, xz or zip magic bytes), CSV/TSV, JSON, and binary files (a NUL byte near the start). A
+directory skips them, and says which it skipped (a ``SkippedFilesWarning``). Empty and
+whitespace-only documents, and JSON/Parquet nulls, are skipped (and counted).
 
 Work is split into ``Piece`` s of at most about ``max_bytes`` input bytes, so one large file is
 tokenized in parallel too: a JSONL file by byte ranges (a piece owns the lines that *start* in
@@ -23,15 +27,29 @@ import dataclasses
 import glob
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 from moejax.data import layout
-from moejax.data.errors import DataError
+from moejax.data.errors import DataError, user_stacklevel
 
 KINDS: Final = {".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
+SUPPORTED: Final = ("plain text (.txt, or any text file named directly or by a glob), JSONL (.jsonl: one "
+                    "JSON object per line) and Parquet (.parquet)")
 _GLOB_CHARS: Final = frozenset("*?[")
+PARQUET_MAGIC: Final = b"PAR1"
+# Compressed formats: magic bytes (b"": known by the suffix only, as "BZh" can start a text), name,
+# and the command that decompresses FILE.
+_COMPRESSED: Final = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+                      (b"", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"), (b"PK\x03\x04", "zip", "unzip"))
+_COMPRESSED_SUFFIXES: Final = {".gz": 0, ".tgz": 0, ".zst": 1, ".zstd": 1, ".bz2": 2, ".xz": 3, ".zip": 4}
+_TABLE_SUFFIXES: Final = {".csv": "a CSV table", ".tsv": "a TSV table", ".json": "a JSON document"}
+
+
+class SkippedFilesWarning(UserWarning):
+    """A directory source held files that are not read (wrong kind); the message lists them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,33 +94,108 @@ def parse_source(arg: str) -> Source:
 
 
 def list_files(source: Source) -> list[Path]:
-    """The files ``source`` names, sorted; a ``DataError`` if there are none."""
+    """The files ``source`` names, sorted, each of a kind that is read (:func:`kind_of`); a
+    ``DataError`` if there are none, or if a file named directly or by a glob is of another kind."""
     path = source.path
     if _GLOB_CHARS.intersection(path):
         files = [Path(p) for p in sorted(glob.glob(path, recursive=True)) if os.path.isfile(p)]
         what = "matches no file"
     elif os.path.isdir(path):
-        files = []
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            files += [Path(dirpath, name) for name in filenames
-                      if not name.startswith(".") and os.path.splitext(name)[1] in KINDS]
-        files.sort()
+        files = _directory_files(source)
         what = f"is a directory without {', '.join(sorted(KINDS))} files"
     elif os.path.isfile(path):
-        return [Path(path)]
+        files, what = [Path(path)], ""
     else:
-        raise DataError(f"source {source}: path {path!r} does not exist. Check the path, or quote "
-                        "a glob pattern so the shell does not expand it.")
+        raise DataError(f"source {source}: path {path!r} does not exist{_relative_note(path)}. Check "
+                        "the path, or quote a glob pattern so the shell does not expand it.")
     if not files:
         raise DataError(f"source {source}: {path!r} {what}; there is nothing to prepare. Point "
-                        "it at text, JSONL or Parquet files.")
+                        f"it at {SUPPORTED}.")
+    for file in files:
+        kind_of(file, source)
     return files
 
 
-def kind_of(path: Path) -> str:
-    """The format of a file, from its suffix (anything unknown is plain text)."""
+def _relative_note(path: str) -> str:
+    return "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+
+
+def _directory_files(source: Source) -> list[Path]:
+    """The files of a directory source whose suffix is read; warns about the others it skips."""
+    files, skipped = [], []
+    for dirpath, dirnames, filenames in os.walk(source.path):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            (files if os.path.splitext(name)[1] in KINDS else skipped).append(Path(dirpath, name))
+    if skipped:
+        skipped.sort()
+        shown = ", ".join(f"{p.relative_to(source.path)} ({_unread_kind(p) or 'unknown suffix'})"
+                          for p in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        warnings.warn(f"source {source}: skipped {len(skipped)} file(s) that are not .txt, .jsonl or "
+                      f".parquet: {shown}{more}. Convert them (decompress, or CSV to JSONL) to include them.",
+                      SkippedFilesWarning, stacklevel=user_stacklevel())
+    return sorted(files)
+
+
+def kind_of(path: Path, source: Source | str = "") -> str:
+    """The format of a file ("text", "jsonl" or "parquet"), from its suffix and first bytes; a
+    ``DataError`` naming the file and the fix for a file of a kind that is not read."""
+    problem = _unread_kind(path)
+    where = f"source {source}: " if source else ""
+    if problem:
+        raise DataError(f"{where}{path} is {problem}, which prepare does not read; it reads {SUPPORTED}."
+                        f"{_fix_for(path, problem)}")
+    head = _head(path)
+    if head.startswith(PARQUET_MAGIC):
+        return "parquet"
+    if path.suffix == ".parquet":
+        raise DataError(f"{where}{path} is named .parquet but is not a Parquet file (no PAR1 magic "
+                        "bytes); write it with a Parquet writer, or rename it to its real kind.")
     return KINDS.get(path.suffix, "text")
+
+
+def _head(path: Path, size: int = 8192) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError as e:
+        raise DataError(f"{path} cannot be read ({e.strerror or e}); check its permissions.") from None
+
+
+def _unread_kind(path: Path) -> str:
+    """'' for a file prepare reads, else what it is (e.g. 'gzip-compressed')."""
+    try:
+        head = _head(path)
+    except DataError:
+        head = b""
+    for magic, name, _ in _COMPRESSED:
+        if magic and head.startswith(magic):
+            return f"{name}-compressed"
+    if path.suffix.lower() in _COMPRESSED_SUFFIXES:
+        return f"{_COMPRESSED[_COMPRESSED_SUFFIXES[path.suffix.lower()]][1]}-compressed (by its name)"
+    if head.startswith(PARQUET_MAGIC):
+        return ""
+    if path.suffix.lower() in _TABLE_SUFFIXES:
+        return _TABLE_SUFFIXES[path.suffix.lower()]
+    if b"\x00" in head:
+        return "a binary file (it holds NUL bytes)"
+    return ""
+
+
+def _fix_for(path: Path, problem: str) -> str:
+    if "compressed" in problem:
+        command = next(c for _, name, c in _COMPRESSED if problem.startswith(name))
+        return (f" Compressed input is not supported yet; decompress it first ({command} {path}) and "
+                "prepare the decompressed file.")
+    if "table" in problem:
+        return (" Convert it to JSONL, one object per row with the document in a \"text\" field (or "
+                "name the field with --text-field), or to Parquet.")
+    if "JSON document" in problem:
+        return " Write one JSON object per line to a .jsonl file instead."
+    return " If it is text in another encoding (e.g. UTF-16), convert it to UTF-8."
 
 
 def plan_pieces(files: list[Path], max_bytes: int, text_field: str) -> list[Piece]:

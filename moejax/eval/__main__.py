@@ -2,7 +2,9 @@
 
 Writes ``DIR/eval/step_N.json`` per checkpoint and prints a table; ``--all`` evaluates every
 checkpoint (reusing a ``step_N.json`` made with the same settings) and plots
-``DIR/eval/curves.png``. Keys and defaults: ``docs/eval.md``.
+``DIR/eval/curves.png``. A ``step_N.json`` made with other settings is kept unless ``--force``;
+results are written under a temporary name and renamed into place. Keys and defaults:
+``docs/eval.md``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 from absl import logging as absl_logging
 
+from moejax import paths
 from moejax.config import BENCHMARK_VERSIONS, ConfigError
 from moejax.data.errors import DataError
 from moejax.eval.evaluate import (
@@ -50,7 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per benchmark batch")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="exact-match budget")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an eval/step_N.json made with other settings (default: refuse)")
     args = parser.parse_args(argv)
+    args.workdir = paths.user_path(args.workdir)
+    if args.tasks:  # task files (names of built-in tasks have no suffix)
+        args.tasks = [paths.user_path(t) if t.endswith(".jsonl") or os.sep in t else t for t in args.tasks]
     for name in ("max_items", "loss_batches", "batch_size", "max_new_tokens"):
         value = getattr(args, name)
         if value is not None and (value < 0 or (value == 0 and name != "max_items")):
@@ -63,40 +71,65 @@ def main(argv: list[str] | None = None) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax notes on the items a params-only read skips
     use_persistent_cache()  # evaluating again (or the next checkpoint of the shape) skips the compiles
     try:
-        erun = open_run(args.workdir)
-        settings = make_settings(
-            erun, tasks=args.tasks, max_items=args.max_items, loss_batches=args.loss_batches,
-            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, benchmarks=args.benchmarks,
-        )
-        evaluator = Evaluator(erun, settings, progress=not args.no_progress)
-        steps = erun.steps if args.all else [erun.steps[-1] if args.step is None else args.step]
-        out_dir = os.path.join(erun.workdir, "eval")
-        os.makedirs(out_dir, exist_ok=True)
-        results = []
-        for step in steps:
-            path = os.path.join(out_dir, f"step_{step}.json")
-            result = _reusable(path, settings) if args.all else None
-            if result is None:
-                result = evaluator.evaluate(erun.load(step))
-                with open(path, "w") as f:
-                    json.dump(result, f, indent=1)
-                print(format_result(result) + f"\n\nwrote {path}\n")
-            else:
-                print(f"step {step}: reusing {path} (same settings)")
-            results.append(result)
-        if args.all:
-            print(f"wrote {plot_curves(results, os.path.join(out_dir, 'curves.png'))}")
+        _evaluate(args)
     except (ConfigError, DataError, TaskFileError) as e:
-        sys.exit(f"moejax.eval: error: {e}")
+        sys.stderr.write(f"moejax.eval: error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"moejax.eval: interrupted; the results already written are in "
+                         f"{os.path.join(args.workdir, 'eval')}. Rerun the command (with --all, finished "
+                         "checkpoints are reused).\n")
+        sys.exit(130)
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    """Evaluates the checkpoints ``args`` name, writing one JSON result per checkpoint."""
+    erun = open_run(args.workdir)
+    settings = make_settings(
+        erun, tasks=args.tasks, max_items=args.max_items, loss_batches=args.loss_batches,
+        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, benchmarks=args.benchmarks,
+    )
+    evaluator = Evaluator(erun, settings, progress=not args.no_progress)
+    steps = erun.steps if args.all else [erun.steps[-1] if args.step is None else args.step]
+    out_dir = os.path.join(erun.workdir, "eval")
+    paths.make_dir(out_dir, "--workdir (its eval/ directory)")
+    for step in steps:
+        if step not in erun.steps:
+            erun.load(step)  # the error that names the steps there are
+        _check_replaceable(os.path.join(out_dir, f"step_{step}.json"), settings, args.force)
+    results = []
+    for step in steps:
+        path = os.path.join(out_dir, f"step_{step}.json")
+        result = _reusable(path, settings) if args.all else None
+        if result is None:
+            result = evaluator.evaluate(erun.load(step))
+            paths.write_file(path, lambda f: json.dump(result, f, indent=1))
+            print(format_result(result) + f"\n\nwrote {path}\n")
+        else:
+            print(f"step {step}: reusing {path} (same settings)")
+        results.append(result)
+    if args.all:
+        print(f"wrote {plot_curves(results, os.path.join(out_dir, 'curves.png'))}")
+
+
+def _check_replaceable(path: str, settings: Settings, force: bool) -> None:
+    """Refuses to replace a saved result made with other settings (or unreadable) unless ``force``."""
+    if not os.path.exists(path) or force or _reusable(path, settings) is not None:
+        return
+    raise ConfigError(f"{path} holds a result made with other settings (tasks, items, batches); refusing "
+                      "to overwrite it. Pass --force to replace it, or move it aside first.")
 
 
 def _reusable(path: str, settings: Settings) -> dict | None:
     """A saved result made with the same settings, or None."""
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        result = json.load(f)
-    same = result.get("settings") == json.loads(json.dumps(dataclasses.asdict(settings)))
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, ValueError):  # cut short or not ours
+        return None
+    same = isinstance(result, dict) and result.get("settings") == json.loads(json.dumps(dataclasses.asdict(settings)))
     return result if same else None
 
 

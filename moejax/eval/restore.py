@@ -137,6 +137,15 @@ def _setup_on_local_devices(cfg: ConfigDict) -> Run:
 # needs is read: the parameters and the balancing state, never the optimizer state.
 
 
+def latest_meta(workdir: str) -> dict[str, Any]:
+    """The run metadata of a workdir's newest checkpoint; {} if it has none."""
+    checkpoint_dir = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(checkpoint_dir):
+        return {}
+    steps = sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
+    return _read_meta(os.path.join(checkpoint_dir, str(steps[-1]))) if steps else {}
+
+
 def _read_meta(step_dir: str) -> dict[str, Any]:
     """The run metadata (config, tokenizer id, ...) of one checkpoint; {} if it has none."""
     path = epath.Path(step_dir) / "meta"

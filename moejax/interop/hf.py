@@ -24,10 +24,12 @@ from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
+from absl import logging as absl_logging
 from flax import nnx
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from moejax import code_version, sharding
+from moejax import code_version, paths, sharding
 from moejax import config as config_lib
 from moejax.config import ConfigDict, ConfigError
 from moejax.model.transformer import DTYPES, Transformer, is_moe_layer, layer_runs
@@ -614,12 +616,10 @@ def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise InteropError(f"{path} has no config.json; expected a directory written by save_pretrained.")
-    with open(config_path) as f:
-        hf = json.load(f)
+    hf = _read_hf_json(config_path)
     index = os.path.join(path, INDEX_FILE)
     if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = sorted(set(_read_hf_json(index).get("weight_map", {}).values()))
     elif os.path.isfile(os.path.join(path, SINGLE_FILE)):
         files = [SINGLE_FILE]
     else:
@@ -629,8 +629,24 @@ def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         )
     tensors: dict[str, np.ndarray] = {}
     for name in files:
-        tensors.update(load_file(os.path.join(path, name)))
+        try:
+            tensors.update(load_file(os.path.join(path, name)))
+        except (OSError, SafetensorError) as e:
+            raise InteropError(f"{os.path.join(path, name)} cannot be read as safetensors ({e}); re-save the "
+                               "checkpoint with save_pretrained(..., safe_serialization=True).") from None
     return hf, tensors
+
+
+def _read_hf_json(path: str) -> dict[str, Any]:
+    """A JSON object file of an HF directory; an ``InteropError`` naming it if it is not one."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InteropError(f"{path} is not readable JSON ({e}); is the checkpoint complete?") from None
+    if not isinstance(value, dict):
+        raise InteropError(f"{path} holds {type(value).__name__}, not a JSON object; is it a save_pretrained file?")
+    return value
 
 
 def write_hf_dir(path: str, hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
@@ -673,18 +689,19 @@ def _one_device_run(cfg: ConfigDict):
     cfg = config_lib.from_dict(config_lib.to_dict(cfg))
     for axis in config_lib.MESH_AXES:
         cfg.mesh[axis] = 1
-    config_lib.validate(cfg, 1)
+    config_lib.validate(cfg, 1, notes=False)
     return cfg, setup(cfg, sharding.make_mesh({a: 1 for a in config_lib.MESH_AXES}, jax.devices()[:1]))
 
 
-def import_to_workdir(hf_dir: str, workdir: str) -> ConfigDict:
+def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False) -> ConfigDict:
     """Writes a moejax workdir (step-0 checkpoint, config.json, experiment.py) from an HF directory.
 
     The checkpoint is a whole train state (fresh optimizer and balancing state) holding the
     imported parameters, so ``checkpoint.init_from=workdir``, evaluation and resuming all read it.
+    An existing non-empty ``workdir`` is refused unless ``force``; the workdir is written beside
+    its final name and renamed into place when complete.
     """
-    if os.path.isdir(os.path.join(workdir, "checkpoints")):
-        raise InteropError(f"--workdir {workdir} already has checkpoints; import into a fresh directory.")
+    paths.check_new_output(workdir, "--workdir", force=force)
     hf, tensors = read_hf_dir(hf_dir)
     cfg = config_lib.default_config()
     cfg.model = model_config_from_hf(hf)
@@ -698,15 +715,16 @@ def import_to_workdir(hf_dir: str, workdir: str) -> ConfigDict:
         # this workdir on moejax data stops with a tokenizer-mismatch error instead of training.
         "tokenizer": f"huggingface:{os.path.abspath(hf_dir)}",
     }
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
-    checkpointer.save(0, state, {"imported_from": os.path.abspath(hf_dir)}, meta)
-    checkpointer.close()
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(meta["config"], f, indent=2)
-    with open(os.path.join(workdir, HF_CONFIG_COPY), "w") as f:
-        json.dump(hf, f, indent=2)
-    with open(os.path.join(workdir, EXPERIMENT_FILE), "w") as f:
-        f.write(EXPERIMENT_SOURCE.format(workdir=workdir))
+    with paths.replace_dir(workdir) as tmp:
+        checkpointer = Checkpointer(os.path.join(tmp, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
+        checkpointer.save(0, state, {"imported_from": os.path.abspath(hf_dir)}, meta)
+        checkpointer.close()
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(meta["config"], f, indent=2)
+        with open(os.path.join(tmp, HF_CONFIG_COPY), "w") as f:
+            json.dump(hf, f, indent=2)
+        with open(os.path.join(tmp, EXPERIMENT_FILE), "w") as f:
+            f.write(EXPERIMENT_SOURCE.format(workdir=workdir))
     return cfg
 
 
@@ -717,17 +735,45 @@ def _read_json(path: str) -> dict | None:
         return json.load(f)
 
 
+def import_source(workdir: str, cfg: ConfigDict) -> str | None:
+    """The Hugging Face directory a workdir's parameters were imported from, if any: its own
+    import, or that of the workdir it started from (``checkpoint.init_from``)."""
+    from moejax.eval.restore import latest_meta
+
+    for candidate in (workdir, cfg.checkpoint.init_from):
+        tokenizer = str((latest_meta(candidate) if candidate else {}).get("tokenizer", ""))
+        if tokenizer.startswith("huggingface:"):
+            return tokenizer.split(":", 1)[1]
+    return None
+
+
+def check_export_target(workdir: str, cfg: ConfigDict, hf_dir: str, force: bool) -> None:
+    """Refuses to write into the checkpoint the run was imported from, or over any non-empty
+    directory, unless ``force``."""
+    source = import_source(workdir, cfg)
+    is_source = source is not None and os.path.realpath(source) == os.path.realpath(hf_dir)
+    what = ("the Hugging Face checkpoint this run was imported from" if is_source
+            else "a Hugging Face checkpoint" if os.path.isfile(os.path.join(hf_dir, "config.json"))
+            else "files")
+    paths.check_new_output(hf_dir, "--hf-dir", force=force, what=what)
+
+
 def export_from_workdir(
     workdir: str, hf_dir: str, *, step: int | None = None, arch: str | None = None, dtype: str = "float32",
+    force: bool = False,
 ) -> str:
     """Writes config.json + model.safetensors of a workdir's checkpoint; returns the architecture.
 
     The balancing objectives' selection bias (loss-free) is folded into the router bias. Without
     ``arch``: the architecture the workdir was imported from, else the first that fits exactly.
+    An existing non-empty ``hf_dir`` is refused unless ``force``; then it is replaced as a whole
+    (written beside it and renamed into place), so no file of the old checkpoint stays beside
+    the new one.
     """
     raw = _read_json(os.path.join(workdir, "config.json"))
     if raw is None:
         raise InteropError(f"--workdir {workdir} has no config.json; is it a moejax workdir?")
+    check_export_target(workdir, config_lib.from_dict(raw), hf_dir, force)
     cfg, run = _one_device_run(config_lib.from_dict(raw))
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
     steps = checkpointer.steps()
@@ -749,7 +795,8 @@ def export_from_workdir(
         base=base if (base or {}).get("model_type") == arch else None,
     )
     tensors = params_to_hf(adapt_params(params, m, arch), adapted_config(m, arch), arch)
-    write_hf_dir(hf_dir, hf, {k: _cast(k, v, dtype) for k, v in tensors.items()})
+    with paths.replace_dir(hf_dir) as tmp:
+        write_hf_dir(tmp, hf, {k: _cast(k, v, dtype) for k, v in tensors.items()})
     return arch
 
 
@@ -772,29 +819,40 @@ def _parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import", help="HF directory (config.json + safetensors) -> moejax workdir")
     imp.add_argument("--hf-dir", required=True, help="directory written by save_pretrained")
     imp.add_argument("--workdir", required=True, help="new moejax workdir to write")
+    imp.add_argument("--force", action="store_true", help="replace an existing non-empty --workdir (as a whole)")
     exp = sub.add_parser("export", help="moejax workdir checkpoint -> HF directory")
     exp.add_argument("--workdir", required=True, help="moejax workdir with checkpoints/")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     exp.add_argument("--hf-dir", required=True, help="output directory (config.json, model.safetensors)")
     exp.add_argument("--arch", choices=SUPPORTED, default=None, help="target model_type (default: chosen)")
     exp.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="tensor dtype written")
+    exp.add_argument("--force", action="store_true",
+                     help="replace an existing non-empty --hf-dir (as a whole), even the run's import source")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    args.hf_dir, args.workdir = paths.user_path(args.hf_dir), paths.user_path(args.workdir)
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on items a restore skips
     try:
         if args.command == "import":
-            cfg = import_to_workdir(args.hf_dir, args.workdir)
+            cfg = import_to_workdir(args.hf_dir, args.workdir, force=args.force)
             print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
                   f"./launch.sh {os.path.join(args.workdir, EXPERIMENT_FILE)} --workdir runs/NAME"
                   f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
         else:
-            arch = export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch, dtype=args.dtype)
+            arch = export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch, dtype=args.dtype,
+                                       force=args.force)
             print(f"exported {args.workdir} as {arch} to {args.hf_dir}")
     except (InteropError, ConfigError) as e:
         sys.stderr.write(f"moejax: error: {e}\n")
         sys.exit(2)
+    except KeyboardInterrupt:
+        target = args.workdir if args.command == "import" else args.hf_dir
+        sys.stderr.write(f"moejax: interrupted; nothing was written to {target} (it is renamed into place "
+                         "only when complete). Rerun the command.\n")
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
 from moejax.config import ConfigError
@@ -231,28 +232,29 @@ def load_params(path: str, abstract_params: Any, step: int | None = None) -> tup
         path, step = os.path.dirname(path), int(os.path.basename(path))
     if not os.path.isdir(path):
         raise ConfigError(f"config key 'checkpoint.init_from' has value {path!r}; no such directory.")
-    manager = ocp.CheckpointManager(  # a PyTree handler: it can restore a subtree (the params)
-        path, options=ocp.CheckpointManagerOptions(read_only=True),
-        item_handlers={"state": ocp.PyTreeCheckpointHandler()},
-    )
-    step = manager.latest_step() if step is None else step
-    if step is None or step not in manager.all_steps():
+    steps = sorted(ocp.utils.checkpoint_steps(path))  # finished (committed) ones
+    step = steps[-1] if step is None and steps else step
+    if step is None or step not in steps:
         raise ConfigError(
             f"config key 'checkpoint.init_from' has value {path!r}; it holds no checkpoint"
-            + (f" at step {step}" if step is not None else "") + f" (steps: {sorted(manager.all_steps())})."
+            + (f" at step {step}" if step is not None else "") + f" (steps: {steps})."
         )
-    saved = manager.item_metadata(step)["state"]
-    problems = describe_mismatch(_flat_shapes(getattr(saved, "tree", saved)["params"]), _flat_shapes(abstract_params))
-    if problems:
-        raise CheckpointMismatch(
-            f"checkpoint {path}/{step} does not fit the configured model:\n  " + "\n  ".join(problems[:20])
-        )
-    # Restore only the params subtree: a partial restore of the state item.
-    target = {"params": abstract_params}
-    restored = manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+    # The state item's own handler, not a CheckpointManager: a manager restoring one item logs a
+    # warning for each other item of the step (meta, data), which reads like a failure.
+    handler = ocp.PyTreeCheckpointHandler()
+    state_dir = epath.Path(path) / str(step) / "state"
+    try:
+        saved = handler.metadata(state_dir)
+        problems = describe_mismatch(_flat_shapes(getattr(saved, "tree", saved)["params"]),
+                                     _flat_shapes(abstract_params))
+        if problems:
+            raise CheckpointMismatch(
+                f"checkpoint {path}/{step} does not fit the configured model:\n  " + "\n  ".join(problems[:20])
+            )
+        target = {"params": abstract_params}  # a partial restore of the state item: the params only
+        restored = handler.restore(state_dir, args=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True,
         ))
-    )
-    manager.close()
-    return restored.state["params"], step
+    finally:
+        handler.close()
+    return restored["params"], step

@@ -8,20 +8,24 @@ every branch the others take (evaluation, checkpoint, stop); process 0 alone wri
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
 import time
+import warnings
 from typing import Any
 
 import jax
 import numpy as np
+from ml_collections import ConfigDict
 
-from moejax import allocator, code_version, sharding
+from moejax import allocator, code_version, paths, sharding
 from moejax import config as config_lib
+from moejax.config import ConfigError
 from moejax.data.dataset import DatasetInfo
 from moejax.data.from_config import check_data_config, make_data
-from moejax.data.mixture import stage_index
+from moejax.data.mixture import MixtureWarning, resolved_data_values, stage_index
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train.checkpoint import Checkpointer, Restored, any_process, check_same_on_every_process, load_params
@@ -33,14 +37,41 @@ from moejax.train.state import (
 )
 from moejax.train.step import make_eval_step, make_train_step
 
-def check_config(cfg, changed=()) -> tuple[dict[str, int], DatasetInfo]:
+def check_config(cfg, changed=(), workdir: str | None = None) -> tuple[dict[str, int], DatasetInfo]:
     """Everything that can be checked before compiling; returns the resolved mesh shape and what
     the dataset is (its domains and tokenizer).
 
-    ``changed``: the keys the command line set (messages about two conflicting keys name those)."""
+    ``changed``: the keys the command line set (messages about two conflicting keys name those).
+    ``workdir``: the run's directory; a run that resumes from checkpoints of its own does not read
+    ``checkpoint.init_from``, so its existence is checked only for a fresh start."""
     mesh_shape = config_lib.validate(cfg, jax.device_count(), changed=changed)
+    init_from = cfg.checkpoint.init_from
+    resumes = bool(workdir) and os.path.isdir(os.path.join(workdir, "checkpoints")) and bool(os.listdir(os.path.join(workdir, "checkpoints")))
+    if init_from and not resumes and not os.path.isdir(init_from):
+        raise ConfigError(f"config key 'checkpoint.init_from' has value {init_from!r}; allowed: '' or a directory "
+                          f"that exists (a workdir, its checkpoints/ or one step's directory). Check the "
+                          f"path{paths.relative_to_note(init_from)}.")
     data_info, _ = check_data_config(cfg)  # dataset, mixture/schedule domains and weights, vocab vs tokenizer
     return mesh_shape, data_info
+
+
+def resolved_config(cfg) -> ConfigDict:
+    """A copy of ``cfg`` whose data group holds the weights the run trains on (a mixture file's,
+    normalised; a schedule's stages as JSON text), so WORKDIR/config.json says what the run used."""
+    with warnings.catch_warnings():  # check_config has shown them
+        warnings.simplefilter("ignore", MixtureWarning)
+        _, schedule = check_data_config(cfg)
+    cfg = copy.deepcopy(cfg)
+    for key, value in resolved_data_values(cfg.data, schedule).items():
+        cfg.data[key] = ConfigDict(value) if isinstance(value, dict) else value
+    return cfg
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:  # not empty, already gone, or another process's
+        pass
 
 
 def evaluate(
@@ -111,9 +142,22 @@ def fresh_state(cfg, run: Run, init=None) -> dict[str, Any]:
 def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
     """Trains ``cfg`` into ``workdir``, resuming from its latest checkpoint. Returns a summary.
 
-    ``changed``: the config keys set on the command line (for the config errors' wording)."""
-    mesh_shape, data_info = check_config(cfg, changed)
-    os.makedirs(workdir, exist_ok=True)
+    ``changed``: the config keys set on the command line (for the config errors' wording). A run
+    refused for its config or data leaves no empty directory behind."""
+    mesh_shape, data_info = check_config(cfg, changed, workdir)
+    cfg = resolved_config(cfg)
+    existed = os.path.isdir(workdir)
+    paths.make_dir(workdir, "--workdir")
+    try:
+        return _train(cfg, workdir, mesh_shape, data_info)
+    except ConfigError:
+        _remove_if_empty(os.path.join(workdir, "checkpoints"))
+        if not existed:
+            _remove_if_empty(workdir)
+        raise
+
+
+def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo) -> dict[str, Any]:
     t = cfg.train
     mesh = sharding.make_mesh(mesh_shape)
     run: Run = setup(cfg, mesh)
@@ -157,8 +201,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
     step = int(state["step"])
     resumed = data_state is not None
     if is_main:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            json.dump(meta["config"], f, indent=2)
+        paths.write_file(os.path.join(workdir, "config.json"), lambda f: json.dump(meta["config"], f, indent=2))
 
     counts = param_counts(cfg.model)
     flops_tok = flops_per_token(cfg.model, t.seq_len)
@@ -243,13 +286,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
                     summary.update(record)
                     interval_start, interval_steps = time.perf_counter(), 0
                 if diverged:
-                    raise Diverged(
-                        f"{bad_streak} consecutive steps (up to step {step}) had a non-finite loss or "
-                        "gradient; each was skipped and the run stops here. The newest checkpoint "
-                        f"(step {checkpointer.latest_step()}) is from before the trouble. Lower "
-                        "optim.lr, lengthen optim.warmup_steps or check the data, then rerun to "
-                        "resume from it."
-                    )
+                    raise Diverged(_diverged_message(bad_streak, step, checkpointer.latest_step()))
                 # A signal may reach some hosts only, or at other steps: all stop at the same step.
                 preempted = any_process(preemption.requested)
                 # No checkpoint during a streak of bad steps: the newest stays one from before it.
@@ -286,6 +323,18 @@ def eval_losses_from_metrics(workdir: str) -> tuple[tuple[int, float] | None, tu
     return first, last
 
 
+def _diverged_message(bad_streak: int, step: int, latest: int | None) -> str:
+    """Why the run stopped, and what a rerun will do with the checkpoints there are."""
+    head = (f"{bad_streak} consecutive steps (up to step {step}) had a non-finite loss or gradient; "
+            "each was skipped and the run stops here.")
+    fix = "lower optim.lr, lengthen optim.warmup_steps or check the data"
+    if latest is None:
+        return (f"{head} No checkpoint was saved before the trouble, so a rerun starts from scratch: "
+                f"{fix}, then rerun.")
+    return (f"{head} The newest checkpoint (step {latest}) is from before the trouble: {fix}, then "
+            "rerun to resume from it.")
+
+
 def _stage_line(schedule, stage: int, batch: int) -> str:
     weights = ", ".join(f"{d} {w:.3g}" for d, w in schedule[stage].weights.items())
     return (f"moejax: data.schedule stage {stage + 1} of {len(schedule)} (from batch "
@@ -294,6 +343,8 @@ def _stage_line(schedule, stage: int, batch: int) -> str:
 
 def _restart_eta(bar, done: int) -> None:
     """Restart the progress bar's clock after compilation, so its rate and ETA are of steps alone."""
+    if bar.disable:  # not a terminal: no bar
+        return
     bar.reset()
     bar.initial = bar.n = bar.last_print_n = done
     bar.refresh()

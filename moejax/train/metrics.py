@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -93,8 +94,10 @@ def routing_summary(metrics: dict[str, Any]) -> dict[str, Any]:
 class MetricsLogger:
     """One JSON object per logged step in metrics.jsonl (appended on resume) and TensorBoard scalars.
 
-    Scalars go everywhere; lists (per-layer expert loads, drop rates) go to metrics.jsonl only.
-    Only process 0 writes.
+    Scalars go everywhere; lists (per-layer expert loads, drop rates) go to metrics.jsonl only,
+    and non-finite values (a skipped step's loss) to metrics.jsonl only. Only process 0 writes.
+    The progress bar is drawn on a terminal only; in a log file each logged step's line starts
+    with ``[step/total]`` instead of the bar's redraws.
     """
 
     def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool = True):
@@ -103,7 +106,9 @@ class MetricsLogger:
             return
         self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
         self.tb = _summary_writer()(workdir)
-        self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+        self.total_steps = total_steps
+        self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                             disable=not sys.stderr.isatty())
 
     def advance(self, steps: int = 1, **postfix: float) -> None:
         if self.enabled:
@@ -118,10 +123,12 @@ class MetricsLogger:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         for key, value in record.items():
-            if isinstance(value, (int, float)) and key != "step" and value is not None:
+            if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
                 self.tb.add_scalar(key, value, step)
         self.tb.flush()
         shown = [f"{k}={_fmt(v)}" for k, v in record.items() if isinstance(v, (int, float, str)) and "/" not in k]
+        if self.bar.disable:
+            shown.insert(0, f"[{step}/{self.total_steps}]")
         self.bar.write(" ".join(shown))
 
     def close(self) -> None:
