@@ -193,6 +193,10 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"config file {config_file!r} not found{paths.relative_to_note(config_file)}; give the path "
              "of an experiment file, e.g. experiments/tiny_moe.py.")
     values = flags.FlagValues()
+    # ml_collections loads the file as module "config_config" with the deprecated load_module(),
+    # which executes it into the module object a previous call left in sys.modules: a file that
+    # defines no get_config() would then return the previous file's config.
+    sys.modules.pop("config_config", None)
     argv = [argv[0], *args]
     config = config_flags.DEFINE_config_file(
         "config", None, "Experiment file with get_config().", flag_values=values, sys_argv=argv)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO
@@ -137,6 +138,7 @@ def replace_dir(final: str) -> Iterator[str]:
     final = os.path.abspath(final)
     parent, name = os.path.split(final)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    os.chmod(tmp, plain_mode(final, 0o777))
     try:
         yield tmp
     except BaseException:
@@ -151,6 +153,17 @@ def replace_dir(final: str) -> Iterator[str]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def plain_mode(path: str, default: int) -> int:
+    """The permissions a plain write would give ``path``: an existing file's own, else
+    ``default`` (0o666 for files, 0o777 for directories) less the umask. Temporary files and
+    directories are created owner-only; what is renamed into place gets these instead."""
+    if os.path.exists(path):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return default & ~umask
+
+
 def write_file(path: str, write: Callable[[IO], None], *, mode: str = "w") -> None:
     """Writes ``path`` through ``write(file)`` under a temporary name, then renames it into place.
 
@@ -158,7 +171,8 @@ def write_file(path: str, write: Callable[[IO], None], *, mode: str = "w") -> No
     directory, name = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, mode) as f:
+        os.fchmod(fd, plain_mode(path, 0o666))
+        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if "b" not in mode else {})) as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:
