@@ -3,7 +3,9 @@
 Every subcommand has ``--help`` with an example; docs/data_mixture.md ("CLI") walks through the
 whole pipeline. Bad input (a runs table off the simplex, a query with unknown domains,
 infeasible constraints, ...) ends with a one-paragraph message naming the rows/columns/flags at
-fault and exit code 2, before any fitting; no traceback.
+fault and exit code 2, before any fitting; no traceback. Paths mean what the user typed, an
+existing output is refused unless ``--force`` and replaced whole, and both are checked before any
+work (:mod:`data_mixture.user_files`); Ctrl-C prints one line saying what was kept and exits 130.
 """
 
 from __future__ import annotations
@@ -19,21 +21,41 @@ PROG = "python -m data_mixture"
 
 EXAMPLES = {
     "collect": f"{PROG} collect runs/mixture_ladder --out runs.csv\n"
-               f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'",
-    "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0",
+               f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'\n"
+               f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
+    "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
+           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
     "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
-                "--out-dir results/eval",
+                "--out-dir results/eval\n"
+                f"{PROG} evaluate --runs runs.csv --laws camel,regmix_linear --holdout each --starts 16 --out-dir results/eval_each",
     "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
                 "./launch.sh experiments/tiny_moe.py --config.data.mixture_file=mixture.json",
-    "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json",
+    "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json\n"
+            f"{PROG} plan --budget-flops 2e16 --domains code,prose,math,knowledge --target-size 2e7 --target-tokens 4e8 "
+            "--mid-training --base-tokens-per-param 20 --mid-tokens-per-param 4 --seeds 3 --seed-sizes s3 --out plan.json",
     "sweep": f"{PROG} sweep --plan plan.json --root sweeps/ladder --parallel 2 --retries 1 --eval-args '--max-items 64'\n"
              f"{PROG} sweep --plan plan.json --root /shared/sweeps/ladder --backend ray --ray-address HEAD:6379 "
              "--cpus-per-run 4 --gpus-per-run 1",
     "mergemix": f"{PROG} mergemix --base runs/base --domains code,prose,math,knowledge --expert-tokens 2e5 "
                 "--out results/mergemix --budget 60\n"
                 "./launch.sh experiments/tiny_moe.py --config.data.mixture_file=results/mergemix/mixture.json",
+}
+
+
+FORCE_HELP = "replace an existing --out (default: refuse it); the new file is renamed into place when complete"
+
+# What Ctrl-C leaves, per command (sweep handles Ctrl-C itself: its runs save and resume).
+INTERRUPTED = {
+    "collect": "no table was written (--out is unchanged); evaluations already made stay in the workdirs. "
+               "Rerun the command to continue.",
+    "fit": "nothing was written (--out is unchanged; a fit is saved only when complete). Rerun the command to fit again.",
+    "predict": "nothing was written (--out is unchanged). Rerun the command.",
+    "evaluate": "nothing was written to --out-dir (the report is written when every law is done). Rerun the command.",
+    "optimize": "nothing was written (--out is unchanged). Rerun the command.",
+    "plan": "nothing was written (--out is unchanged). Rerun the command.",
+    "mergemix": "the trained experts and every evaluated merge are kept in --out; rerun the same command to resume.",
 }
 
 
@@ -64,8 +86,11 @@ def _json_arg(text: str, flag: str):
         return json.loads(Path(text).read_text())
     except FileNotFoundError:
         raise UsageError(f"{flag}: file {text!r} does not exist.") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag}: {text!r} is a directory; give JSON text or the path of a JSON file.") from None
     except ValueError as e:
-        raise UsageError(f"{flag}: not valid JSON: {e}") from None
+        where = "" if text.strip()[:1] in "[{" else f" {text}"
+        raise UsageError(f"{flag}{where}: not valid JSON: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------- commands
@@ -78,7 +103,7 @@ def cmd_collect(args) -> None:
     from data_mixture.table import read_runs
 
     got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args),
-                  losses_from_log=args.losses_from_log)
+                  losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto")
     for note in got.skipped:
         print(f"collect: skipped {note}", file=sys.stderr)
     if got.unevaluated:
@@ -93,7 +118,9 @@ def cmd_collect(args) -> None:
                          "(python -m moejax.eval --workdir W --all) or pass --evaluate.")
     write_columns(got.columns, args.out)
     table = read_runs(args.out)  # the written table passes the same validation every reader applies
-    print(f"wrote {args.out}: {n_rows} rows, {len(set(table.run))} runs, mix domains {', '.join(table.mix_domains)}, "
+    mid = table.mid_training()
+    kind = (f" ({len(set(table.run[mid]))} mid-training runs of {len(set(table.base[mid]))} base(s))" if mid.any() else "")
+    print(f"wrote {args.out}: {n_rows} rows, {len(set(table.run))} runs{kind}, mix domains {', '.join(table.mix_domains)}, "
           f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
 
 
@@ -103,11 +130,40 @@ def cmd_fit(args) -> None:
 
     table = read_runs(args.runs)
     chance = _parse_weights(args.chance, "--chance") or None
+    fixed = _parse_fixed(args.fix)
     fit = fit_table(table, args.law, size_column=args.size_column, bootstrap=args.bootstrap, seed=args.seed,
-                    starts=args.starts, chance=chance, progress=not args.no_progress)
+                    starts=args.starts, chance=chance, progress=not args.no_progress, fixed=fixed)
     fit.save(args.out)
     print(f"wrote {args.out}: law {fit.law}, {len(fit.loss_domains)} validation domain(s), "
           f"{len(fit.bootstrap)} bootstrap member(s), {len(fit.bench)} benchmark law(s)")
+    _print_fit_notes(fit)
+
+
+def _parse_fixed(items: list[str] | None) -> dict[str, float]:
+    """``['beta=0.28', 's[2]=0']`` (or comma-separated) -> {"beta": 0.28, "s[2]": 0.0}; the law
+    checks names and bounds (fit_table), this only the NAME=NUMBER form."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            name, sep, value = part.partition("=")
+            try:
+                if not sep or not name.strip():
+                    raise ValueError
+                out[name.strip()] = float(value)
+            except ValueError:
+                raise UsageError(f"--fix {part!r}: expected NAME=NUMBER or NAME[INDEX]=NUMBER, e.g. --fix beta=0.28 s[2]=0") from None
+    return out
+
+
+def _print_fit_notes(fit) -> None:
+    """The fit's fixed parameters and the point-fit parameters at (or within 1 % of) a bound."""
+    for line in fit.fixed_lines():
+        print(line)
+    lines = fit.at_bounds_lines()
+    if lines:
+        print(f"{len(lines)} fitted parameter(s) at (or within 1 % of) a bound (a degenerate or unidentified fit):")
+        for line in lines:
+            print("  " + line)
 
 
 def cmd_predict(args) -> None:
@@ -117,46 +173,74 @@ def cmd_predict(args) -> None:
     from data_mixture.table import read_runs, write_runs
 
     fit = Fit.load(args.fit)
+    _print_fit_notes(fit)
     query = read_runs(args.runs, query=True)
     pred = fit.predict(query, interval=args.interval)
     write_runs(query, args.out, extra={k: np.asarray(v) for k, v in pred.items()})
     print(f"wrote {args.out}: {len(query)} rows, columns {', '.join(pred)}")
 
 
+def _read_runs_files(paths: list[str]):
+    """One runs table from one or more CSVs with the same columns (rows concatenated, then validated)."""
+    import csv
+
+    from data_mixture.table import TableError, from_columns, read_runs
+
+    if len(paths) == 1:
+        return read_runs(paths[0])
+    columns: dict[str, list[str]] = {}
+    for path in paths:
+        table = read_runs(path)  # each file is valid on its own
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+        header = [h.strip() for h in rows[0]]
+        if columns and set(header) != set(columns):
+            raise TableError(f"--runs: {path} has columns {', '.join(sorted(set(header) ^ set(columns)))} that "
+                             f"{paths[0]} has not (or the reverse); allowed: the same columns in every file.")
+        for k, h in enumerate(header):
+            columns.setdefault(h, []).extend(r[k] for r in rows[1:])
+        del table
+    return from_columns(columns)
+
+
 def cmd_evaluate(args) -> None:
     from data_mixture.evaluate import evaluate_laws, format_report
-    from data_mixture.table import read_runs
 
-    table = read_runs(args.runs)
+    table = _read_runs_files(args.runs)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
-                           starts=args.starts, tokens=args.tokens)
+                           starts=args.starts, tokens=args.tokens, resamples=args.resamples)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluation.json").write_text(json.dumps(report, indent=1))
     text = format_report(report)
     (out / "evaluation.md").write_text(text + "\n")
     print(text)
-    if not any("predictions" in e for e in report["laws"].values()):
-        print("no law could be fitted on these rows (see 'skipped' above): no plot")
-    elif not args.no_plot:
-        from data_mixture.plots import plot_pred_vs_obs
+    print()
+    print(report["verdict"]["text"])
+    written = [out / "evaluation.json", out / "evaluation.md"]
+    if not args.no_plot:
+        from data_mixture.plots import plot_decision_accuracy, plot_pred_vs_obs
 
-        png = plot_pred_vs_obs(report, out / "pred_vs_obs.png")
-        print(f"wrote {png}")
-    print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
+        each = report.get("holdouts", [report])
+        for r in each:
+            name = "pred_vs_obs.png" if len(each) == 1 else f"pred_vs_obs_{r['held_out_size']:.4g}.png"
+            if any("predictions" in e for e in (*r["laws"].values(), *r["baselines"].values())):
+                written.append(plot_pred_vs_obs(r, out / name))
+        written.append(plot_decision_accuracy(report, out / "decision_accuracy.png"))
+    print(f"wrote {', '.join(str(w) for w in written)}")
 
 
 def cmd_optimize(args) -> None:
     from data_mixture.fit import Fit
-    from data_mixture.optimize import Constraints, available_tokens, optimize_mixture
+    from data_mixture.optimize import Constraints, available_tokens, optimize_mixture, write_mixture
 
     fit = Fit.load(args.fit)
     available = None
     if args.available or args.dataset is not None:
         available = available_tokens(
             explicit=_parse_weights(args.available, "--available") if args.available else None,
-            dataset=args.dataset, cache_dir=args.cache_dir,
+            dataset=args.dataset, cache_dir=args.cache_dir, domains=fit.mix_domains,
         )
     constraints = Constraints(
         min_weight=_parse_weights(args.min_weight, "--min-weight"),
@@ -171,33 +255,62 @@ def cmd_optimize(args) -> None:
         interval=args.interval,
     )
     result["fit_file"] = str(args.fit)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_mixture(result, args.out)
     w = ", ".join(f"{d} {v:.3f}" for d, v in result["weights"].items())
     print(f"optimal mixture ({result['objective']['kind']} {result['objective']['value']:.4f}): {w}")
+    boot = result["bootstrap"]
+    if boot.get("weights"):
+        iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
+        print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
     print(f"wrote {args.out}; train with: ./launch.sh experiments/tiny_moe.py --config.data.mixture_file={args.out}")
+
+
+def _numbers(text: str | None, flag: str) -> list[float] | None:
+    """``'20,40'`` -> [20.0, 40.0] (None stays None); errors name the flag."""
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected comma-separated numbers, e.g. {flag} 20,40") from None
 
 
 def cmd_plan(args) -> None:
     from data_mixture.plan import PlanSpec, make_plan
+    from data_mixture.user_files import write_text
 
+    if args.mid_training and args.tokens_per_param is not None:
+        raise UsageError("--tokens-per-param sizes runs from scratch; a --mid-training plan takes "
+                         "--mid-tokens-per-param (or --mid-tokens) and --base-tokens-per-param (or --base-tokens).")
     spec = PlanSpec(
         budget_flops=args.budget_flops, target_size=args.target_size, target_tokens=args.target_tokens,
         prior=args.prior, law=args.law, presets=_json_arg(args.presets, "--presets") if args.presets else None,
-        tokens_per_param=[float(x) for x in args.tokens_per_param.split(",")],
+        tokens_per_param=_numbers(args.tokens_per_param or "20", "--tokens-per-param"),
         min_weight=_parse_weights(args.min_weight, "--min-weight"),
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
         noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
         config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
         min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
+        mid_training=args.mid_training, base_tokens_per_param=args.base_tokens_per_param, base_tokens=args.base_tokens,
+        mid_tokens_per_param=_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param"), mid_tokens=args.mid_tokens,
+        base_mixture=_parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None,
+        mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
+        seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
     )
     plan = make_plan(spec, progress=not args.no_progress)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(plan, indent=1))
-    chosen = plan["chosen"]
-    print(f"plan: {len(plan['runs'])} runs at sizes {', '.join(chosen['sizes'])}, {plan['total_flops']:.3g} of "
+    write_text(args.out, json.dumps(plan, indent=1))
+    chosen, protocol = plan["chosen"], plan["protocol"]
+    roles = [r["role"] for r in plan["runs"]]
+    what = (f"{roles.count('base')} base(s) + {roles.count('mid')} mid-training runs"
+            if protocol["kind"] == "mid_training" else f"{len(roles)} runs")
+    seeds = f", {protocol['seeds']} seeds at {', '.join(protocol['seed_sizes'])}" if protocol["seed_sizes"] else ""
+    print(f"plan: {what} at sizes {', '.join(chosen['sizes'])}{seeds}, {plan['total_flops']:.3g} of "
           f"{plan['budget_flops']:.3g} FLOPs; simulated extrapolation error {chosen['sim_error']:.4f} "
           f"(best of {len(plan['candidates'])} allocations)")
+    left_out = [p for p in protocol["seed_sizes_requested"] or [] if p not in protocol["seed_sizes"]]
+    if protocol["seeds"] > 1 and left_out:
+        print(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there",
+              file=sys.stderr)
     print(f"wrote {args.out}")
 
 
@@ -258,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("collect", "moejax workdirs -> runs table CSV (one row per evaluated checkpoint).")
     p.add_argument("workdirs", nargs="+", help="training workdirs, or a directory whose sub-directories are workdirs")
     p.add_argument("--out", required=True, help="runs table CSV to write")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--evaluate", action="store_true",
                    help="evaluate checkpoints that have no eval/step_N.json first (python -m moejax.eval); "
                         "default: leave them out and list them")
@@ -265,17 +379,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="for checkpoints without an evaluation, take the held-out losses the training loop logged "
                         "at that step (metrics.jsonl eval_loss/<domain>; no benchmark scores)")
     p.add_argument("--eval-args", default="", help="extra moejax.eval flags for --evaluate, e.g. '--max-items 32'")
+    p.add_argument("--ignore-init-from", action="store_true",
+                   help="collect runs warm-started with checkpoint.init_from (e.g. MergeMix experts) as runs from "
+                        "scratch; default: they are mid-training runs of the collected base they name")
     p.set_defaults(func=cmd_collect)
 
     p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws).")
     p.add_argument("--runs", required=True, help="runs table CSV")
     p.add_argument("--law", required=True, help="law name: mixing_law | additive | regmix | regmix_linear | camel")
     p.add_argument("--out", required=True, help="fit JSON to write")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples over runs (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--starts", type=int, default=64, help="random starts per fit")
     p.add_argument("--chance", nargs="*", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--fix", nargs="+", action="extend", metavar="NAME=VALUE",
+                   help="hold law parameters constant (repeatable), e.g. --fix beta=0.28 s=0 t[1]=0.5: NAME fixes a "
+                        "scalar or every entry of a vector, NAME[i] entry i (0-based); natural units, within the bounds")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_fit)
 
@@ -283,20 +404,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit", required=True, help="fit JSON written by `fit`")
     p.add_argument("--runs", required=True, help="query CSV: runs-table columns without the losses; extra columns are kept")
     p.add_argument("--out", required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--interval", type=float, default=0.9, help="bootstrap interval mass")
     p.set_defaults(func=cmd_predict)
 
-    p = add("evaluate", "Leave-one-scale-out comparison of laws on one runs table.")
-    p.add_argument("--runs", required=True)
+    p = add("evaluate", "Compare laws with baselines on held-out sizes: decision accuracy (with the seed noise "
+                        "floor and bootstrap intervals), errors, pick regret, and a one-line verdict.")
+    p.add_argument("--runs", required=True, nargs="+",
+                   help="runs table CSV; several files with the same columns are concatenated (e.g. proxies + targets)")
     p.add_argument("--laws", default="mixing_law,additive,regmix,camel")
     p.add_argument("--holdout", default="largest",
-                   help="'largest' (default: fit below the largest size, predict it), 'size=N' (hold out the "
-                        "size closest to N), 'runs=a,b,...', or 'none' (in-sample fit, scored at the largest size)")
+                   help="'largest' (default: fit below the largest size, predict it), 'each' (every size above the "
+                        "two smallest in turn, fitted on the sizes below it), 'size=N' (hold out the size closest to "
+                        "N), 'runs=a,b,...', or 'none' (in-sample fit, scored at the largest size)")
     p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
     p.add_argument("--tokens", default="all", help="held-out rows to score: 'all' checkpoints or 'last' per run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--starts", type=int, default=64)
-    p.add_argument("--out-dir", default="results/dm_evaluate", help="evaluation.json, evaluation.md, pred_vs_obs.png")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fits' random starts and of the bootstrap")
+    p.add_argument("--starts", type=int, default=64, help="random starts per law fit")
+    p.add_argument("--resamples", type=int, default=1000,
+                   help="bootstrap resamples over mixtures for the decision-accuracy intervals (default 1000)")
+    p.add_argument("--out-dir", default="results/dm_evaluate",
+                   help="evaluation.json, evaluation.md, pred_vs_obs.png, decision_accuracy.png")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out-dir (files of the same names are replaced)")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
@@ -321,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=0.9)
     p.add_argument("--no-bootstrap", action="store_true", help="skip re-optimising per bootstrap member")
     p.add_argument("--out", required=True, help="mixture JSON (launch.sh --config.data.mixture_file=...)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=cmd_optimize)
 
     p = add("plan", "Choose proxy runs (sizes, mixtures, tokens) under a FLOP budget (6 x N_active x tokens).")
@@ -331,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-tokens", type=float, required=True)
     p.add_argument("--presets", default=None,
                    help="size presets, JSON text or file: {name: {overrides...}} (default: the ladder presets)")
-    p.add_argument("--tokens-per-param", default="20", help="candidate tokens/params ratios, comma-separated")
+    p.add_argument("--tokens-per-param", default=None,
+                   help="runs from scratch: candidate tokens/params ratios, comma-separated (default 20)")
     p.add_argument("--min-weight", nargs="*")
     p.add_argument("--max-weight", nargs="*")
     p.add_argument("--domains", default=None, help="training domains, comma-separated (default: the prior's)")
@@ -346,9 +478,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="experiments/tiny_moe.py", help="config file each planned run starts from")
     p.add_argument("--batch", type=int, default=16, help="global batch size of the planned runs")
     p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="simulation seed and the runs' train.seed (default 0)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="replicates of every run: train seeds SEED .. SEED+K-1 (default 1: none)")
+    p.add_argument("--seed-sizes", default=None, help="presets that get the --seeds replicates, comma-separated "
+                                                      "(default: every size)")
+    p.add_argument("--mid-training", action="store_true",
+                   help="at each size pretrain one base on --base-mixture, then continue from it on every mixture "
+                        "(docs/data_mixture.md, 'Mid-training plans')")
+    p.add_argument("--base-tokens-per-param", type=float, default=None,
+                   help="mid-training: base tokens = this x size (default 20)")
+    p.add_argument("--base-tokens", type=float, default=None, help="mid-training: base tokens at every size")
+    p.add_argument("--mid-tokens-per-param", default=None,
+                   help="mid-training: candidate mid-training tokens/params ratios, comma-separated (default 4)")
+    p.add_argument("--mid-tokens", type=float, default=None, help="mid-training: mid-training tokens at every size")
+    p.add_argument("--base-mixture", nargs="*", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
+                                                     "(default: uniform)")
+    p.add_argument("--mid-lr-scale", type=float, default=1.0,
+                   help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="plan JSON to write")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=cmd_plan)
 
     p = add("sweep", "Run a plan: train every run (moejax.main), evaluate its checkpoints (moejax.eval --all), "
@@ -417,6 +567,7 @@ def _errors() -> tuple[type[BaseException], ...]:
     kinds: list[type[BaseException]] = [UsageError, FileNotFoundError]
     for module, names in (("data_mixture.table", ("TableError",)), ("data_mixture.collect", ("CollectError",)),
                           ("data_mixture.optimize", ("OptimizeError",)), ("data_mixture.plan", ("PlanError",)),
+                          ("data_mixture.fit", ("FitFileError",)),
                           ("data_mixture.evaluate", ("EvaluateError",)), ("moejax.config", ("ConfigError",)),
                           ("data_mixture.sweep.targets", ("SweepError",)),
                           ("data_mixture.mergemix.experts", ("MergeMixError",)),
@@ -435,11 +586,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
     try:
+        from data_mixture.user_files import check_inputs, check_outputs, resolve_paths
+
+        resolve_paths(args)
+        check_inputs(args)
+        check_outputs(args)
         args.func(args)
     except _errors() as e:
         msg = str(e) if not isinstance(e, FileNotFoundError) else f"file not found: {e.filename or e}"
         sys.stderr.write(f"{PROG} {args.command}: error: {msg}\n")
         sys.exit(2)
+    except KeyboardInterrupt:
+        if args.command not in INTERRUPTED:
+            raise
+        sys.stderr.write(f"{PROG} {args.command}: interrupted: {INTERRUPTED[args.command]}\n")
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,24 @@ config), ``checkpoints/<step>/`` and, once evaluated with ``python -m moejax.eva
                    run's held-out batches
 ``bench:<task>``   ``accuracy`` for multiple-choice tasks, ``exact_match`` for exact-match tasks
                    (empty when the task was not scored)
+``seed``           ``train.seed`` of the run; written when the runs' seeds differ or a run is a
+                   mid-training run (a table without it reads as seed 0 everywhere)
+``base``           mid-training runs only (below): the base's run name as collected, empty for
+``base_tokens``    runs from scratch; ``base_tokens`` = the base's tokens at the step the run
+                   started from
 ``step``           extra columns carried through: the checkpoint step and the workdir path
 ``workdir``
 =================  ==========================================================================
+
+**Mid-training runs.** A run whose config sets ``checkpoint.init_from`` started from another
+run's parameters with moejax's step counter at 0, so its ``tokens`` (and ``flops``) count the
+mid-training tokens only. Its base is the workdir ``init_from`` names (a workdir, its
+``checkpoints/`` or one step's directory, relative paths from the current directory), which must
+be among the collected workdirs with evaluated checkpoints of its own (its rows are the base rows
+of the table); ``base_tokens`` is the base's tokens at ``checkpoint.init_step`` (its latest
+checkpoint when -1). ``bases="none"`` collects such runs as ordinary runs (MergeMix's experts,
+warm-started from a base outside the table); a mapping {workdir: base workdir} names the bases
+explicitly (the sweep runner's, from the plan).
 
 A checkpoint without an evaluation is **reported, not guessed**: by default it is left out and
 named in :attr:`Collected.unevaluated` (the CLI prints it with the command that evaluates it);
@@ -41,12 +56,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +205,67 @@ def _log_losses(workdir: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def _init_from_dir(path: str) -> tuple[Path, int | None]:
+    """(base workdir, step or None) of a ``checkpoint.init_from`` value, as moejax reads it."""
+    p = Path(path).resolve()
+    step = None
+    if p.name.isdigit() and p.parent.name == "checkpoints":
+        p, step = p.parent, int(p.name)
+    if p.name == "checkpoints" and not (p / "config.json").is_file():
+        p = p.parent
+    return p, step
+
+
+def _base_tokens(base_dir: Path, step: int | None, run: str) -> float:
+    """Tokens the base had trained on at ``step`` (its latest checkpoint when None)."""
+    cfg = _run_config(base_dir)
+    if step is None:
+        steps = checkpoint_steps(base_dir)
+        if not steps:
+            raise CollectError(f"run {run!r} continued from {base_dir}, which has no checkpoint left to count its "
+                               "tokens; allowed: a base workdir with its checkpoints.")
+        step = steps[-1]
+    return float(step * int(cfg.train.global_batch_size) * int(cfg.train.seq_len))
+
+
+def _bases(dirs: Sequence[Path], names: Sequence[str], cfgs: Sequence[Any],
+           bases: str | Mapping[str, str]) -> dict[str, tuple[str, float]]:
+    """run name -> (base run name, base tokens) of every mid-training run among ``dirs``."""
+    if isinstance(bases, str) and bases not in ("auto", "none"):
+        raise CollectError(f"bases={bases!r}; allowed: 'auto', 'none' or a mapping {{workdir: base workdir}}.")
+    if bases == "none":
+        return {}
+    name_of = {d.resolve(): n for d, n in zip(dirs, names)}
+    explicit = None if isinstance(bases, str) else {Path(k).resolve(): Path(v).resolve() for k, v in bases.items()}
+    out = {}
+    for wd, name, cfg in zip(dirs, names, cfgs):
+        init_from = str(cfg.get("checkpoint", {}).get("init_from", "") or "")
+        if explicit is not None:
+            if wd.resolve() not in explicit:
+                continue
+            base_dir, step = explicit[wd.resolve()], None
+        elif not init_from:
+            continue
+        else:
+            base_dir, step = _init_from_dir(init_from)
+        init_step = int(cfg.get("checkpoint", {}).get("init_step", -1))
+        step = init_step if init_step >= 0 else step
+        if base_dir not in name_of:
+            raise CollectError(f"run {name!r} ({wd}) is a mid-training run of {base_dir} (checkpoint.init_from="
+                               f"{init_from!r}), which is not among the collected workdirs; allowed: collect the base "
+                               "too (its evaluated checkpoints are the table's base rows), or pass --ignore-init-from "
+                               "to collect warm-started runs as runs from scratch.")
+        out[name] = (name_of[base_dir], _base_tokens(base_dir, step, name))
+    return out
+
+
 def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
-            eval_args: Sequence[str] = (), losses_from_log: bool = False) -> Collected:
-    """Reads moejax workdirs into runs-table columns (see the module docstring)."""
+            eval_args: Sequence[str] = (), losses_from_log: bool = False,
+            bases: str | Mapping[str, str] = "auto") -> Collected:
+    """Reads moejax workdirs into runs-table columns (see the module docstring).
+
+    ``bases``: which runs are mid-training runs of which base: ``"auto"`` (every run with a
+    ``checkpoint.init_from``), ``"none"`` (none) or {workdir: base workdir}."""
     from moejax.model.transformer import param_counts
 
     dirs = expand_workdirs(workdirs)
@@ -204,8 +278,10 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     mix_domains: list[str] = []
     loss_domains: list[str] = []
     tasks: list[str] = []
-    for name, wd in zip(_run_names(dirs), dirs):
-        cfg = _run_config(wd)
+    names = _run_names(dirs)
+    cfgs = [_run_config(wd) for wd in dirs]
+    base_of = _bases(dirs, names, cfgs, bases)
+    for name, wd, cfg in zip(names, dirs, cfgs):
         evals: dict[int, Any] = dict(eval_steps(wd))
         missing = [s for s in checkpoint_steps(wd) if s > 0 and s not in evals]
         if losses_from_log and missing:
@@ -254,13 +330,18 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
                     tasks.append(task)
                 value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
                 row["bench:" + task] = "" if value is None else float(value)
+            row["seed"] = int(cfg.train.seed)
+            row["base"], row["base_tokens"] = base_of.get(name, ("", ""))
             row["step"] = step
             row["loss_source"] = source
             row["workdir"] = str(wd)
             rows.append(row)
+    _check_base_rows(rows, base_of, dirs, names)
+    protocol = (["seed"] if base_of or len({r["seed"] for r in rows}) > 1 else []) + (["base", "base_tokens"] if base_of else [])
     columns: dict[str, list[Any]] = {}
     order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
-             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + ["step", "loss_source", "workdir"])
+             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + protocol
+             + ["step", "loss_source", "workdir"])
     for col in order:
         if col.startswith("mix:"):
             columns[col] = [r.get(col, 0.0) for r in rows]  # a domain the run's dataset lacks: weight 0
@@ -276,17 +357,31 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     return Collected(columns=columns, unevaluated=unevaluated, skipped=skipped)
 
 
+def _check_base_rows(rows: Sequence[Mapping[str, Any]], base_of: Mapping[str, tuple[str, float]],
+                     dirs: Sequence[Path], names: Sequence[str]) -> None:
+    """Every base named has rows of its own (the table's check, said here with the fix)."""
+    have = {r["run"] for r in rows}
+    dir_of = dict(zip(names, dirs))
+    for run, (base, _) in base_of.items():
+        if run in have and base not in have:
+            raise CollectError(f"run {run!r} is a mid-training run of {base!r} ({dir_of[base]}), which has no evaluated "
+                               f"checkpoint; evaluate it (python -m moejax.eval --workdir {dir_of[base]} --all) or "
+                               "pass --evaluate: the base's rows are part of a mid-training table.")
+
+
 def write_columns(columns: dict[str, list[Any]], path: str | os.PathLike) -> None:
-    """Writes collected columns as CSV (floats with repr, so they round-trip)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Writes collected columns as CSV (floats with repr, so they round-trip), under a temporary
+    name renamed into place."""
+    from data_mixture.user_files import write_text
+
     names = list(columns)
     n = len(next(iter(columns.values()))) if columns else 0
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(names)
-        for i in range(n):
-            w.writerow([repr(v) if isinstance(v, float) else str(v) for v in (columns[c][i] for c in names)])
+    text = io.StringIO(newline="")
+    w = csv.writer(text)
+    w.writerow(names)
+    for i in range(n):
+        w.writerow([repr(v) if isinstance(v, float) else str(v) for v in (columns[c][i] for c in names)])
+    write_text(path, text.getvalue())
 
 
 def realised_mixture(workdir: str | os.PathLike, step: int) -> dict[str, float] | None:

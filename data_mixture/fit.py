@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from data_mixture.bench_law import MIN_SCORES, BenchFit, fit_bench, fit_bench_bootstrap
 from data_mixture.fitting import resample_weights
 from data_mixture.laws import LawFit, get_law
+from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.table import RunsTable, TableError, to_columns
 
@@ -41,7 +42,10 @@ class Fit:
     point: per validation domain, the fit on all rows;
     bootstrap: B resamples of runs, each per domain;
     bench / bench_bootstrap: per task benchmark laws (point, and per resample);
-    info: seed, starts, n_rows, n_runs, sizes, created, table sha256, fit seconds, skipped tasks.
+    info: seed, starts, n_rows, n_runs, sizes, created, table sha256, fit seconds, skipped tasks;
+        ``fixed`` {domain: {key: value}} and ``fixed_reason`` {domain: text} of parameters held
+        constant (domains without any are left out); ``at_bounds`` {domain: [{param, index,
+        value, bound, limit}]} of the point fits' parameters at or within 1 % of a bound.
     """
 
     law: str
@@ -135,6 +139,21 @@ class Fit:
             out[name] = (lo, hi)
         return out
 
+    def at_bounds_lines(self) -> list[str]:
+        """One line per point-fit parameter at (or within 1 % of) a bound, every domain, e.g.
+        ``"camel loss:code: E = 0 at its lower bound 0"`` (:func:`laws.base.at_bounds_lines`)."""
+        return [line for d in self.loss_domains for line in at_bounds_lines(self.point[d])]
+
+    def fixed_lines(self) -> list[str]:
+        """One line per validation domain with fixed parameters: values and the reason."""
+        out = []
+        for d in self.loss_domains:
+            fixed = self.point[d].info.get("fixed") or {}
+            if fixed:
+                values = ", ".join(f"{k} = {v:.4g}" for k, v in fixed.items())
+                out.append(f"{self.law} loss:{d}: fixed {values}. {self.point[d].info.get('fixed_reason', '')}".rstrip())
+        return out
+
     # -- files ----------------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {
@@ -152,31 +171,86 @@ class Fit:
 
     @classmethod
     def from_json(cls, d: dict) -> "Fit":
-        if d.get("format") != FORMAT:
-            raise ValueError(f"not a fit file: format {d.get('format')!r}; expected {FORMAT!r} (written by data_mixture fit).")
-        return cls(
-            law=d["law"],
-            size_column=d["size_column"],
-            mix_domains=tuple(d["mix_domains"]),
-            loss_domains=tuple(d["loss_domains"]),
-            point={k: LawFit.from_json(v) for k, v in d["point"].items()},
-            bootstrap=[{k: LawFit.from_json(v) for k, v in m.items()} for m in d["bootstrap"]],
-            bench={k: BenchFit.from_json(v) for k, v in d["bench"].items()},
-            bench_bootstrap=[{k: BenchFit.from_json(v) for k, v in m.items()} for m in d["bench_bootstrap"]],
-            info=d["info"],
-        )
+        if not isinstance(d, dict):
+            raise FitFileError(f"not a fit file: a JSON {type(d).__name__}, not an object (written by data_mixture fit).")
+        if "format" not in d:
+            raise FitFileError(f"not a fit file: no format field (its fields: {', '.join(list(d)[:6])}); expected "
+                               f"format {FORMAT!r} (written by data_mixture fit).")
+        if d["format"] != FORMAT:
+            raise FitFileError(f"not a fit file: format {d['format']!r}; expected {FORMAT!r} (written by data_mixture fit).")
+        missing = [k for k in FIELDS if k not in d]
+        if missing:
+            raise FitFileError(f"not a complete fit file: no {', '.join(missing)} field(s) (written by data_mixture fit).")
+        try:
+            return cls(
+                law=d["law"],
+                size_column=d["size_column"],
+                mix_domains=tuple(d["mix_domains"]),
+                loss_domains=tuple(d["loss_domains"]),
+                point={k: LawFit.from_json(v) for k, v in d["point"].items()},
+                bootstrap=[{k: LawFit.from_json(v) for k, v in m.items()} for m in d["bootstrap"]],
+                bench={k: BenchFit.from_json(v) for k, v in d["bench"].items()},
+                bench_bootstrap=[{k: BenchFit.from_json(v) for k, v in m.items()} for m in d["bench_bootstrap"]],
+                info=d["info"],
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise FitFileError(f"not a readable fit file: a law entry is malformed ({type(e).__name__}: {e}); "
+                               "refit it with data_mixture fit.") from None
 
     def save(self, path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), allow_nan=False))
+        """Writes the fit JSON under a temporary name, then renames it into place (an existing
+        file is replaced whole, never left half-written)."""
+        from data_mixture.user_files import write_text
+
+        write_text(path, json.dumps(self.to_json(), allow_nan=False))
 
     @classmethod
-    def load(cls, path) -> "Fit":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"fit file {str(path)!r} does not exist.")
-        return cls.from_json(json.loads(path.read_text()))
+    def load(cls, path, flag: str = "--fit") -> "Fit":
+        """Reads a fit JSON; ``FitFileError`` naming ``flag``, the file and the fix when it is
+        missing, not text, not JSON, cut short or not a fit file."""
+        d = _read_json(Path(path), flag)
+        try:
+            return cls.from_json(d)
+        except FitFileError as e:
+            raise FitFileError(f"{flag} {path} is {e}") from None
+
+
+class FitFileError(ValueError):
+    """A file given as a fit that is not one: names the flag, the file and the fix."""
+
+
+FIELDS = ("law", "size_column", "mix_domains", "loss_domains", "point", "bootstrap", "bench", "bench_bootstrap", "info")
+WRITTEN_BY = "the JSON file written by `python -m data_mixture fit ... --out FILE`"
+
+
+def _read_json(path: Path, flag: str) -> Any:
+    """The JSON of a fit file, or a ``FitFileError`` saying what the file is instead."""
+    if path.is_dir():
+        raise FitFileError(f"{flag} {path} is a directory; {flag} takes {WRITTEN_BY}.")
+    if not path.is_file():
+        raise FitFileError(f"{flag} {path} does not exist; {flag} takes {WRITTEN_BY}.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise FitFileError(f"{flag} {path} is a binary file, not a fit; {flag} takes {WRITTEN_BY}.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FitFileError(f"{flag} {path} {_not_json(text, e)}; {flag} takes {WRITTEN_BY}.") from None
+
+
+def _not_json(text: str, e: json.JSONDecodeError) -> str:
+    """What a file that is not valid JSON looks like instead."""
+    body = text.strip()
+    if not body:
+        return "is empty"
+    if body[0] in "{[" and (e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string")):
+        return (f"is cut short: its JSON ends at character {len(body)} in the middle of a value (a copy or a "
+                "write that did not finish?); refit, or copy the whole file again")
+    first = body.splitlines()[0]
+    if body[0] not in "{[" and "," in first:
+        return f"is a CSV table, not JSON (it starts {first[:60]!r}; a runs table goes to --runs)"
+    return f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
 
 
 class _PerResample:
@@ -207,23 +281,35 @@ def fit_table(
     chance: Mapping[str, float] | None = None,
     progress: bool = True,
     boot_starts: int = BOOT_STARTS,
+    fixed: Mapping[str, float] | None = None,
 ) -> Fit:
     """Fits ``law`` to every validation domain of ``table`` (+ bootstrap + benchmark laws).
+
+    ``fixed``: parameters held constant in every domain's fit and bootstrap member,
+    {NAME: value} (a scalar, or every entry of a vector) or {NAME[i]: value} (entry i, 0-based),
+    natural units, within the parameter's bounds; checked before any fitting. On a one-budget
+    table the law adds its own (``ParametricLaw.resolve_fixed``).
 
     ``bootstrap``: resamples of runs (0: none); each is warm-started from the point fit plus
     ``boot_starts - 1`` perturbed copies of it (``ParametricLaw.bootstrap_starts``). Point fits
     of all validation domains run in one solve, then all (domain, resample) problems in another.
     ``chance``: task -> chance level (fixes the sigmoid floor).
+
+    A mid-training table is fitted on its mid-training rows (``RunsTable.law_rows``); ``info``
+    records how many base rows were left out.
     """
     t0 = time.perf_counter()
     the_law = get_law(law)
     if table.loss_rv is None or not table.loss_domains:
         raise TableError("the table has no loss:* columns to fit (was it read with query=True?).")
+    n_base_rows = len(table) - len(table.law_rows())
+    table = table.law_rows()
     table.size(size_column)
     if bootstrap < 0 or starts < 1:
         raise ValueError(f"bootstrap={bootstrap}, starts={starts}; allowed: bootstrap >= 0, starts >= 1.")
+    fixed = dict(fixed or {})
     for d in table.loss_domains:
-        the_law.check(table, d, size_column)
+        the_law.check(table, d, size_column, fixed=fixed)
     chance = dict(chance or {})
     unknown = [t for t in chance if t not in table.bench_tasks]
     if unknown:
@@ -241,7 +327,7 @@ def fit_table(
     bar = tqdm(total=len(table.loss_domains) * (1 + bootstrap) + len(tasks), desc=f"fit {law}", disable=not progress)
     t_point = time.perf_counter()
     bar.set_postfix_str("point fits")
-    point = the_law.fit_domains(table, list(table.loss_domains), size_column=size_column, seed=seed, starts=starts)
+    point = the_law.fit_domains(table, list(table.loss_domains), size_column=size_column, seed=seed, starts=starts, fixed=fixed)
     bar.update(len(table.loss_domains))
     t_boot = time.perf_counter()
     boots: list[dict[str, LawFit]] = [dict() for _ in range(bootstrap)]
@@ -269,6 +355,7 @@ def fit_table(
         "bootstrap": bootstrap,
         "boot_starts": boot_starts,
         "n_rows": len(table),
+        "base_rows_left_out": n_base_rows,
         "n_runs": len(names),
         "sizes": sorted({float(s) for s in size}),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -278,5 +365,8 @@ def fit_table(
         "bench_skipped": skipped,
         "chance": chance,
         "mixture_moves_with_scale": the_law.mixture_moves_with_scale,
+        "fixed": {d: f.info["fixed"] for d, f in point.items() if f.info.get("fixed")},
+        "fixed_reason": {d: f.info["fixed_reason"] for d, f in point.items() if f.info.get("fixed")},
+        "at_bounds": {d: list(f.info.get("at_bounds") or []) for d, f in point.items()},
     }
     return Fit(law, size_column, tuple(table.mix_domains), tuple(table.loss_domains), point, boots, bench, bench_boot, info)

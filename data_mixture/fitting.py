@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,9 +48,12 @@ import numpy as np
 import optax
 import scipy.optimize
 
+from data_mixture.table import TableError
+
 HUBER_DELTA = 1e-3
 CHUNK = 64  # lanes (problem x start) of the vmapped stage-1 work queue; fixed, so one compile serves point fits and bootstraps
 BLOCK = 16  # L-BFGS iterations per stage-1 call before finished lanes are refilled from the queue
+AT_BOUND = 0.01  # a fitted entry within this fraction of its bounds' range width is listed as at its bound
 FTOL = 1e-10  # stage 1 stops when a step improves the objective by less than this (relative)
 # Zoom (strong Wolfe) line search, starting every iteration from the full L-BFGS step. Under
 # vmap a line search runs until its slowest lane accepts, and every trial costs a value and a
@@ -93,28 +97,122 @@ class Param:
         return self.lo, self.hi
 
 
-class ParamSpec:
-    """An ordered set of :class:`Param`; packs natural dicts to working vectors and back."""
+class FixedError(TableError):
+    """A bad fixed parameter (``fixed=`` / ``fit --fix``): unknown name, index or value out of bounds."""
 
-    def __init__(self, params: Sequence[Param]):
+
+_FIX_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[(-?[0-9]+)\])?$")
+
+
+def parse_fixed_key(key: str) -> tuple[str, int | None]:
+    """``"beta"`` -> ("beta", None) (a scalar, or every entry of a vector); ``"s[2]"`` -> ("s", 2)
+    (entry 2 of vector s, 0-based). FixedError on anything else."""
+    m = _FIX_KEY.match(str(key).replace(" ", ""))
+    if not m:
+        raise FixedError(f"fixed parameter {key!r}: expected NAME or NAME[INDEX] (0-based), e.g. beta or s[2].")
+    return m.group(1), (int(m.group(2)) if m.group(2) is not None else None)
+
+
+class ParamSpec:
+    """An ordered set of :class:`Param`; packs natural dicts to working vectors and back.
+
+    ``fixed``: {flat entry index: natural value} of entries held constant (see :meth:`fix`). A
+    spec with fixed entries works on the *free* sub-vector: ``size``, ``lo``, ``hi``, ``pack``,
+    ``sample`` and ``clip`` cover the free entries only, and ``unpack`` / ``to_dict`` scatter it
+    into the full vector, ``w_full = w_fixed`` with ``w_full[free_index] = w``. The optimisers
+    never see the fixed entries (no ``lo == hi`` bounds under the sigmoid map).
+    """
+
+    def __init__(self, params: Sequence[Param], fixed: Mapping[int, float] | None = None):
         self.params = tuple(params)
-        self.size = sum(p.size for p in self.params)
+        self.total = sum(p.size for p in self.params)
         lo, hi = [], []
         for p in self.params:
             a, b = p.wbounds()
             lo += [a] * p.size
             hi += [b] * p.size
-        self.lo = np.array(lo)
-        self.hi = np.array(hi)
-        self.is_log = np.concatenate([np.full(p.size, p.log) for p in self.params]) if self.params else np.zeros(0, bool)
+        self.lo_all, self.hi_all = np.array(lo), np.array(hi)
+        self.is_log_all = np.concatenate([np.full(p.size, p.log) for p in self.params]) if self.params else np.zeros(0, bool)
+        self.fixed = {int(i): float(v) for i, v in sorted((fixed or {}).items())}
+        mask = np.ones(self.total, bool)
+        mask[list(self.fixed)] = False
+        self.free_index = np.flatnonzero(mask)
+        self.w_fixed = np.zeros(self.total)
+        for i, v in self.fixed.items():
+            self.w_fixed[i] = math.log(v) if self.is_log_all[i] else v
+        self.size = len(self.free_index)
+        self.lo, self.hi = self.lo_all[self.free_index], self.hi_all[self.free_index]
+        self.is_log = self.is_log_all[self.free_index]
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
+    @property
+    def key(self) -> tuple:
+        """Identifies the compiled functions a spec needs: its size and its fixed entries."""
+        return (self.total, tuple(self.fixed.items()))
+
+    def entries(self) -> list[tuple[str, int | None]]:
+        """(name, index or None for a scalar) of every flat entry of the full vector."""
+        return [(p.name, None if not p.shape else k) for p in self.params for k in range(p.size)]
+
+    # -- fixed entries ----------------------------------------------------------------------------
+    def describe(self) -> str:
+        """``E, A, alpha (scalars); t[0..1], s[0..2] (vectors)``: what ``fix`` accepts."""
+        scal = [p.name for p in self.params if not p.shape]
+        vec = [f"{p.name}[0..{p.size - 1}]" for p in self.params if p.shape]
+        return "; ".join(x for x in (", ".join(scal) + " (scalars)" if scal else "",
+                                     ", ".join(vec) + " (vectors: NAME for every entry, NAME[i] for one)" if vec else "") if x)
+
+    def fixed_entries(self, fixed: Mapping[str, float], *, law: str = "") -> dict[int, float]:
+        """{flat index: natural value} for ``fixed`` = {"beta": 0.28, "s": 0.1, "s[2]": 0} in
+        natural units (NAME fixes a scalar or every entry of a vector, NAME[i] entry i). Values
+        must lie within the parameter's bounds (inclusive; > 0 for log parameters). Raises
+        FixedError naming the key, the value and what is allowed."""
+        out: dict[int, float] = {}
+        offsets = np.cumsum([0] + [p.size for p in self.params])
+        by_name = {p.name: (p, int(offsets[i])) for i, p in enumerate(self.params)}
+        who = f"law {law!r}" if law else "this law"
+        for key, value in fixed.items():
+            name, index = parse_fixed_key(key)
+            if name not in by_name:
+                raise FixedError(f"fixed parameter {key!r}: {who} has no parameter {name!r}; its parameters: {self.describe()}.")
+            p, off = by_name[name]
+            if index is not None and (not p.shape or not 0 <= index < p.size):
+                allowed = f"{name} is a scalar: write {name}=VALUE" if not p.shape else f"indices 0..{p.size - 1}"
+                raise FixedError(f"fixed parameter {key!r}: index {index} out of range; {allowed}.")
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise FixedError(f"fixed parameter {key!r}: value {value!r} is not a number.") from None
+            if not (math.isfinite(v) and p.lo <= v <= p.hi and (v > 0 or not p.log)):
+                raise FixedError(f"fixed parameter {key}={v:g}: outside the bounds of {name}, [{p.lo:g}, {p.hi:g}]"
+                                 f"{' (and > 0)' if p.log else ''}.")
+            for k in ([index] if index is not None else range(p.size)):
+                out[off + k] = v
+        return out
+
+    def fix(self, fixed: Mapping[str, float], *, law: str = "") -> "ParamSpec":
+        """The same parameters with the entries of ``fixed`` (natural units, see
+        :meth:`fixed_entries`) held constant; an empty mapping gives an equivalent free spec."""
+        return ParamSpec(self.params, {**self.fixed, **self.fixed_entries(fixed, law=law)})
+
+    def full(self, w):
+        """Free working vector (..., size) -> full working vector (..., total) (jnp or np)."""
+        if not self.fixed:
+            return w
+        if isinstance(w, jax.Array):
+            base = jnp.broadcast_to(jnp.asarray(self.w_fixed, w.dtype), w.shape[:-1] + (self.total,))
+            return base.at[..., self.free_index].set(w)
+        out = np.broadcast_to(self.w_fixed, np.shape(w)[:-1] + (self.total,)).copy()
+        out[..., self.free_index] = w
+        return out
+
     # working vector w (P,) <-> natural dict
     def unpack(self, w):
-        """Working vector (..., P) -> {name: natural value} (jnp or np, following the input)."""
+        """Free working vector (..., P) -> {name: natural value} (jnp or np, following the input)."""
+        w = self.full(w)
         xp = jnp if isinstance(w, jax.Array) else np
         out, i = {}, 0
         for p in self.params:
@@ -126,17 +224,19 @@ class ParamSpec:
         return out
 
     def pack(self, x: Mapping[str, Any]) -> np.ndarray:
+        """{name: natural value} -> free working vector (P,)."""
         parts = []
         for p in self.params:
             v = np.asarray(x[p.name], np.float64).reshape(-1)
             if v.size != p.size:
                 raise ValueError(f"parameter {p.name!r} has {v.size} values; expected {p.size}.")
             parts.append(np.log(v) if p.log else v)
-        return np.concatenate(parts) if parts else np.zeros(0)
+        return (np.concatenate(parts) if parts else np.zeros(0))[self.free_index]
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """(n, P) random working vectors, uniform in each parameter's ``init`` range (log-uniform
-        for log parameters), clipped inside the bounds."""
+        """(n, P) random free working vectors, uniform in each parameter's ``init`` range
+        (log-uniform for log parameters), clipped inside the bounds. Draws every entry, fixed
+        ones included, so the free entries' starts do not depend on what is fixed."""
         cols = []
         for p in self.params:
             a, b = p.init
@@ -144,7 +244,13 @@ class ParamSpec:
                 a, b = math.log(a), math.log(b)
             cols.append(rng.uniform(a, b, size=(n, p.size)))
         w = np.concatenate(cols, axis=1) if cols else np.zeros((n, 0))
-        return self.clip(w)
+        return self.clip(w[:, self.free_index])
+
+    def init_width(self) -> np.ndarray:
+        """(P,) width of each free entry's start range (in working units)."""
+        width = np.concatenate([np.full(p.size, (math.log(p.init[1]) - math.log(p.init[0])) if p.log else (p.init[1] - p.init[0]))
+                                for p in self.params]) if self.params else np.zeros(0)
+        return width[self.free_index]
 
     def clip(self, w: np.ndarray) -> np.ndarray:
         span = np.where(np.isfinite(self.hi - self.lo), self.hi - self.lo, 1.0)
@@ -152,9 +258,40 @@ class ParamSpec:
         return np.clip(w, self.lo + eps, self.hi - eps)
 
     def to_dict(self, w: np.ndarray) -> dict[str, Any]:
-        """Working vector (P,) -> JSON-able {name: float | list}."""
+        """Free working vector (P,) -> JSON-able {name: float | list} of every parameter (fixed
+        entries exactly as given, not through exp(log(x)))."""
         x = self.unpack(np.asarray(w, np.float64))
+        entries = self.entries()
+        for i, v in self.fixed.items():
+            name, k = entries[i]
+            if k is None:
+                x[name] = np.float64(v)
+            else:
+                x[name][k] = v
         return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()) for k, v in x.items()}
+
+    # -- degenerate fits ----------------------------------------------------------------------------
+    def at_bounds(self, w: np.ndarray, tol: float = AT_BOUND) -> list[dict]:
+        """Free entries of ``w`` (P,) at or near a bound: ``[{"param", "index", "value", "bound":
+        "lo"|"hi", "limit"}]`` in natural units. Near means within ``tol`` (1 %) of the range
+        width ``hi - lo`` in working units (log space for log parameters) when both bounds are
+        finite; with one finite bound only equality (to 1e-9) counts. Fixed entries are not
+        listed (they were not fitted)."""
+        w_full = self.full(np.asarray(w, np.float64))
+        out = []
+        entries = self.entries()
+        for i in self.free_index:
+            a, b, x = self.lo_all[i], self.hi_all[i], w_full[i]
+            width = b - a if np.isfinite(a) and np.isfinite(b) else None
+            near = (lambda limit: abs(x - limit) <= tol * width) if width else (lambda limit: abs(x - limit) <= 1e-9 * max(1.0, abs(limit)))
+            for side, limit in (("lo", a), ("hi", b)):
+                if np.isfinite(limit) and near(limit):
+                    log = bool(self.is_log_all[i])
+                    name, index = entries[i]
+                    out.append({"param": name, "index": index, "value": float(math.exp(x) if log else x), "bound": side,
+                                "limit": float(math.exp(limit) if log else limit)})
+                    break
+        return out
 
 
 def _u_to_w(u, lo, hi):

@@ -31,8 +31,10 @@ is handled too:
 
 Uncertainty: the point fit gives the optimum; with a bootstrapped fit, the optimisation is
 repeated for every bootstrap member (fewer candidates and starts), which gives the spread of the
-optimal weights themselves; predicted losses/accuracies at the optimum get intervals from the
-members' predictions at it.
+optimal weights themselves: ``bootstrap.weights[d]`` holds, per training domain, the mean, sd
+and the central ``interval`` (``lo``, ``hi``: the (1 - interval)/2 and (1 + interval)/2
+quantiles) of the members' optimal weights, and ``bootstrap.optima`` every member's optimum.
+Predicted losses/accuracies at the optimum get intervals from the members' predictions at it.
 """
 
 from __future__ import annotations
@@ -70,29 +72,66 @@ class Constraints:
 
 
 def available_tokens(*, explicit: Mapping[str, float] | None = None, dataset: str | None = None,
-                     cache_dir: str = "") -> dict[str, float]:
+                     cache_dir: str = "", domains: Sequence[str] | None = None) -> dict[str, float]:
     """Training tokens per domain: explicit values, a prepared dataset's ``dataset.json``
     (``train_tokens`` per domain) or the built-in corpus manifest (``dataset='builtin'``, built on
-    first use); explicit values override the dataset's."""
+    first use); explicit values override the dataset's.
+
+    ``domains``: the fit's training domains. When given, they are checked before anything is read
+    or built: ``--available`` may name only them, and the dataset must hold every one of them that
+    ``--available`` does not give (a dataset without a domain of the fit could not train the
+    mixture, and the domain would silently get no repetition cap). A dataset may hold more.
+    """
+    explicit = dict(explicit or {})
+    if domains is not None:
+        unknown = sorted(set(explicit) - set(domains))
+        if unknown:
+            raise OptimizeError(f"--available names domain(s) {', '.join(unknown)} that the fit does not train on; "
+                                f"its training domains: {', '.join(domains)}.")
     out: dict[str, float] = {}
     if dataset is not None:
-        if dataset in ("builtin", ""):
-            from moejax.data.corpus import load_tokenized_corpus
-
-            manifest = load_tokenized_corpus(0, cache_dir or None).manifest
-            out = {d: float(v["train"]["tokens"]) for d, v in manifest["domains"].items()}
-        else:
-            path = Path(dataset) / "dataset.json"
-            if not path.is_file():
-                raise OptimizeError(f"--dataset {dataset!r}: no dataset.json there; give a directory written by "
-                                    "python -m moejax.data.prepare, or 'builtin' for the built-in corpus.")
-            meta = json.loads(path.read_text())
-            out = {d: float(v["train_tokens"]) for d, v in meta.get("domains", {}).items()}
-    for d, v in (explicit or {}).items():
+        out = _dataset_tokens(dataset, cache_dir, domains, explicit)
+    for d, v in explicit.items():
         if not (math.isfinite(v) and v > 0):
             raise OptimizeError(f"available tokens for {d!r} is {v!r}; allowed: a finite number > 0.")
         out[d] = float(v)
     return out
+
+
+def _dataset_tokens(dataset: str, cache_dir: str, domains: Sequence[str] | None,
+                    explicit: Mapping[str, float]) -> dict[str, float]:
+    """Training tokens per domain of ``--dataset`` (the fit's ``domains`` checked against it first)."""
+    if dataset in ("builtin", ""):
+        from moejax.data.corpus import DOMAINS, load_tokenized_corpus
+
+        _check_dataset_domains("builtin", DOMAINS, domains, explicit)
+        manifest = load_tokenized_corpus(0, cache_dir or None).manifest
+        return {d: float(v["train"]["tokens"]) for d, v in manifest["domains"].items()}
+    path = Path(dataset) / "dataset.json"
+    if not path.is_file():
+        raise OptimizeError(f"--dataset {dataset!r}: no dataset.json there; give a directory written by "
+                            "python -m moejax.data.prepare, or 'builtin' for the built-in corpus.")
+    try:
+        listed = json.loads(path.read_text(encoding="utf-8")).get("domains", {})
+        found = {d: float(v["train_tokens"]) for d, v in listed.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise OptimizeError(f"--dataset {dataset!r}: {path} is not a readable dataset description ({e}); prepare "
+                            "the dataset again with python -m moejax.data.prepare.") from None
+    _check_dataset_domains(dataset, tuple(found), domains, explicit)
+    return found
+
+
+def _check_dataset_domains(dataset: str, have: Sequence[str], domains: Sequence[str] | None,
+                           explicit: Mapping[str, float]) -> None:
+    if domains is None:
+        return
+    missing = [d for d in domains if d not in have and d not in explicit]
+    if missing:
+        raise OptimizeError(
+            f"--dataset {dataset} has domains {', '.join(have) or '(none)'}, but the fit trains on "
+            f"{', '.join(domains)}: {', '.join(missing)} not in the dataset, so the mixture could not be trained on it "
+            "and would get no repetition cap there. Give the dataset the fit's runs trained on, or those domains' "
+            f"tokens with --available {missing[0]}=TOKENS.")
 
 
 def feasible_bounds(domains: Sequence[str], constraints: Constraints, tokens: float) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -332,4 +371,7 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
 
 
 def write_mixture(result: Mapping[str, Any], path: str | os.PathLike) -> None:
-    Path(path).write_text(json.dumps(result, indent=1))
+    """Writes the mixture JSON under a temporary name, then renames it into place."""
+    from data_mixture.user_files import write_text
+
+    write_text(path, json.dumps(result, indent=1))

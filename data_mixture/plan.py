@@ -27,13 +27,27 @@ best among the 64, minus the best of the 64) reported alongside. The candidate w
 ``sim_error`` wins. Validated on synthetic ground truth in tests/test_dm_plan.py and by
 leave-one-scale-out on the ladder table (docs/data_mixture.md, "Planning").
 
+Protocols (``protocol`` in the plan JSON): runs **from scratch** (every run trains a fresh model
+on its mixture), or **mid-training**: at each size one *base* is pretrained on a base mixture
+(default uniform) for T_base tokens, then every candidate mixture continues from that base for
+T_mid tokens (``checkpoint.init_from`` = the base's run directory, resolved by the sweep under its
+root; a fresh optimizer; the mid-training learning-rate schedule of :func:`mid_schedule`). The law
+is planned and later fitted on the mid-training runs with D = T_mid: the base is the same for every
+mixture of a size, so its contribution is a function of the size and is absorbed by the law's size
+term. The bases count once in the FLOPs. Either protocol can replicate runs with ``seeds`` (train
+seeds ``seed .. seed + K - 1``, at every size or only at ``seed_sizes``); replicates are simulated
+with independent noise.
+
 The plan JSON (schema in docs/data_mixture.md, "Planning") lists every run with the overrides
 ``launch.sh`` needs; the sweep runner executes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -44,6 +58,10 @@ import numpy as np
 PLAN_VERSION = 1
 MAX_RUNS_PER_SIZE = 32
 TEST_MIXTURES = 64
+BASE_SEED_OFFSET = 10_000  # a base's train.seed is the plan's seed + this (see mid_schedule)
+MID_WARMUP_FRACTION = 0.05  # of a mid-training run's steps (as MergeMix's experts)
+DEFAULT_BASE_TOKENS_PER_PARAM = 20.0
+DEFAULT_MID_TOKENS_PER_PARAM = (4.0,)
 
 # Default size presets: the ladder's four (experiments/mixture_ladder.py) and four larger ones,
 # all MoE with the tiny default's 8 experts top-2 plus one shared expert.
@@ -94,6 +112,44 @@ class PlanSpec:
     max_candidates: int = 12
     min_sizes: int = 0  # fewest presets per candidate window (0: the planned law's own minimum)
     checkpoints: int = 2  # evaluated checkpoints per run, evenly spaced (rows of the runs table per run)
+    # Mid-training protocol (see the module docstring); tokens_per_param is then not used.
+    mid_training: bool = False
+    base_tokens_per_param: float | None = None  # T_base = this x N (default 20); or base_tokens
+    base_tokens: float | None = None  # T_base, the same at every size
+    mid_tokens_per_param: Sequence[float] | None = None  # candidate T_mid = r x N (default 4); or mid_tokens
+    mid_tokens: float | None = None  # T_mid, the same at every size
+    base_mixture: Mapping[str, float] | None = None  # default: uniform over the training domains
+    mid_lr_scale: float = 1.0  # mid-training peak lr = this x the experiment's optim.lr
+    # Replicates: train seeds seed .. seed + seeds - 1 at seed_sizes (None: every size).
+    seeds: int = 1
+    seed_sizes: Sequence[str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """The checked protocol of a plan: how runs are trained (see the module docstring)."""
+
+    mid: bool
+    ratios: tuple[float, ...]  # candidate tokens-per-parameter ratios of the law's runs (scratch or mid)
+    fixed_tokens: float | None  # mid_tokens: the law's runs' tokens at every size (ratios unused)
+    base_ratio: float | None
+    base_tokens: float | None
+    base_mixture: dict[str, float]
+    seeds: int
+    seed_sizes: tuple[str, ...] | None  # None: every size
+
+    def run_tokens(self, n: float, ratio: float | None) -> float:
+        """Tokens of a law run (scratch or mid-training) at size n (in the planning size column)."""
+        return self.fixed_tokens if self.fixed_tokens is not None else ratio * n
+
+    def base_goal(self, n: float) -> float:
+        """Tokens of the base at size n (0 for a from-scratch plan)."""
+        if not self.mid:
+            return 0.0
+        return self.base_tokens if self.base_tokens is not None else self.base_ratio * n
+
+    def seeds_at(self, preset: str) -> int:
+        return self.seeds if self.seed_sizes is None or preset in self.seed_sizes else 1
 
 
 def checkpoint_fractions(checkpoints: int) -> tuple[float, ...]:
@@ -157,39 +213,66 @@ def _prior_fn(fit) -> Callable:
     return loss_fn
 
 
-def _candidates(spec: PlanSpec, sizes: dict[str, dict[str, float]], size_column: str, min_sizes: int,
-                min_runs: int) -> list[dict[str, Any]]:
+def _candidates(spec: PlanSpec, proto: Protocol, sizes: dict[str, dict[str, float]], size_column: str,
+                min_sizes: int, min_runs: int) -> list[dict[str, Any]]:
     names = sorted((n for n in sizes if sizes[n][size_column] < spec.target_size), key=lambda n: sizes[n][size_column])
     if len(names) < min_sizes:
         raise PlanError(f"{len(names)} preset(s) are below the target size {spec.target_size:.4g} ({size_column}): "
                         f"{', '.join(names) or 'none'}; the law needs at least {min_sizes} sizes. Add presets (--presets).")
     out, cheapest = [], math.inf
-    for ratio in spec.tokens_per_param:
+    for ratio in proto.ratios:
         for k in range(min_sizes, len(names) + 1):
             for start in range(0, len(names) - k + 1):
                 window = names[start:start + k]
-                per_mixture = sum(6.0 * sizes[n]["params_active"] * ratio * sizes[n][size_column] for n in window)
+                base_flops = sum(6.0 * sizes[n]["params_active"] * proto.base_goal(sizes[n][size_column]) for n in window)
+                per_mixture = sum(6.0 * sizes[n]["params_active"] * proto.run_tokens(sizes[n][size_column], ratio)
+                                  * proto.seeds_at(n) for n in window)
                 need = max(spec.min_runs_per_size, math.ceil(min_runs / k))
-                cheapest = min(cheapest, per_mixture * need)
-                runs = min(MAX_RUNS_PER_SIZE, int(spec.budget_flops // per_mixture))
+                cheapest = min(cheapest, base_flops + per_mixture * need)
+                runs = min(MAX_RUNS_PER_SIZE, int(max(0.0, spec.budget_flops - base_flops) // per_mixture))
                 if runs >= need:
-                    out.append({"sizes": window, "tokens_per_param": ratio, "runs_per_size": runs,
-                                "flops": per_mixture * runs})
+                    out.append(_candidate(proto, window, ratio, runs, base_flops, per_mixture))
     if not out:
+        bases = " plus one base per size" if proto.mid else ""
         raise PlanError(f"budget {spec.budget_flops:.4g} FLOPs affords no allocation: the cheapest needs {cheapest:.4g} "
-                        f"(the {min_sizes} smallest presets x {spec.min_runs_per_size} runs each at "
-                        f"{min(spec.tokens_per_param):g} tokens/param, FLOPs = 6 x N_active x D). Raise --budget-flops, "
-                        "lower --tokens-per-param or --min-runs-per-size, or add smaller presets.")
+                        f"(the {min_sizes} smallest presets x {spec.min_runs_per_size} runs each{bases}, "
+                        f"{_tokens_text(proto)}, FLOPs = 6 x N_active x D). Raise --budget-flops, lower the "
+                        "tokens, --seeds or --min-runs-per-size, or add smaller presets.")
     if len(out) > spec.max_candidates:  # keep an even spread, always including the ones reaching highest
         idx = np.unique(np.linspace(0, len(out) - 1, spec.max_candidates).round().astype(int))
         out = [out[i] for i in idx]
     return out
 
 
+def _candidate(proto: Protocol, window: list[str], ratio: float | None, runs: int, base_flops: float,
+               per_mixture: float) -> dict[str, Any]:
+    cand: dict[str, Any] = {"sizes": window, "tokens_per_param": ratio, "runs_per_size": runs,
+                            "flops": base_flops + per_mixture * runs}
+    if proto.fixed_tokens is not None:
+        cand["tokens"] = {n: proto.fixed_tokens for n in window}
+    if proto.mid:
+        cand["base_flops"] = base_flops
+    if any(proto.seeds_at(n) > 1 for n in window):
+        cand["seeds"] = {n: proto.seeds_at(n) for n in window}
+    return cand
+
+
+def _tokens_text(proto: Protocol) -> str:
+    runs = (f"{proto.fixed_tokens:g} tokens per run" if proto.fixed_tokens is not None
+            else f"{min(proto.ratios):g} tokens/param")
+    if not proto.mid:
+        return f"at {runs}"
+    base = f"{proto.base_tokens:g} tokens" if proto.base_tokens is not None else f"{proto.base_ratio:g} tokens/param"
+    return f"bases at {base}, mid-training runs at {runs}"
+
+
 def simulate(truth: Callable, law_name: str, cand: Mapping[str, Any], sizes, size_column: str, mix_domains, loss_domains,
              lo_m, hi_m, *, target_size: float, target_tokens: float, noise: float, simulations: int,
              starts: int, seed: int) -> dict[str, float]:
-    """Simulated extrapolation error of one candidate allocation (see the module docstring)."""
+    """Simulated extrapolation error of one candidate allocation (see the module docstring).
+
+    ``cand["seeds"]`` ({preset: K}, optional): K replicates of every mixture at that size, each with
+    its own noise draw, as the sweep trains them."""
     from data_mixture.laws import get_law
     from data_mixture.table import from_columns
 
@@ -209,9 +292,9 @@ def simulate(truth: Callable, law_name: str, cand: Mapping[str, Any], sizes, siz
         cols.update({f"mix:{d}": [] for d in mix_domains})
         for name in cand["sizes"]:  # cand["tokens"] {preset: tokens} (a fixed-budget ladder) overrides the ratio
             total = cand.get("tokens", {}).get(name) or cand["tokens_per_param"] * sizes[name][size_column]
-            for k in range(mix.shape[0]):
+            for k, rep in itertools.product(range(mix.shape[0]), range(cand.get("seeds", {}).get(name, 1))):
                 for frac in checkpoint_fractions(cand.get("checkpoints", 2)):
-                    cols["run"].append(f"{name}_m{k}")
+                    cols["run"].append(f"{name}_m{k}" + (f"_s{rep}" if rep else ""))
                     cols["params_total"].append(sizes[name]["params_total"])
                     cols["params_active"].append(sizes[name]["params_active"])
                     cols["tokens"].append(frac * total)
@@ -243,9 +326,7 @@ def _bounds(domains, spec: PlanSpec):
     return lo, hi
 
 
-def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
-    """The plan JSON (see docs/data_mixture.md, "Planning")."""
-    t0 = time.perf_counter()
+def _check_numbers(spec: PlanSpec) -> None:
     for name, value in (("--budget-flops", spec.budget_flops), ("--target-size", spec.target_size),
                         ("--target-tokens", spec.target_tokens)):
         if not (math.isfinite(value) and value > 0):
@@ -259,10 +340,185 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
                         "allowed: noise >= 0, at least 1 simulation and 1 start.")
     if any(not (math.isfinite(r) and r > 0) for r in spec.tokens_per_param):
         raise PlanError(f"--tokens-per-param {list(spec.tokens_per_param)}: allowed: numbers > 0.")
+    if isinstance(spec.seeds, bool) or not isinstance(spec.seeds, int) or spec.seeds < 1:
+        raise PlanError(f"--seeds {spec.seeds!r}: allowed: an integer >= 1 (replicates per run, train seeds "
+                        f"{spec.seed} .. {spec.seed} + K - 1; 1: no replicates).")
+
+
+def _positive(flag: str, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise PlanError(f"{flag} {value!r}: allowed: a number > 0.")
+
+
+def _protocol(spec: PlanSpec, mix_domains: Sequence[str], presets: Mapping[str, Any]) -> Protocol:
+    """The plan's protocol from the spec, every flag checked (a clear error names the flag)."""
+    if spec.seed_sizes is not None:
+        unknown = [x for x in spec.seed_sizes if x not in presets]
+        if unknown or not spec.seed_sizes:
+            raise PlanError(f"--seed-sizes {','.join(spec.seed_sizes)!r}: {', '.join(map(repr, unknown)) or 'empty'} "
+                            f"is not a size preset; allowed: a comma-separated list of {', '.join(presets)}.")
+    mid_flags = [f for f, v in (("--base-tokens-per-param", spec.base_tokens_per_param), ("--base-tokens", spec.base_tokens),
+                                ("--mid-tokens-per-param", spec.mid_tokens_per_param), ("--mid-tokens", spec.mid_tokens),
+                                ("--base-mixture", spec.base_mixture)) if v is not None]
+    if spec.mid_lr_scale != 1.0:
+        mid_flags.append("--mid-lr-scale")
+    seeds = dict(seeds=spec.seeds, seed_sizes=tuple(spec.seed_sizes) if spec.seed_sizes is not None else None)
+    if not spec.mid_training:
+        if mid_flags:
+            raise PlanError(f"{', '.join(mid_flags)} describe(s) a mid-training plan; add --mid-training (or leave "
+                            "them out for runs from scratch, sized by --tokens-per-param).")
+        return Protocol(False, tuple(spec.tokens_per_param), None, None, None, {}, **seeds)
+    for a, b in (("--base-tokens-per-param", "--base-tokens"), ("--mid-tokens-per-param", "--mid-tokens")):
+        if a in mid_flags and b in mid_flags:
+            raise PlanError(f"{a} and {b} are both given; allowed: one of them (a ratio to the size, or tokens at "
+                            "every size).")
+    _positive("--base-tokens-per-param", spec.base_tokens_per_param)
+    _positive("--base-tokens", spec.base_tokens)
+    _positive("--mid-tokens", spec.mid_tokens)
+    _positive("--mid-lr-scale", spec.mid_lr_scale)
+    ratios = tuple(spec.mid_tokens_per_param or DEFAULT_MID_TOKENS_PER_PARAM)
+    if not ratios or any(not (math.isfinite(r) and r > 0) for r in ratios):
+        raise PlanError(f"--mid-tokens-per-param {list(ratios)}: allowed: numbers > 0.")
+    base_ratio = None if spec.base_tokens is not None else (spec.base_tokens_per_param or DEFAULT_BASE_TOKENS_PER_PARAM)
+    if spec.mid_tokens is not None:
+        ratios = (None,)
+    return Protocol(True, ratios, spec.mid_tokens, base_ratio, spec.base_tokens,
+                    _base_mixture(spec.base_mixture, mix_domains), **seeds)
+
+
+def _base_mixture(weights: Mapping[str, float] | None, mix_domains: Sequence[str]) -> dict[str, float]:
+    """The base mixture over the training domains (default uniform), checked and normalised."""
+    if not weights:
+        return {d: 1.0 / len(mix_domains) for d in mix_domains}
+    unknown = [d for d in weights if d not in mix_domains]
+    bad = [f"{d}={w!r}" for d, w in weights.items() if not (math.isfinite(w) and w >= 0)]
+    total = sum(weights.values())
+    if unknown or bad or not abs(total - 1.0) <= 1e-3:
+        what = (f"unknown domain(s) {', '.join(unknown)}" if unknown else f"weight(s) {', '.join(bad)}" if bad
+                else f"weights summing to {total:g}")
+        raise PlanError(f"--base-mixture has {what}; allowed: weights >= 0 over the training domains "
+                        f"{', '.join(mix_domains)} (missing ones 0), summing to 1.")
+    return {d: float(weights.get(d, 0.0)) / total for d in mix_domains}
+
+
+def _experiment_optim(config_file: str):
+    """The ``optim`` group of the experiment file the runs start from (moejax's own parser)."""
+    from moejax.main import parse_command_line
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            command = parse_command_line(["moejax.main", "--config", config_file, "--workdir", "unused"])
+    except SystemExit:
+        raise PlanError(f"--config {config_file!r}: {err.getvalue().strip().removeprefix('moejax: error: ')}") from None
+    return command.config.optim
+
+
+def mid_schedule(steps: int, optim, lr_scale: float) -> dict[str, Any]:
+    """The learning-rate overrides of a mid-training run of ``steps`` steps.
+
+    moejax's ``init_from`` takes the base's parameters only: the Adam moments start at zero, so a
+    short linear warmup (``MID_WARMUP_FRACTION`` of the steps, at least 1; MergeMix's experts use
+    the same) keeps the first, sign-like Adam steps from jolting the trained weights. It warms up
+    again to the base's peak ``optim.lr`` (times ``lr_scale``) and decays with a cosine to
+    ``optim.min_lr_ratio`` of that peak over the mid-training tokens (re-warming and re-decaying
+    as in continual pretraining): a learning rate large enough for the new mixture to move the
+    model within T_mid, annealed at the end so the final checkpoint's losses are comparable across
+    mixtures and with the annealed base. The base is trained with ``train.seed`` = seed +
+    ``BASE_SEED_OFFSET``: moejax shuffles each domain by (``train.seed``, domain), so a mid-training
+    run with the base's seed would read each domain in the base's order again.
+    """
+    return {"optim.schedule": "cosine", "optim.lr": float(optim.lr) * lr_scale,
+            "optim.warmup_steps": max(1, math.ceil(MID_WARMUP_FRACTION * steps))}
+
+
+def _steps(tokens_goal: float, per_step: int) -> int:
+    return max(2, math.floor(tokens_goal / per_step))
+
+
+def _run(spec: PlanSpec, name: str, preset: str, presets, sizes, steps: int, seed: int, mixture: dict[str, float],
+         role: str, extra: Mapping[str, Any] = (), **fields: Any) -> dict[str, Any]:
+    """One plan entry: the preset's model keys, the run length and cadence, seed, mixture, ``extra``."""
+    every = math.ceil(steps / spec.checkpoints)  # the last checkpoint is the final step
+    overrides = {**presets[preset], "train.steps": steps, "train.global_batch_size": spec.batch,
+                 "train.seq_len": spec.seq_len, "checkpoint.every_steps": every,
+                 "train.eval_every": every, "train.seed": seed,
+                 "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture, **dict(extra)}
+    tokens = float(steps * spec.batch * spec.seq_len)
+    return {"name": name, "role": role, "preset": preset, "config": spec.config, "overrides": overrides,
+            "mixture": mixture, "tokens": tokens, "steps": steps, "seed": seed, **fields,
+            "params_total": sizes[preset]["params_total"], "params_active": sizes[preset]["params_active"],
+            "flops": 6.0 * sizes[preset]["params_active"] * tokens}
+
+
+def replicate_name(preset: str, k: int, seed: int, plan_seed: int) -> str:
+    """``<preset>_m<k>`` for the plan's own seed (today's names), ``<preset>_m<k>_s<seed>`` for replicates."""
+    return f"{preset}_m{k}" if seed == plan_seed else f"{preset}_m{k}_s{seed}"
+
+
+def _plan_runs(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], presets, sizes, size_column: str,
+               mix_km: np.ndarray, mix_domains: Sequence[str], optim) -> list[dict[str, Any]]:
+    """Bases first (mid-training plans, one per size), then every (size, mixture, seed) run."""
+    per_step = spec.batch * spec.seq_len
+    runs, bases = [], {}
+    if proto.mid:
+        for preset in best["sizes"]:
+            steps = _steps(proto.base_goal(sizes[preset][size_column]), per_step)
+            bases[preset] = _run(spec, f"{preset}_base", preset, presets, sizes, steps, spec.seed + BASE_SEED_OFFSET,
+                                 dict(proto.base_mixture), "base")
+            runs.append(bases[preset])
+    for preset in best["sizes"]:
+        steps = _steps(proto.run_tokens(sizes[preset][size_column], best["tokens_per_param"]), per_step)
+        for k, rep in itertools.product(range(mix_km.shape[0]), range(proto.seeds_at(preset))):
+            seed = spec.seed + rep
+            mixture = {d: float(w) for d, w in zip(mix_domains, mix_km[k])}
+            name = replicate_name(preset, k, seed, spec.seed)
+            if not proto.mid:
+                runs.append(_run(spec, name, preset, presets, sizes, steps, seed, mixture, "scratch"))
+                continue
+            base = bases[preset]
+            extra = {"checkpoint.init_from": base["name"], "checkpoint.init_step": base["steps"],
+                     **mid_schedule(steps, optim, spec.mid_lr_scale)}
+            runs.append(_run(spec, name, preset, presets, sizes, steps, seed, mixture, "mid", extra,
+                             base=base["name"], base_tokens=base["tokens"]))
+    return runs
+
+
+def _protocol_record(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+                     optim) -> dict[str, Any]:
+    """The plan's top-level ``protocol`` object (docs/data_mixture.md, "Mid-training plans")."""
+    sizes = list(dict.fromkeys(r["preset"] for r in runs))
+    out: dict[str, Any] = {
+        "kind": "mid_training" if proto.mid else "scratch",
+        "seeds": proto.seeds, "seed_values": [spec.seed + r for r in range(proto.seeds)],
+        "seed_sizes": [p for p in sizes if proto.seeds_at(p) > 1],
+        "seed_sizes_requested": list(proto.seed_sizes) if proto.seed_sizes is not None else None,
+    }
+    if not proto.mid:
+        return out
+    mids = {r["preset"]: r for r in runs if r["role"] == "mid"}
+    out.update({
+        "base_mixture": dict(proto.base_mixture), "base_seed": spec.seed + BASE_SEED_OFFSET,
+        "base_tokens_per_param": proto.base_ratio,
+        "base_tokens": {r["preset"]: r["tokens"] for r in runs if r["role"] == "base"},
+        "mid_tokens_per_param": best["tokens_per_param"],
+        "mid_tokens": {p: r["tokens"] for p, r in mids.items()},
+        "law_tokens": "mid",
+        "schedule": {"optimizer": "fresh", "optim.schedule": "cosine", "base_lr": float(optim.lr),
+                     "lr_scale": spec.mid_lr_scale, "peak_lr": float(optim.lr) * spec.mid_lr_scale,
+                     "min_lr_ratio": float(optim.min_lr_ratio), "warmup_fraction": MID_WARMUP_FRACTION},
+    })
+    return out
+
+
+def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
+    """The plan JSON (see docs/data_mixture.md, "Planning")."""
+    t0 = time.perf_counter()
+    _check_numbers(spec)
     if spec.prior:
         from data_mixture.fit import Fit
 
-        prior = Fit.load(spec.prior)
+        prior = Fit.load(spec.prior, "--prior")
         truth, size_column = _prior_fn(prior), prior.size_column
         mix_domains, loss_domains = tuple(prior.mix_domains), tuple(prior.loss_domains)
         law = spec.law or prior.law
@@ -281,8 +537,10 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
     law_obj = get_law(law)
     lo, hi = _bounds(mix_domains, spec)
     presets = dict(spec.presets or DEFAULT_PRESETS)
+    proto = _protocol(spec, mix_domains, presets)
+    optim = _experiment_optim(spec.config) if proto.mid else None
     sizes = preset_sizes(presets)
-    cands = _candidates(spec, sizes, size_column, max(spec.min_sizes, law_obj.min_sizes()),
+    cands = _candidates(spec, proto, sizes, size_column, max(spec.min_sizes, law_obj.min_sizes()),
                         law_obj.min_runs(len(mix_domains)))
     bar = None
     if progress:
@@ -300,26 +558,13 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         bar.close()
     best = min(cands, key=lambda c: (c["sim_error"], c["flops"]))
     mix = space_filling_mixtures(best["runs_per_size"], len(mix_domains), lo, hi, seed=spec.seed)
-    runs = []
-    per_step = spec.batch * spec.seq_len
-    for name in best["sizes"]:
-        tokens_goal = best["tokens_per_param"] * sizes[name][size_column]
-        steps = max(2, math.floor(tokens_goal / per_step))
-        tokens = float(steps * per_step)
-        for k in range(mix.shape[0]):
-            mixture = {d: float(w) for d, w in zip(mix_domains, mix[k])}
-            every = math.ceil(steps / spec.checkpoints)  # the last checkpoint is the final step
-            overrides = {**presets[name], "train.steps": steps, "train.global_batch_size": spec.batch,
-                         "train.seq_len": spec.seq_len, "checkpoint.every_steps": every,
-                         "train.eval_every": every, "train.seed": spec.seed,
-                         "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture}
-            runs.append({
-                "name": f"{name}_m{k}", "preset": name, "config": spec.config, "overrides": overrides,
-                "mixture": mixture, "tokens": tokens, "steps": steps,
-                "params_total": sizes[name]["params_total"], "params_active": sizes[name]["params_active"],
-                "flops": 6.0 * sizes[name]["params_active"] * tokens,
-            })
+    runs = _plan_runs(spec, proto, best, presets, sizes, size_column, mix, mix_domains, optim)
     total = float(sum(r["flops"] for r in runs))
+    if total > spec.budget_flops:
+        raise PlanError(f"the chosen runs need {total:.4g} FLOPs, over --budget-flops {spec.budget_flops:.4g}: the "
+                        f"shortest runs are 2 steps of --batch {spec.batch} x --seq-len {spec.seq_len} tokens. Lower "
+                        "--batch or --seq-len, or raise the budget or the tokens per run.")
+    chosen_keys = ("sizes", "tokens_per_param", "runs_per_size", "sim_error", "sim_error_std", "sim_regret")
     return {
         "version": PLAN_VERSION,
         "budget_flops": float(spec.budget_flops), "total_flops": total,
@@ -331,7 +576,8 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         "method": {"checkpoints": spec.checkpoints, "noise": spec.noise, "simulations": spec.simulations, "sim_starts": spec.sim_starts,
                    "test_mixtures": TEST_MIXTURES, "score": "sim_error"},
         "seed": spec.seed,
-        "chosen": {k: best[k] for k in ("sizes", "tokens_per_param", "runs_per_size", "sim_error", "sim_error_std", "sim_regret")},
+        "protocol": _protocol_record(spec, proto, best, runs, optim),
+        "chosen": {k: best[k] for k in chosen_keys + tuple(k for k in ("base_flops", "seeds") if k in best)},
         "candidates": cands,
         "runs": runs,
         "seconds": time.perf_counter() - t0,

@@ -22,30 +22,64 @@ def _plt():
     return plt
 
 
-def plot_pred_vs_obs(report: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """One panel per law (from :func:`data_mixture.evaluate.evaluate_laws`): predicted vs observed
-    held-out loss, one colour per validation domain, the diagonal for reference."""
-    plt = _plt()
+def _methods_with_predictions(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     laws = [(n, e) for n, e in report["laws"].items() if "predictions" in e]
-    fig, axes = plt.subplots(1, max(1, len(laws)), figsize=(3.6 * max(1, len(laws)), 3.6), squeeze=False)
-    for ax, (name, e) in zip(axes[0], laws):
+    bases = [(f"{n} (baseline)", e) for n, e in report.get("baselines", {}).items() if "predictions" in e]
+    return laws + bases
+
+
+def plot_pred_vs_obs(report: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """One panel per law and per baseline with a loss prediction (one hold-out of
+    :func:`data_mixture.evaluate.evaluate_laws`): predicted vs observed held-out loss (cell means
+    over seeds), one colour per validation domain, the diagonal for reference."""
+    plt = _plt()
+    methods = _methods_with_predictions(report)
+    fig, axes = plt.subplots(1, max(1, len(methods)), figsize=(3.4 * max(1, len(methods)), 3.5), squeeze=False)
+    for ax, (name, e) in zip(axes[0], methods):
         obs = np.asarray(e["predictions"]["observed"])
         pred = np.asarray(e["predictions"]["predicted"])
         for j, d in enumerate(report["loss_domains"]):
             ax.scatter(obs[:, j], pred[:, j], s=14, label=d)
         lo, hi = float(min(obs.min(), pred.min())), float(max(obs.max(), pred.max()))
         ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
-        ax.set_title(f"{name}: MRE {e['mean']['mre']:.3f}", fontsize=9)
+        mre = e["mean"]["mre"]
+        ax.set_title(f"{name}: MRE {mre:.3f}" if mre is not None else name, fontsize=9)
         ax.set_xlabel("observed loss")
     axes[0][0].set_ylabel("predicted loss")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"hold-out: {report['holdout']}", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def plot_decision_accuracy(report: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Decision accuracy on the mean loss with its bootstrap interval, one row per law and
+    baseline, one panel per hold-out (a report of one hold-out or of ``holdout="each"``)."""
+    plt = _plt()
+    reports = report["holdouts"] if "holdouts" in report else [report]
+    fig, axes = plt.subplots(1, len(reports), figsize=(4.6 * len(reports), 0.5 + 0.32 * 8), squeeze=False)
+    for ax, r in zip(axes[0], reports):
+        names, acc, lo, hi, colours = [], [], [], [], []
+        for kind, colour in (("laws", "C0"), ("baselines", "C1")):
+            for name, e in r[kind].items():
+                d = e.get("decision") or {}
+                if "skipped" in e or d.get("accuracy") is None:
+                    continue
+                names.append(name if kind == "laws" else f"{name} (baseline)")
+                acc.append(d["accuracy"])
+                lo.append(d["accuracy"] - (d["lo"] if d.get("lo") is not None else d["accuracy"]))
+                hi.append((d["hi"] if d.get("hi") is not None else d["accuracy"]) - d["accuracy"])
+                colours.append(colour)
+        y = np.arange(len(names))
+        for k in range(len(names)):
+            ax.errorbar(acc[k], y[k], xerr=[[lo[k]], [hi[k]]], fmt="o", color=colours[k], capsize=3)
+        ax.axvline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set_yticks(y, names, fontsize=7)
+        ax.invert_yaxis()  # laws on top, in report order
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_xlabel("decision accuracy (mean loss)")
+        ax.set_title(f"held out {r['held_out_size']:.3g}: {r['decision']['mixtures']} mixtures, "
+                     f"{r['decision']['pairs_decided']} decided pairs", fontsize=8)
+    return _save(fig, path)
 
 
 def plot_loss_vs_share(table, domain: str, mix_domain: str, path: str | os.PathLike, *, size_column: str = "params_total",
@@ -130,6 +164,7 @@ def plot_bench_curves(loss_r: np.ndarray, acc_r: np.ndarray, curve_loss: np.ndar
 def _save(fig, path: str | os.PathLike) -> Path:
     fig.tight_layout()
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     _plt().close(fig)
     return path

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -445,10 +446,11 @@ def write_runs(table: RunsTable, path: str | Path, *, extra: Mapping[str, np.nda
         if v.shape[0] != len(table):
             raise TableError(f"extra column {k!r} has {v.shape[0]} values for a table of {len(table)} rows.")
         cols[k] = [_fmt(x) if np.issubdtype(v.dtype, np.floating) else str(x) for x in v]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(list(cols))
-        for i in range(len(table)):
-            w.writerow([c[i] for c in cols.values()])
+    from data_mixture.user_files import write_text
+
+    text = io.StringIO(newline="")
+    w = csv.writer(text)
+    w.writerow(list(cols))
+    for i in range(len(table)):
+        w.writerow([c[i] for c in cols.values()])
+    write_text(path, text.getvalue())  # under a temporary name, renamed into place

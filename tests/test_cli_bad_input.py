@@ -27,8 +27,10 @@ from moejax.data import l3_alloc
 from moejax.eval import __main__ as eval_cli
 from moejax import generate, main as train_cli
 from moejax.interop import hf
+from data_mixture import __main__ as dm_cli
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "data_mixture" / "results"
 PROC = "/proc/moejax_cannot_create_this"  # a directory nobody can create, not even root
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats sleep in the warm sun".split()
 
@@ -94,11 +96,27 @@ def _make_workdir(path: Path, user: Path) -> None:
     (path / "eval" / "step_0.json").write_text(json.dumps({"settings": {"tasks": ["other"]}, "step": 0}))
 
 
+def _make_mixture_files(user: Path) -> None:
+    """The user's data-mixture files: a runs table and a fit (committed results, so nothing is
+    fitted here), each also cut short, and a mixture file (JSON, but not a fit)."""
+    runs = (RESULTS / "ladder_runs.csv").read_text()
+    (user / "runs.csv").write_text(runs)
+    lines = runs.splitlines(keepends=True)
+    (user / "runs_cut.csv").write_text("".join(lines[:20]) + ",".join(lines[20].split(",")[:5]))  # cut mid-row
+    fit = (RESULTS / "builtin_v1" / "fits" / "regmix_linear.params_total.json").read_text()
+    (user / "fit.json").write_text(fit)
+    (user / "fit_cut.json").write_text(fit[: len(fit) // 2])
+    (user / "mixture.json").write_text(json.dumps({"weights": {"code": 0.5, "prose": 0.5}}))
+    (user / "mergemix_out").mkdir()  # an earlier mergemix output: resumed, so never refused
+    (user / "mergemix_out" / "cache.jsonl").write_text("")
+
+
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory):
     root = tmp_path_factory.mktemp("drill")
     user = root / "user"
     _make_user_files(user)
+    _make_mixture_files(user)
     _make_workdir(user / "run", user)
     (root / "out").mkdir()
     return root
@@ -128,8 +146,14 @@ ENTRY = {
     "hf": hf.main,
     "l3_alloc": l3_alloc.main,
     "export": corpus_export.main,
+    "data_mixture": dm_cli.main,
 }
 TINY = "experiments/tiny_moe.py"
+FIT = ["fit", "--law", "regmix_linear", "--bootstrap", "0", "--no-progress"]
+PREDICT = ["predict", "--fit", "{user}/fit.json", "--runs", "{user}/runs.csv"]
+OPTIMIZE = ["optimize", "--fit", "{user}/fit.json", "--size", "3e6", "--tokens", "5e8", "--no-bootstrap"]
+PLAN = ["plan", "--budget-flops", "3e15", "--target-size", "3e6", "--target-tokens", "5e8", "--no-progress"]
+MERGEMIX = ["mergemix", "--base", "{user}/run", "--domains", "notes,other", "--expert-tokens", "1e4"]
 
 # (entry point, argv with {user}/{out}/{proc} placeholders, a phrase the error must contain)
 MATRIX = [
@@ -212,6 +236,74 @@ MATRIX = [
      "cannot create the directory"),
     ("export", ["--out", "{user}/occupied"], "refusing to overwrite"),
     ("export", ["--out", "{user}/afile"], "is a file"),
+    # data_mixture collect
+    ("data_mixture", ["collect", "{user}/missing", "--out", "{out}/d1.csv"], "does not exist"),
+    ("data_mixture", ["collect", "{user}/occupied", "--out", "{out}/d2.csv"], "not a moejax workdir"),
+    ("data_mixture", ["collect", "{user}/run", "--out", "{user}/runs.csv"], "already exists"),
+    ("data_mixture", ["collect", "{user}/run", "--out", "{user}/occupied"], "is a directory"),
+    ("data_mixture", ["collect", "{user}/run", "--out", "{proc}/runs.csv"], "cannot create the directory"),
+    # data_mixture fit: inputs (refused before any fitting)
+    ("data_mixture", [*FIT, "--runs", "{user}/missing.csv", "--out", "{out}/d3.json"], "does not exist"),
+    ("data_mixture", [*FIT, "--runs", "{user}/runs_cut.csv", "--out", "{out}/d4.json"], "do not have the header's"),
+    ("data_mixture", [*FIT, "--runs", "{user}/fit.json", "--out", "{out}/d5.json"], "a JSON file"),
+    ("data_mixture", [*FIT, "--runs", "{user}/chat.jsonl.gz", "--out", "{out}/d6.json"], "gzip-compressed"),
+    ("data_mixture", [*FIT, "--runs", "{user}/blob.bin", "--out", "{out}/d7.json"], "a binary file"),
+    ("data_mixture", [*FIT, "--runs", "{user}/empty_dir", "--out", "{out}/d8.json"], "is a directory"),
+    ("data_mixture", [*FIT, "--runs", "{user}/poems.csv", "--out", "{out}/d9.json"], "params_total"),
+    # data_mixture fit: outputs (checked before the table is read)
+    ("data_mixture", [*FIT, "--runs", "{user}/runs.csv", "--out", "{proc}/fit.json"], "cannot create the directory"),
+    ("data_mixture", [*FIT, "--runs", "{user}/runs.csv", "--out", "{user}/fit.json"], "already exists"),
+    ("data_mixture", [*FIT, "--runs", "{user}/runs.csv", "--out", "{user}/afile/fit.json"],
+     "where a directory should be"),
+    ("data_mixture", [*FIT, "--runs", "{user}/runs.csv", "--out", "{user}/occupied"], "is a directory"),
+    # data_mixture predict: the fit file
+    ("data_mixture", ["predict", "--fit", "{user}/runs.csv", "--runs", "{user}/runs.csv", "--out", "{out}/d10.csv"],
+     "is a CSV table, not JSON"),
+    ("data_mixture", ["predict", "--fit", "{user}/fit_cut.json", "--runs", "{user}/runs.csv", "--out", "{out}/d11.csv"],
+     "is cut short"),
+    ("data_mixture", ["predict", "--fit", "{user}/mixture.json", "--runs", "{user}/runs.csv", "--out", "{out}/d12.csv"],
+     "is not a fit file"),
+    ("data_mixture", ["predict", "--fit", "{user}/blob.bin", "--runs", "{user}/runs.csv", "--out", "{out}/d13.csv"],
+     "binary file"),
+    ("data_mixture", ["predict", "--fit", "{user}/missing.json", "--runs", "{user}/runs.csv", "--out", "{out}/d14.csv"],
+     "does not exist"),
+    ("data_mixture", ["predict", "--fit", "{user}/empty_dir", "--runs", "{user}/runs.csv", "--out", "{out}/d15.csv"],
+     "is a directory"),
+    ("data_mixture", [*PREDICT[:3], "--runs", "{user}/runs_cut.csv", "--out", "{out}/d16.csv"],
+     "do not have the header's"),
+    ("data_mixture", [*PREDICT, "--out", "{user}/runs.csv"], "already exists"),
+    # data_mixture evaluate: the output directory, checked before any law is fitted
+    ("data_mixture", ["evaluate", "--runs", "{user}/runs.csv", "--out-dir", "{user}/occupied"], "refusing to overwrite"),
+    ("data_mixture", ["evaluate", "--runs", "{user}/runs.csv", "--out-dir", "{user}/afile"], "is a file"),
+    ("data_mixture", ["evaluate", "--runs", "{user}/runs.csv", "--out-dir", "{proc}"], "cannot create the directory"),
+    ("data_mixture", ["evaluate", "--runs", "{user}/runs.csv", "{user}/fit.json", "--out-dir", "{out}/d17"],
+     "a JSON file"),
+    # data_mixture optimize: a dataset or --available that does not match the fit's domains
+    ("data_mixture", [*OPTIMIZE, "--dataset", "{user}/dataset", "--out", "{out}/d18.json"],
+     "but the fit trains on code, prose, math, knowledge"),
+    ("data_mixture", [*OPTIMIZE, "--available", "cod=1e9", "--out", "{out}/d19.json"], "--available names domain(s) cod"),
+    ("data_mixture", [*OPTIMIZE, "--dataset", "{user}/afile", "--out", "{out}/d20.json"], "no dataset.json"),
+    ("data_mixture", [*OPTIMIZE[:1], "--fit", "{user}/fit_cut.json", *OPTIMIZE[3:], "--out", "{out}/d21.json"],
+     "is cut short"),
+    ("data_mixture", [*OPTIMIZE, "--out", "{user}/fit.json"], "already exists"),
+    ("data_mixture", [*OPTIMIZE, "--out", "{proc}/mixture.json"], "cannot create the directory"),
+    # data_mixture plan
+    ("data_mixture", [*PLAN, "--prior", "{user}/fit_cut.json", "--out", "{out}/d22.json"], "--prior"),
+    ("data_mixture", [*PLAN, "--prior", "{user}/runs.csv", "--out", "{out}/d23.json"], "is a CSV table"),
+    ("data_mixture", [*PLAN, "--presets", "{user}/mixture_cut.json", "--out", "{out}/d24.json"], "not valid JSON"),
+    ("data_mixture", [*PLAN, "--domains", "a,b", "--config", "{user}/missing.py", "--out", "{out}/d25.json"],
+     "--config"),
+    ("data_mixture", [*PLAN, "--out", "{user}/fit.json"], "already exists"),
+    ("data_mixture", [*PLAN, "--out", "{user}/afile/plan.json"], "where a directory should be"),
+    # data_mixture sweep (its --root resumes by design) and mergemix (its --out resumes)
+    ("data_mixture", ["sweep", "--plan", "{user}/mixture_cut.json", "--root", "{out}/d26"], "mixture_cut.json"),
+    ("data_mixture", ["sweep", "--plan", "{user}/missing.json", "--root", "{out}/d27"], "missing.json"),
+    ("data_mixture", ["sweep", "--plan", "{user}/fit.json", "--root", "{user}/afile"], "is a file"),
+    ("data_mixture", [*MERGEMIX, "--out", "{user}/occupied"], "not a mergemix output"),
+    ("data_mixture", [*MERGEMIX, "--out", "{user}/afile"], "is a file"),
+    ("data_mixture", [*MERGEMIX, "--out", "{proc}"], "cannot create the directory"),
+    ("data_mixture", [*MERGEMIX[:1], "--base", "{user}/missing", *MERGEMIX[3:], "--out", "{user}/mergemix_out"],
+     "missing"),
 ]
 
 
@@ -243,10 +335,19 @@ INTERRUPTS = [
     ("hf", "moejax.interop.hf.export_from_workdir", ["export", "--workdir", "{user}/run", "--hf-dir", "{out}/i2"],
      "nothing was written"),
     ("train", "moejax.train.loop.train", ["--config", TINY, "--workdir", "{out}/i3"], "rerun the same command"),
+    ("data_mixture", "data_mixture.fit.fit_table", [*FIT, "--runs", "{user}/runs.csv", "--out", "{out}/i4.json"],
+     "nothing was written"),
+    ("data_mixture", "data_mixture.evaluate.evaluate_laws",
+     ["evaluate", "--runs", "{user}/runs.csv", "--out-dir", "{out}/i5"], "nothing was written"),
+    ("data_mixture", "data_mixture.optimize.optimize_mixture", [*OPTIMIZE, "--out", "{out}/i6.json"],
+     "nothing was written"),
+    ("data_mixture", "data_mixture.plan.make_plan", [*PLAN, "--domains", "a,b", "--out", "{out}/i7.json"],
+     "nothing was written"),
 ]
 
 
-@pytest.mark.parametrize("cli,target,argv,phrase", INTERRUPTS, ids=[i[0] for i in INTERRUPTS])
+@pytest.mark.parametrize("cli,target,argv,phrase", INTERRUPTS,
+                         ids=[i[0] if i[0] != "data_mixture" else f"data_mixture-{i[2][0]}" for i in INTERRUPTS])
 def test_ctrl_c_prints_one_line_and_exits_130(cli, target, argv, phrase, drill, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -257,6 +358,44 @@ def test_ctrl_c_prints_one_line_and_exits_130(cli, target, argv, phrase, drill, 
     assert code == 130, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert phrase in err.lower()
+
+
+def test_data_mixture_force_replaces_an_output_whole(drill, capsys):
+    """--force replaces the user's file with the complete new one, and leaves no temporary file."""
+    mine = drill / "out" / "mine"
+    mine.mkdir()
+    (mine / "pred.csv").write_text("an earlier prediction\n")
+    argv = _fill([*PREDICT, "--out", str(mine / "pred.csv")], drill)
+    assert _exit_code(ENTRY["data_mixture"], argv) == 2
+    assert (mine / "pred.csv").read_text() == "an earlier prediction\n"
+    assert _exit_code(ENTRY["data_mixture"], [*argv, "--force"]) == 0
+    header = (mine / "pred.csv").read_text().splitlines()[0]
+    assert header.startswith("run,") and "pred:code" in header
+    assert sorted(p.name for p in mine.iterdir()) == ["pred.csv"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_data_mixture_paths_mean_what_the_user_typed(drill, monkeypatch, capsys):
+    """Relative paths resolve against the directory launch.sh was run from, ~ expands, and plan's
+    default --config (a repository file) is still found."""
+    import argparse
+
+    import moejax
+    from data_mixture.user_files import resolve_paths
+
+    here = drill / "out" / "elsewhere"
+    here.mkdir()
+    monkeypatch.setattr(moejax, "CALLER_CWD", str(here))
+    (here / "fit.json").write_text((drill / "user" / "fit.json").read_text())
+    (here / "q.csv").write_text((drill / "user" / "runs.csv").read_text())
+    code = _exit_code(ENTRY["data_mixture"], ["predict", "--fit", "fit.json", "--runs", "q.csv", "--out", "p.csv"])
+    assert code == 0, capsys.readouterr().err
+    assert (here / "p.csv").is_file() and not (ROOT / "p.csv").exists()
+    monkeypatch.setenv("HOME", str(here))
+    args = argparse.Namespace(fit="~/fit.json", runs=["a.csv"], config=TINY, dataset="builtin")
+    resolve_paths(args)
+    assert args.fit == str(here / "fit.json") and args.runs == [str(here / "a.csv")]
+    assert args.config == TINY and (ROOT / args.config).is_file() and args.dataset == "builtin"
 
 
 def _launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -38,8 +38,10 @@ TRUTH = {
     # against the noise, so E is identified apart from it (with C = 3, 2, 1.5 the term spans
     # only 0.26-0.67 and E trades off against C)
     "additive": {"E": 1.6, "A": 0.5, "alpha": 0.4, "B": 0.6, "beta": 0.35, "C": [1.5, 1.0, 0.75], "gamma": [0.5, 0.3, 0.7]},
-    # knowledge gains value with size (s = 0.5), code loses relative value (s = 0)
-    "camel": {"E": 1.6, "A": 0.5, "alpha": 0.4, "B": 0.8, "beta": 0.35, "rho": 0.5, "t": [0.2, -0.3], "s": [0.0, 0.15, 0.5]},
+    # knowledge gains value with size (s = 0.5), code loses relative value (s = 0); the
+    # mixture-dependent floor 1 / sum C_i r_i^g_i is the additive truth's mixture term
+    "camel": {"E": 1.6, "A": 0.5, "alpha": 0.4, "B": 0.8, "beta": 0.35, "rho": 0.5, "t": [0.2, -0.3], "s": [0.0, 0.15, 0.5],
+              "C": [1.5, 1.0, 0.75], "gamma": [0.5, 0.3, 0.7]},
 }
 
 

@@ -148,9 +148,12 @@ def test_too_few_sizes_for_a_law(law):
         get_law(law).fit(_ladder(1, 40), "v")
 
 
-def test_single_token_count_refused_for_laws_with_a_token_term():
-    with pytest.raises(TableError, match=r"law 'camel' has a token term.*every row of the table has tokens = 1e\+08"):
-        get_law("camel").fit(_ladder(3, 12, tokens_distinct=False), "v")
+def test_single_token_count_fixes_the_token_exponent():
+    """A table with one token count cannot identify a token exponent: the law fixes it (no refusal)."""
+    law = get_law("camel")
+    fixed, reason = law.resolve_fixed(_ladder(3, 12, tokens_distinct=False), "params_total")
+    assert fixed[law.token_exponent] == law.token_exponent_default
+    assert "one token count" in reason or "token" in reason
 
 
 def test_mixing_law_needs_each_mixture_at_several_sizes():
@@ -224,3 +227,17 @@ def test_bad_protocol_columns_are_named(changes, pattern):
             cols[k] = v
     with pytest.raises(TableError, match=pattern):
         from_columns(cols)
+
+
+def test_fit_uses_the_mid_training_rows_only():
+    from data_mixture.fit import fit_table
+
+    rng = np.random.default_rng(0)
+    cols = {k: [] for k in ("run", "params_total", "params_active", "tokens", "mix:code", "mix:prose", "loss:valid", "base", "base_tokens")}
+    for n in (1e6, 4e6):
+        rows = [(f"b{n:g}", 0.5, 2e7 * n / 1e6, "", "")] + [(f"m{n:g}_{k}", w, 1e6, f"b{n:g}", 2e7 * n / 1e6) for k, w in enumerate(rng.uniform(0.1, 0.9, 5))]
+        for run, w, tokens, base, base_tokens in rows:
+            for name, v in zip(cols, (run, n, n, tokens, w, 1 - w, 3.0 - 0.1 * np.log10(n) - 0.2 * w, base, base_tokens)):
+                cols[name].append(v)
+    fit = fit_table(from_columns(cols), "regmix_linear", bootstrap=0, progress=False)
+    assert fit.info["n_rows"] == 10 and fit.info["base_rows_left_out"] == 2

@@ -5,7 +5,7 @@
 ``additive``       Shukor et al. 2025 additive law: E + A/N^a + B/D^b + 1/sum C_i r_i^g_i
 ``regmix``         RegMix LightGBM regressor on [mixture, log N, log D]
 ``regmix_linear``  linear regression on the same features
-``camel``          capacity-aware law (CAMEL, designed from its abstract)
+``camel``          capacity-aware law (our form, after CAMEL arXiv 2603.08022; see camel.py)
 =================  ========================================================================
 """
 

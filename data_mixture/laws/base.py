@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,7 +28,13 @@ class LawFit:
         params: named parameters, JSON-able (floats and lists; for ``regmix`` the LightGBM model text).
         num_params: number of fitted parameters.
         info: fit diagnostics and fixed quantities the prediction needs: reference scales
-            (``n_ref``, ``d_ref``), the size column, objective, fit time, starts, ...
+            (``n_ref``, ``d_ref``), the size column, objective, fit time, starts, ...;
+            ``token_range`` [min, max] tokens of the fit table; ``token_design`` ("single":
+            one token count, "per_size": one per model size, "varied"); ``fixed`` {key: value}
+            of parameters held constant, not fitted (keys NAME or NAME[i], natural units) and
+            ``fixed_reason`` (why, one sentence); ``at_bounds`` [{param, index, value, bound,
+            limit}] of fitted entries at or within 1 % of a bound (point fits; see
+            :func:`at_bounds_lines`).
     """
 
     law: str
@@ -46,6 +53,7 @@ class LawFit:
     def predict(self, size_r: np.ndarray, tokens_r: np.ndarray, mix_rm: np.ndarray) -> np.ndarray:
         """(R,) predicted loss for model sizes N (the fit's size column), tokens D, mixtures (R, M)."""
         size_r, tokens_r, mix_rm = _check_inputs(self, size_r, tokens_r, mix_rm)
+        warn_fixed_tokens(self, tokens_r)
         return self._law().predict(self, size_r, tokens_r, mix_rm)
 
     @property
@@ -80,6 +88,66 @@ class LawFit:
         )
 
 
+class TokenExtrapolationWarning(UserWarning):
+    """A prediction at token counts outside the fit table's, where the token term was fixed."""
+
+
+def token_design(table: RunsTable, size_column: str) -> str:
+    """How the table's token counts vary: ``"single"`` (every row has the same D: the token
+    term is a constant), ``"per_size"`` (one D per model size and several sizes: D is a function
+    of N, so the token term is collinear with the size term; RegMix-style designs with one
+    checkpoint per run) or ``"varied"`` (D varies at some size: the token term is identified)."""
+    tokens = np.asarray(table.tokens, np.float64)
+    if len(np.unique(tokens)) == 1:
+        return "single"
+    size = table.size(size_column)
+    if all(len(np.unique(tokens[size == n])) == 1 for n in np.unique(size)):
+        return "per_size"
+    return "varied"
+
+
+def fixed_base_name(key: str) -> str:
+    """``"B[2]"`` -> ``"B"``."""
+    return str(key).split("[", 1)[0].strip()
+
+
+def warn_fixed_tokens(fit: LawFit, tokens_r: np.ndarray) -> None:
+    """One :class:`TokenExtrapolationWarning` when ``tokens_r`` leaves the fit table's token range
+    and a token parameter (``Law.token_params``) of the fit was fixed rather than fitted."""
+    fixed, span = fit.info.get("fixed") or {}, fit.info.get("token_range")
+    if not fixed or span is None:
+        return
+    names = set(getattr(fit._law(), "token_params", ()))
+    tok = {k: v for k, v in fixed.items() if fixed_base_name(k) in names}
+    if not tok:
+        return
+    lo, hi = float(span[0]), float(span[1])
+    outside = np.unique(tokens_r[(tokens_r < lo * (1 - 1e-9)) | (tokens_r > hi * (1 + 1e-9))])
+    if not len(outside):
+        return
+    shown = ", ".join(f"{x:.4g}" for x in outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+    values = ", ".join(f"{k} = {v:.4g}" for k, v in tok.items())
+    reason = fit.info.get("fixed_reason", "")
+    warnings.warn(
+        f"{fit.law} fit of {fit.domain!r}: predicting at token count(s) {shown}, outside the fitted table's token range "
+        f"[{lo:.4g}, {hi:.4g}], where the token term was fixed, not fitted ({values}). {reason} "
+        f"These predictions follow the fixed values, not the data.",
+        TokenExtrapolationWarning, stacklevel=3,
+    )
+
+
+def at_bounds_lines(fit: LawFit) -> list[str]:
+    """Human-readable lines for ``fit.info["at_bounds"]``, e.g. ``"camel loss:code: E = 0 at its
+    lower bound 0"`` (empty when no fitted parameter is at a bound, or for fits made before
+    the listing existed)."""
+    out = []
+    for e in fit.info.get("at_bounds") or []:
+        name = e["param"] if e.get("index") is None else f"{e['param']}[{e['index']}]"
+        side = "lower" if e["bound"] == "lo" else "upper"
+        out.append(f"{fit.law} loss:{fit.domain}: {name} = {e['value']:.4g} at its {side} bound {e['limit']:.4g}")
+    return out
+
+
 def _check_inputs(fit: LawFit, size_r, tokens_r, mix_rm):
     size_r = np.asarray(size_r, np.float64).reshape(-1)
     tokens_r = np.asarray(tokens_r, np.float64).reshape(-1)
@@ -100,6 +168,9 @@ class Law(abc.ABC):
     name: ClassVar[str]
     mixture_moves_with_scale: ClassVar[bool]
     """Can argmin_r L(N, D, r) depend on N? True where the form lets the mixture interact with N."""
+    token_params: ClassVar[tuple[str, ...]] = ()
+    """Parameters of the token term: when one of them is fixed, predictions at token counts
+    outside the fit table's warn (:func:`warn_fixed_tokens`)."""
 
     @abc.abstractmethod
     def min_sizes(self) -> int:
@@ -113,8 +184,12 @@ class Law(abc.ABC):
         """Fitted parameters for M training domains (per validation domain)."""
         raise NotImplementedError
 
-    def check(self, table: RunsTable, domain: str, size_column: str) -> None:
-        """Raises :class:`TableError` (before any work) when the table cannot identify the law."""
+    def check(self, table: RunsTable, domain: str, size_column: str, fixed: dict | None = None) -> None:
+        """Raises :class:`TableError` (before any work) when the table cannot identify the law,
+        or when ``fixed`` (parameters to hold constant) names what the law cannot fix."""
+        if fixed:
+            raise TableError(f"law {self.name!r} has no named parameters to fix; "
+                             f"got --fix {', '.join(map(str, fixed))}. Fix parameters of a parametric law or regmix_linear.")
         table.loss(domain)
         size = table.size(size_column)
         names, _ = table.run_groups()
@@ -141,13 +216,17 @@ class Law(abc.ABC):
         init: LawFit | None = None,
         weights: np.ndarray | None = None,
         progress: bool = False,
+        fixed: dict | None = None,
     ) -> LawFit:
-        """Fits validation domain ``domain``. ``weights`` (R,): row weights (bootstrap multiplicities)."""
+        """Fits validation domain ``domain``. ``weights`` (R,): row weights (bootstrap
+        multiplicities). ``fixed``: {NAME or NAME[i]: value} parameters held constant."""
 
-    def fit_domains(self, table: RunsTable, domains, *, size_column: str = "params_total", seed: int = 0, starts: int = 64, progress: bool = False) -> dict[str, LawFit]:
+    def fit_domains(self, table: RunsTable, domains, *, size_column: str = "params_total", seed: int = 0, starts: int = 64, progress: bool = False,
+                    fixed: dict | None = None) -> dict[str, LawFit]:
         """Point fits of several validation domains ({domain: LawFit}). Parametric laws solve
         them together (one work queue for all starts); this default loops over :meth:`fit`."""
-        return {d: self.fit(table, d, size_column=size_column, seed=seed, starts=starts, progress=progress) for d in domains}
+        kw = {"fixed": fixed} if fixed else {}
+        return {d: self.fit(table, d, size_column=size_column, seed=seed, starts=starts, progress=progress, **kw) for d in domains}
 
     def fit_bootstrap_domains(
         self, table: RunsTable, points: dict, weights_br: np.ndarray, *, size_column: str = "params_total", seed: int = 0, starts: int = 2, progress: Any = None
@@ -174,7 +253,7 @@ class Law(abc.ABC):
         """One fit per bootstrap resample (rows weighted by ``weights_br[b]``), warm-started from
         ``point``. Parametric laws batch all resamples into one vmapped solve; this default loops."""
         out = []
-        for b in range(weights_br.shape[0]):
+        for b in range(weights_br.shape[0]):  # a fit from ``init`` keeps its fixed parameters
             out.append(
                 self.fit(table, domain, size_column=size_column, seed=seed + 1 + b, starts=starts, init=point, weights=weights_br[b])
             )

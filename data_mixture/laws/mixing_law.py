@@ -14,7 +14,11 @@ mixtures (per-mixture exponents need many sizes per mixture, which ladders rarel
 al. also fit the size law on few sizes). Tokens D play the role of their training steps.
 Parameters: 3K + 2. Every mixture needs runs at >= 2 model sizes and >= 2 token counts
 (checkpoints), else its A_k or B_k is unidentifiable: the fit refuses such tables and names
-the mixtures.
+the mixtures. A one-budget table (one token count, or one per model size: ``token_design``) is
+the exception: there beta is fixed at Chinchilla's 0.28 and every B_k that merges into E_k and
+A_k (all of them with one token count; with one per size, typically those of mixtures run at
+only 2 sizes) at its lower bound (``ParametricLaw.resolve_fixed``), so each mixture needs >= 2
+sizes only.
 
 Stage 2 (at prediction time, for each distinct query (N, D)): fit over the K mixtures
 
@@ -35,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_mixture.fitting import Fitter, Param, ParamSpec, starts_rng
-from data_mixture.laws.base import Law
+from data_mixture.laws.base import Law, token_design
 from data_mixture.laws.parametric import ParametricLaw
 from data_mixture.table import RunsTable, TableError, _rows
 
@@ -136,15 +140,16 @@ class MixingLaw(ParametricLaw):
         loss = oh @ x["E"] + (oh @ x["A"]) * jnp.exp(-x["alpha"] * data["logn"]) + (oh @ x["B"]) * jnp.exp(-x["beta"] * data["logd"])
         return jnp.log(loss)
 
-    def check(self, table, domain, size_column):
+    def check(self, table, domain, size_column, fixed=None):
         Law.check(self, table, domain, size_column)
         self._check_mixtures(table, size_column)
-        super().check(table, domain, size_column)
+        super().check(table, domain, size_column, fixed=fixed)
 
     def _check_mixtures(self, table, size_column):
         mixes, ids = mixture_ids(table.mix_rm)
         m = table.mix_rm.shape[1]
         size = table.size(size_column)
+        one_budget = token_design(table, size_column) != "varied"  # the token term is fixed (resolve_fixed)
         if len(mixes) < m + 2:
             raise TableError(
                 f"law 'mixing_law' fits c + k exp(t . r) over mixtures at the target: {m} training domains need at least "
@@ -154,7 +159,7 @@ class MixingLaw(ParametricLaw):
         for k in range(len(mixes)):
             rows = np.flatnonzero(ids == k)
             ns, nd = len(np.unique(size[rows])), len(np.unique(table.tokens[rows]))
-            if ns < 2 or nd < 2:
+            if ns < 2 or (nd < 2 and not one_budget):
                 thin.append((k, rows, ns, nd))
         if thin:
             parts = [
@@ -178,7 +183,6 @@ class MixingLaw(ParametricLaw):
             mixes = np.asarray(fit.info["mixtures"], np.float64)
             present = np.asarray(fit.info.get("mixture_present", [True] * len(mixes)), bool)
             kk, m = mixes.shape
-            spec = self.spec(kk)
             with jax.enable_x64(True):
                 x1 = {k: jnp.asarray(v, jnp.float64) for k, v in fit.params.items()}
                 ys = []

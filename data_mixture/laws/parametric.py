@@ -6,11 +6,29 @@ domains) and :meth:`log_loss` (jnp, ``(params, data) -> (R,) log L``), where ``d
 ``d_ref`` are the geometric means of N and D over the fit table's rows, stored in
 ``LawFit.info`` (fixed, not fitted): they make coefficients O(1) (A is the size term's value at
 N = n_ref) whatever the scale of the table, 1M or 100B parameters.
+
+Fixed parameters (``fit(..., fixed={"beta": 0.28, "s[2]": 0})``): held constant, the optimisers
+see only the free sub-vector (``ParamSpec.fix``). A table with one token budget per size
+(:func:`data_mixture.laws.base.token_design` "single" or "per_size") cannot identify the token
+term, so the law fixes it itself (:meth:`ParametricLaw.resolve_fixed`):
+
+* the token exponent (``token_exponent``, "beta") at ``token_exponent_default`` = 0.28, the
+  Chinchilla fit's (Hoffmann et al. 2022, approach 3: L = E + A N^-0.34 + B D^-0.28);
+* then every remaining entry of ``token_params`` (e.g. "B") that multiplies nothing but a
+  function of D (its column of the Jacobian d log L / d w, with every D set to d_ref, is a
+  linear combination of the other free columns: additive's B merges into E, mixing_law's B_k
+  into E_k) at its lower bound: the token term is dropped and the loss does not change with D.
+  A coefficient whose term also carries the mixture or the size (camel's B (d S)^-beta) stays
+  free.
+
+``LawFit.info["fixed"]`` ({key: value}) and ``info["fixed_reason"]`` record what and why;
+predictions at token counts outside the table's then warn (``base.warn_fixed_tokens``).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 import time
 from typing import Any
 
@@ -19,14 +37,16 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from data_mixture.fitting import FTOL, HUBER_DELTA, Fitter, ParamSpec, starts_rng
-from data_mixture.laws.base import Law, LawFit
+from data_mixture.fitting import FTOL, HUBER_DELTA, Fitter, ParamSpec, _as_jax, starts_rng
+from data_mixture.laws.base import Law, LawFit, token_design
 from data_mixture.table import RunsTable, TableError
 
 _FITTERS: dict[tuple[str, int], Fitter] = {}
 BOOT_STARTS = 2  # starts per bootstrap resample: the point fit + 1 perturbed copy (``bootstrap_starts``)
 BOOT_JITTER = 0.05  # sd of a perturbed bootstrap start, as a fraction of each parameter's start range
 _PREDICT: dict[str, Any] = {}
+TOKEN_EXPONENT_DEFAULT = 0.28  # Chinchilla (Hoffmann et al. 2022, approach 3): L = E + A N^-0.34 + B D^-0.28
+COLLINEAR_TOL = 1e-6  # a unit Jacobian column whose least-squares residual on the others is below this is not identified
 
 
 def safe_pow(r, g):
@@ -44,7 +64,9 @@ class ParametricLaw(Law):
     polish: int = 2           # best starts polished with scipy L-BFGS-B (point fit)
     boot_refine: int = 100    # Levenberg-Marquardt iterations (Fitter.refine) after a resample's stage 1
     delta: float = HUBER_DELTA
-    needs_tokens: bool = True  # the form has a D term: the table needs >= 2 distinct token counts
+    token_params: tuple[str, ...] = ("B", "beta")  # the token term's parameters (subclasses with other names override)
+    token_exponent: str | None = "beta"           # fixed at token_exponent_default on one-budget tables (None: never)
+    token_exponent_default: float = TOKEN_EXPONENT_DEFAULT
 
     @abc.abstractmethod
     def spec(self, m: int) -> ParamSpec:
@@ -64,19 +86,107 @@ class ParametricLaw(Law):
     def min_runs(self, m: int) -> int:
         return self.num_params(m) + 2
 
-    def check(self, table: RunsTable, domain: str, size_column: str) -> None:
+    def check(self, table: RunsTable, domain: str, size_column: str, fixed: dict | None = None) -> None:
+        """Law.check, plus: ``fixed`` names parameters of this law within their bounds, and the
+        table has at least (free parameters + 2) rows (on a one-budget table after
+        :meth:`resolve_fixed`, in :meth:`fit_domains`, still before any fitting)."""
         super().check(table, domain, size_column)
-        if self.needs_tokens and len(np.unique(table.tokens)) < 2:
+        spec = self.table_spec(table).fix(fixed or {}, law=self.name)
+        if token_design(table, size_column) == "varied":
+            self._check_rows(table, spec)
+
+    def _check_rows(self, table: RunsTable, spec: ParamSpec) -> None:
+        if len(table) < spec.size + 2:
             raise TableError(
-                f"law {self.name!r} has a token term B / D^beta, but every row of the table has tokens = "
-                f"{table.tokens[0]:g}; it needs at least 2 distinct token counts (several checkpoints per run, or runs of different lengths)."
+                f"law {self.name!r} has {spec.size} free parameters for {len(table.mix_domains)} training domains"
+                f"{f' ({len(spec.fixed)} fixed)' if spec.fixed else ''}; the table has only {len(table)} rows "
+                f"(needs at least {spec.size + 2})."
             )
-        p = self.table_spec(table).size
-        if len(table) < p + 2:
-            raise TableError(
-                f"law {self.name!r} has {p} parameters for {len(table.mix_domains)} training domains; the table has "
-                f"only {len(table)} rows (needs at least {p + 2})."
-            )
+
+    # -- fixed parameters ---------------------------------------------------------------------
+    def resolve_fixed(self, table: RunsTable, size_column: str, fixed: dict | None = None, refs: dict | None = None) -> tuple[dict, str]:
+        """(fixed {key: natural value}, reason) for a fit of this table: the user's ``fixed``
+        plus, on a one-budget table (``token_design`` "single" or "per_size"), the token
+        exponent at its default and the token coefficients the table cannot tell apart from
+        other terms at their lower bounds (see the module docstring). The user's values win."""
+        spec = self.table_spec(table)
+        user = dict(fixed or {})
+        spec_user = spec.fix(user, law=self.name)
+        parts = [f"{', '.join(user)} fixed by the user."] if user else []
+        design = token_design(table, size_column)
+        if design == "varied" or self.token_exponent not in spec.names:
+            return user, " ".join(parts)
+        auto: dict[str, float] = {}
+        if not set(spec.fixed_entries({self.token_exponent: 1.0})) <= set(spec_user.fixed):
+            auto[self.token_exponent] = self.token_exponent_default
+        spec_auto = spec_user.fix(auto)
+        refs = refs or self.references(table, size_column)
+        dropped = self._merged_token_entries(spec_auto, self.table_features(table, size_column, refs))
+        auto.update(dropped)
+        tokens = np.unique(table.tokens)
+        what = (f"The table has one token count (D = {tokens[0]:.4g}), so how the loss changes with D is not observed"
+                if design == "single" else
+                f"The table has one token count per model size ({len(tokens)} counts, D a function of N), so how the loss "
+                f"changes with D cannot be told apart from how it changes with N")
+        if self.token_exponent in auto:
+            parts.append(f"{what}: {self.token_exponent} fixed at {self.token_exponent_default:g} (Chinchilla's token "
+                         f"exponent, Hoffmann et al. 2022).")
+        else:
+            parts.append(f"{what}.")
+        if dropped:
+            into = "the constant E" if design == "single" else "the size term"
+            parts.append(f"{', '.join(f'{k} = {v:g}' for k, v in dropped.items())} fixed at the lower bound: the term it scales "
+                         f"depends on the rows only through D, which this table cannot tell apart from {into}, so the token "
+                         f"term is dropped and predictions do not change with D.")
+        return {**user, **auto}, " ".join(parts)
+
+    def _merged_token_entries(self, spec: ParamSpec, data: dict) -> dict[str, float]:
+        """{key: lower bound} of the free entries of ``token_params`` whose Jacobian column
+        J_j = d log L / d w_j, at a random start over the table's rows with every D set to d_ref
+        (``logd = 0``: the token term's dependence on D removed), lies in the span of the other
+        free columns: ``|J_j / |J_j| - O c| < COLLINEAR_TOL`` with c the least-squares
+        coefficients on the other (unit) columns O. Such a coefficient multiplies nothing but a
+        function of D, which a one-budget table cannot tell apart from a constant (one token
+        count: B merges into E) or from the size term (one count per size); a coefficient whose
+        term also carries the mixture or the size (camel's B (d S)^-beta) stays free."""
+        entries = spec.entries()
+        cand = [j for j, i in enumerate(spec.free_index) if entries[i][0] in self.token_params and entries[i][0] != self.token_exponent]
+        if not cand:
+            return {}
+        with jax.enable_x64(True):
+            w0 = jnp.asarray(spec.sample(starts_rng(0, 3), 1)[0])
+            data_j = _as_jax({**data, "logd": np.zeros_like(data["logd"])})
+            jac = np.asarray(jax.jacfwd(lambda w: self.log_loss(spec.unpack(w), data_j))(w0), np.float64)
+        jac = np.where(np.isfinite(jac), jac, 0.0)
+        norm = np.linalg.norm(jac, axis=0)
+        unit = jac / np.maximum(norm, 1e-300)
+        merged: list[int] = []
+        for j in cand:
+            if norm[j] <= 1e-12 * max(norm.max(), 1e-300):
+                merged.append(j)
+                continue
+            others = [k for k in range(spec.size) if k != j and k not in merged and norm[k] > 1e-12 * norm.max()]
+            coef = np.linalg.lstsq(unit[:, others], unit[:, j], rcond=None)[0] if others else np.zeros(0)
+            if np.linalg.norm(unit[:, j] - unit[:, others] @ coef) < COLLINEAR_TOL:
+                merged.append(j)
+        return self._entry_keys(spec, [int(spec.free_index[j]) for j in merged])
+
+    @staticmethod
+    def _entry_keys(spec: ParamSpec, flat: list[int]) -> dict[str, float]:
+        """{NAME or NAME[i]: lower bound} for flat entries (NAME when all entries of a vector)."""
+        entries, out = spec.entries(), {}
+        by_name = {p.name: p for p in spec.params}
+        for name in dict.fromkeys(entries[i][0] for i in flat):
+            p = by_name[name]
+            v = p.lo if math.isfinite(p.lo) else 0.0
+            if p.log and v <= 0:
+                continue
+            idx = [entries[i][1] for i in flat if entries[i][0] == name]
+            if not p.shape or len(idx) == p.size:
+                out[name] = float(v)
+            else:
+                out.update({f"{name}[{k}]": float(v) for k in idx})
+        return out
 
     # -- data ---------------------------------------------------------------------------------
     @staticmethod
@@ -107,30 +217,44 @@ class ParametricLaw(Law):
         return None
 
     def fitter(self, spec: ParamSpec) -> Fitter:
-        key = (self.name, spec.size)
+        key = (self.name, spec.key)
         if key not in _FITTERS:
             _FITTERS[key] = Fitter(spec, self.log_loss, delta=self.delta, iters=self.iters)
         return _FITTERS[key]
 
     # -- fitting ------------------------------------------------------------------------------
-    def _make_fit(self, table, domain, w, objective, info_extra, refs, size_column, weights=None) -> LawFit:
-        spec = self.table_spec(table)
-        info = {"size_column": size_column, **refs, **self.extra_info(table, weights), "objective": float(objective), "huber_delta": self.delta, **info_extra}
+    def _make_fit(self, table, domain, spec, w, objective, info_extra, refs, size_column, weights=None, *, fixed=None, point=True) -> LawFit:
+        """A LawFit of working vector ``w`` (free entries of ``spec``); ``fixed`` = (values, reason)."""
+        info = {"size_column": size_column, **refs, **self.extra_info(table, weights), "objective": float(objective), "huber_delta": self.delta,
+                "token_range": [float(np.min(table.tokens)), float(np.max(table.tokens))], "token_design": token_design(table, size_column),
+                **info_extra}
+        if fixed and fixed[0]:
+            info["fixed"], info["fixed_reason"] = dict(fixed[0]), fixed[1]
+        if point:
+            info["at_bounds"] = spec.at_bounds(w)
         return LawFit(self.name, domain, tuple(table.mix_domains), spec.to_dict(w), spec.size, info)
 
-    def fit(self, table, domain, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False):
-        return self.fit_domains(table, [domain], size_column=size_column, seed=seed, starts=starts, init=init, weights=weights, progress=progress)[domain]
+    def fit(self, table, domain, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False, fixed=None):
+        return self.fit_domains(table, [domain], size_column=size_column, seed=seed, starts=starts, init=init, weights=weights, progress=progress,
+                                fixed=fixed)[domain]
 
-    def fit_domains(self, table, domains, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False):
+    def fit_domains(self, table, domains, *, size_column="params_total", seed=0, starts=64, init=None, weights=None, progress=False, fixed=None):
         """Point fits of several validation domains in one solve (one stage-1 work queue for all
         their starts; per-domain polish). Each domain gets the same random starts as a fit of it
-        alone, so ``fit_domains(t, [a, b])[a]`` equals ``fit(t, a)``."""
+        alone, so ``fit_domains(t, [a, b])[a]`` equals ``fit(t, a)``. ``fixed``: parameters held
+        constant ({NAME or NAME[i]: value}, :meth:`resolve_fixed` adds a one-budget table's);
+        with ``init`` and no ``fixed``, the init fit's fixed values are kept."""
         domains = list(domains)
         for d in domains:
-            self.check(table, d, size_column)
+            self.check(table, d, size_column, fixed=fixed)
         t0 = time.perf_counter()
-        spec = self.table_spec(table)
         refs = self.references(table, size_column) if init is None else {k: init.info[k] for k in ("n_ref", "d_ref")}
+        if init is not None and fixed is None:
+            fixed_all, reason = dict(init.info.get("fixed") or {}), init.info.get("fixed_reason", "")
+        else:
+            fixed_all, reason = self.resolve_fixed(table, size_column, fixed, refs)
+        spec = self.table_spec(table).fix(fixed_all, law=self.name)
+        self._check_rows(table, spec)
         data = self.table_features(table, size_column, refs)
         wts = np.ones(len(table)) if weights is None else np.asarray(weights, np.float64)
         rand = spec.sample(starts_rng(seed, 1), max(1, starts))
@@ -153,7 +277,7 @@ class ParametricLaw(Law):
         bar.close()
         dt = (time.perf_counter() - t0) / len(domains)
         return {
-            d: self._make_fit(table, d, w[i], v[i], {**infos[i], "fit_seconds": dt}, refs, size_column, weights)
+            d: self._make_fit(table, d, spec, w[i], v[i], {**infos[i], "fit_seconds": dt}, refs, size_column, weights, fixed=(fixed_all, reason))
             for i, d in enumerate(domains)
         }
 
@@ -168,7 +292,7 @@ class ParametricLaw(Law):
         if starts <= 1:
             return w_point[None]
         rng = starts_rng(seed, 2, tag)
-        width = np.concatenate([np.full(p.size, (np.log(p.init[1]) - np.log(p.init[0])) if p.log else (p.init[1] - p.init[0])) for p in spec.params])
+        width = spec.init_width()
         jitter = w_point[None] + BOOT_JITTER * width[None] * rng.standard_normal((starts - 1, spec.size))
         return np.concatenate([w_point[None], spec.clip(jitter)])
 
@@ -176,13 +300,14 @@ class ParametricLaw(Law):
         """Every (domain, resample) in one solve, each warm-started by :meth:`bootstrap_starts`;
         up to ``boot_iters`` stage-1 iterations, no polish, then ``boot_refine`` iterations of
         Levenberg-Marquardt (:meth:`Fitter.refine`) from the better start, so that each resample
-        ends at its own optimum (intervals as wide as fully converged ones). Returns
-        {domain: [LawFit] * B}."""
+        ends at its own optimum (intervals as wide as fully converged ones). Every member keeps
+        the point fits' fixed parameters. Returns {domain: [LawFit] * B}."""
         domains = list(points)
         if not domains:
             return {}
-        spec = self.table_spec(table)
         point0 = points[domains[0]]
+        fixed = (dict(point0.info.get("fixed") or {}), point0.info.get("fixed_reason", ""))
+        spec = self.table_spec(table).fix(fixed[0], law=self.name)
         refs = {k: point0.info[k] for k in ("n_ref", "d_ref")}
         data = self.table_features(table, size_column, refs)
         b = weights_br.shape[0]
@@ -206,7 +331,8 @@ class ParametricLaw(Law):
         out = {}
         for j, d in enumerate(domains):
             out[d] = [
-                self._make_fit(table, d, w[j * b + i], v[j * b + i], {**infos[j * b + i], "resample": i}, refs, size_column, weights_br[i])
+                self._make_fit(table, d, spec, w[j * b + i], v[j * b + i], {**infos[j * b + i], "resample": i}, refs, size_column, weights_br[i],
+                               fixed=fixed, point=False)
                 for i in range(b)
             ]
         return out

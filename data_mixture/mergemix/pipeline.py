@@ -1,6 +1,7 @@
 """``python -m data_mixture mergemix``: experts -> merges -> alpha search -> mixture JSON, end to end.
 
-Stages, each resumable (rerunning the same command continues where it stopped):
+Stages, each resumable (rerunning the same command continues where it stopped; an ``--out`` that
+already holds something other than a mergemix output is refused, before any training):
 
 1. **experts** (:mod:`.experts`): one expert per domain, trained from the base for
    ``expert_tokens`` at a constant learning rate, through the sweep runner (``--backend local``
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from data_mixture.mergemix.experts import MergeMixError
+from data_mixture.user_files import check_resumable_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,8 @@ class Options:
 
 
 ROUTERS = ("linear", "base", "harc")
+# what a mergemix --out holds once it has started: a directory with one of them is resumed
+OUT_MARKS = ("experts", "cache.jsonl", "mixture.json", "summary.json")
 SEARCHES = ("mergemix", "cmaes", "both")
 
 
@@ -157,6 +161,7 @@ def run(o: Options) -> dict[str, Any]:
     from data_mixture.optimize import write_mixture
 
     check_options(o)
+    check_resumable_dir(o.out, "--out", marks=OUT_MARKS, what="a mergemix output")
     objective = Objective(tasks=o.task_weights, losses=o.loss_weights)
     lo_k, free = lower_bounded(o.min_weight, o.domains)
     plan = experts_lib.plan_experts(o.base, base_step=o.step, domains=o.domains, expert_tokens=o.expert_tokens,

@@ -40,6 +40,16 @@ fit = fit_table(table, LAW, bootstrap=0, starts=STARTS, progress=False)
 print(f"{LAW} fitted on {len(table)} rows; domains {fit.loss_domains}")
 
 # %% [markdown]
+# Parameters held constant (`fit --fix`, or fixed by the law on a table with one token budget
+# per size) and fitted parameters at (or within 1 % of) a bound: a parameter on its bound is a
+# sign that the table does not identify it, and the curves below inherit that.
+
+# %%
+for line in fit.fixed_lines():
+    print(line)
+print("\n".join(fit.at_bounds_lines()) or "no fitted parameter at a bound")
+
+# %% [markdown]
 # ## Loss vs share, per size (points: runs at their last checkpoint; lines: the law)
 
 # %%

@@ -17,6 +17,13 @@ in flight:
    checkpoints like any restart), then report it with the path of its log; the other targets go
    on. A restarted sweep tries failed targets again (a fresh retry budget), so a fix is picked up
    by rerunning the same command.
+   A mid-training target (``base`` in its plan entry) is launched only once its base is done
+   (trained and evaluated, on disk): until then it waits in the queue while the base (earlier in
+   plan order) runs, under this runner or another (the base's lease makes sure it is trained
+   once). When the base has failed (after its retries) its mid-training targets are **blocked**:
+   not launched, reported with the base's failure, and the sweep exits 1. A base leased by another
+   runner that this one does not wait for (no ``wait_others``) leaves its targets **waiting**,
+   reported like the base itself: rerun (or ``--wait-others``) once it is done.
 5. **Collect** every finished target of the plan into ``ROOT/runs.csv`` (``data_mixture.collect``),
    written atomically.
 
@@ -83,6 +90,8 @@ class SweepResult:
     runs_csv: str | None
     rows: int
     summary: str
+    blocked: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> why (its base failed)
+    waiting: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> its base, leased by another runner
 
 
 def check_options(options: SweepOptions) -> None:
@@ -226,6 +235,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     failed: dict[str, dict[str, Any]] = {}
     interrupted: list[str] = []
     elsewhere: dict[str, dict[str, Any]] = {}
+    gates = {"blocked": {}, "waiting": {}}  # mid-training targets not launched: name -> reason / base
     tries: collections.Counter = collections.Counter()
     running: dict[str, float] = {}  # name -> start time
     durations: list[float] = []
@@ -261,7 +271,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                 backend.kill()
             if not stop["count"]:
                 polled = _fill(queue, by_name, running, backend, owner, options, version, eval_args, elsewhere,
-                               succeeded, tries, launched, display, time.time() - last_poll_others)
+                               succeeded, tries, launched, display, time.time() - last_poll_others, failed, gates)
                 if polled:
                     last_poll_others = time.time()
             if not running and (stop["count"] or not queue):
@@ -308,15 +318,25 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                    f"{len(targets) - len(succeeded) - len(interrupted) - len(failed)} not started; rerun the same "
                    "command to resume.")
         print(summary, file=sys.stderr, flush=True)
-        return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0, summary)
-    runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded])
+        return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0, summary,
+                           gates["blocked"], gates["waiting"])
+    blocked, waiting = gates["blocked"], {k: v for k, v in gates["waiting"].items() if k not in succeeded}
+    runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded], by_name)
     lines = [f"sweep: {len(targets)} runs: {len(succeeded)} done ({len(skipped)} skipped as already done, "
-             f"{len([n for n in launched if n in succeeded])} run now), {len(failed)} failed, {len(elsewhere)} "
-             f"running under another runner; " + (f"wrote {runs_csv} ({rows} rows)" if runs_csv else
-                                                   "no runs.csv (no finished run)")]
+             f"{len([n for n in launched if n in succeeded])} run now), {len(failed)} failed, "
+             + (f"{len(blocked)} blocked by a failed base, " if blocked else "")
+             + (f"{len(waiting)} waiting for a base of another runner, " if waiting else "")
+             + f"{len(elsewhere)} running under another runner; " + (f"wrote {runs_csv} ({rows} rows)" if runs_csv else
+                                                                    "no runs.csv (no finished run)")]
     for name, res in failed.items():
         lines.append(f"  failed: {name} after {tries[name]} attempt(s) in this sweep: {res.get('message')}; log: "
                      f"{res.get('log') or by_name[name].run_dir}")
+    for base, names in _by_base(blocked, by_name).items():
+        lines.append(f"  blocked: {', '.join(names)}: not launched, their base {base} failed; fix the base and rerun "
+                     "(the base resumes, then these runs start)")
+    for base, names in _by_base(waiting, by_name).items():
+        lines.append(f"  waiting: {', '.join(names)}: their base {base} runs under another runner; rerun (or "
+                     "--wait-others) once it is done")
     for name, holder in elsewhere.items():
         lines.append(f"  elsewhere: {name} leased by {holder.get('host')}:{holder.get('pid')} (heartbeat "
                      f"{holder.get('age', 0):.0f} s ago); rerun (or --wait-others) to collect it when it is done")
@@ -326,8 +346,35 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     with open(root / "sweep.log", "a", encoding="utf-8") as f:
         f.writelines(f"{time.strftime('%H:%M:%S')} {line}\n" for line in lines)
     print(summary, file=sys.stderr if failed or collect_error else sys.stdout, flush=True)
-    code = 1 if failed or collect_error else 0
-    return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, runs_csv, rows, summary)
+    code = 1 if failed or blocked or collect_error else 0
+    return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, runs_csv, rows, summary,
+                       blocked, waiting)
+
+
+def _by_base(names: dict[str, str], by_name: dict[str, RunTarget]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in names:
+        out.setdefault(by_name[name].base, []).append(name)
+    return out
+
+
+def _base_gate(t: RunTarget, by_name: dict[str, RunTarget], succeeded, failed, running, elsewhere, gates,
+               wait_others: bool) -> str:
+    """Whether a target may be launched now: ``ready`` (no base, or its base is done), ``wait`` (the
+    base is still to run or running here), ``blocked`` (the base failed or is itself blocked) or
+    ``waiting`` (the base runs under another runner this one does not wait for)."""
+    if not t.base or t.base in succeeded:
+        return "ready"
+    base = by_name[t.base]
+    if t.base in failed or t.base in gates["blocked"]:
+        return "blocked"
+    if t.base in running:  # its attempt has not been reported back yet
+        return "wait"
+    if record.run_progress(base.run_dir, base.steps)["done"]:
+        return "ready"
+    if t.base in elsewhere and not wait_others:
+        return "waiting"
+    return "wait"
 
 
 def _write_stop(t: RunTarget, level: int) -> None:
@@ -339,7 +386,7 @@ def _write_stop(t: RunTarget, level: int) -> None:
 
 
 def _fill(queue, by_name, running, backend, owner, options, version, eval_args, elsewhere, succeeded, tries, launched,
-          display, since_poll) -> bool:
+          display, since_poll, failed, gates) -> bool:
     """Leases and launches targets until every slot is busy; returns whether held targets were polled."""
     polled = False
     for _ in range(len(queue)):
@@ -358,6 +405,17 @@ def _fill(queue, by_name, running, backend, owner, options, version, eval_args, 
             elsewhere.pop(name, None)
             succeeded.append(name)
             display.say(f"sweep: {name}: done (by another runner)")
+            continue
+        gate = _base_gate(t, by_name, succeeded, failed, running, elsewhere, gates, options.wait_others)
+        if gate == "wait":
+            queue.append(name)
+            continue
+        if gate == "blocked":
+            gates["blocked"][name] = f"base {t.base} failed"
+            display.say(f"sweep: {name}: not launched: its base {t.base} failed")
+            continue
+        if gate == "waiting":
+            gates["waiting"][name] = t.base
             continue
         age = record.lease_age(t.run_dir)
         if age is not None and age > options.lease_timeout:
@@ -415,7 +473,7 @@ def _launch(t: RunTarget, backend, owner, options: SweepOptions, version, eval_a
            "steps": t.steps, "attempt": attempt, "grace": options.grace, "env": _job_env(t.run_dir.parent)}
     progress = record.run_progress(t.run_dir, t.steps)
     what = ("evaluate" if progress["final"] else f"resume from step {progress['checkpoints'][-1]}"
-            if progress["checkpoints"] else "train")
+            if progress["checkpoints"] else f"train from base {t.base}" if t.base else "train")
     display.say(f"sweep: {t.name}: start (attempt {attempt}, {what})")
     backend.submit(t.name, job)
 
@@ -455,14 +513,17 @@ def _finish(t: RunTarget, result, owner, stopping, retries, tries, queue, succee
     record.release(t.run_dir, owner)
 
 
-def _collect(root: Path, done: Sequence[RunTarget]) -> tuple[str | None, int, str | None]:
-    """ROOT/runs.csv from every finished target (written to a temporary file, then renamed)."""
+def _collect(root: Path, done: Sequence[RunTarget], by_name: dict[str, RunTarget]) -> tuple[str | None, int, str | None]:
+    """ROOT/runs.csv from every finished target (written to a temporary file, then renamed). The
+    plan says which runs are mid-training runs of which base (other warm starts, e.g. MergeMix's
+    experts, are collected as ordinary runs)."""
     if not done:
         return None, 0, None
     from data_mixture.collect import CollectError, collect, write_columns
 
+    bases = {str(t.run_dir): str(by_name[t.base].run_dir) for t in done if t.base}
     try:
-        got = collect([str(t.run_dir) for t in done])
+        got = collect([str(t.run_dir) for t in done], bases=bases)
     except CollectError as e:
         return None, 0, str(e)
     out = root / "runs.csv"

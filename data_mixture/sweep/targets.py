@@ -13,6 +13,14 @@ against a device count that fits the config's own mesh (its fixed axes, a ``-1``
 runner may not see the devices the runs will get (a Ray head node without GPUs), so those checks
 happen again when each run starts.
 
+Mid-training entries (``"base": NAME``, written by ``plan --mid-training``) continue from another
+run of the plan: NAME must be an entry of the plan trained from scratch, with the same model. The
+entry's ``checkpoint.init_from`` is the base's name (or absent); the runner sets it to the base's
+run directory under the sweep root (an added override, so the plan stays valid under any root),
+and the runner launches the entry only once its base is done (``runner.py``). moejax takes
+``init_from``'s parameters only on a fresh start: a mid-training run with checkpoints of its own
+resumes from them.
+
 The checkpoint cadence is the plan's (``checkpoint.every_steps``, half the steps in plans made by
 ``plan``). The laws want every checkpoint evaluated, so when the plan does not set
 ``checkpoint.max_to_keep`` and moejax's default would delete some of the scheduled checkpoints
@@ -55,6 +63,7 @@ class RunTarget:
     resolved_config: dict[str, Any]  # the full config the overrides resolve to (moejax's to_dict)
     steps: int  # train.steps: the final checkpoint's step
     checkpoint_steps: tuple[int, ...]  # every checkpoint the run is scheduled to write
+    base: str = ""  # the plan run this one continues from (mid-training); "": none
 
     def override_args(self) -> list[str]:
         return override_args({**self.overrides, **self.added_overrides})
@@ -152,15 +161,17 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
         except TypeError as e:
             raise SweepError(f"{where}: override {key!r} has value {value!r}; allowed: {e}.") from None
     run_dir = (root / name).resolve()
+    base = _entry_base(entry, overrides, where)
+    init = {"checkpoint.init_from": str((root / base).resolve())} if base else {}
     target = RunTarget(name=name, run_dir=run_dir, config_file=config_file, overrides=dict(overrides),
-                       added_overrides={}, entry=entry, resolved_config={}, steps=0, checkpoint_steps=())
+                       added_overrides=init, entry=entry, resolved_config={}, steps=0, checkpoint_steps=(), base=base)
     cfg, changed = _resolve(target, where)
     steps, every = int(cfg.train.steps), int(cfg.checkpoint.every_steps)
     if isinstance(entry.get("steps"), int) and entry["steps"] != steps:
         raise SweepError(f"{where} says steps {entry['steps']} but its overrides resolve to train.steps={steps}; "
                          "make them agree (the plan's 'steps' is informational, the overrides are what runs).")
     scheduled = _scheduled_checkpoints(steps, every)
-    added = {}
+    added = dict(init)
     if "checkpoint.max_to_keep" not in overrides and int(cfg.checkpoint.max_to_keep) < len(scheduled):
         added["checkpoint.max_to_keep"] = len(scheduled)
         cfg.checkpoint.max_to_keep = len(scheduled)
@@ -168,6 +179,58 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
 
     return dataclasses.replace(target, added_overrides=added, resolved_config=config_lib.to_dict(cfg), steps=steps,
                                checkpoint_steps=scheduled)
+
+
+def _entry_base(entry: Mapping[str, Any], overrides: Mapping[str, Any], where: str) -> str:
+    """The entry's base run name ("" for a run from scratch), checked against its role and init_from."""
+    base = entry.get("base") or ""
+    role = entry.get("role")
+    if not isinstance(base, str) or (base and not _NAME.match(base)):
+        raise SweepError(f"{where} has base {base!r}; allowed: the name of another run of the plan (mid-training), "
+                         "or no 'base' for a run from scratch.")
+    if role == "mid" and not base:
+        raise SweepError(f"{where} has role 'mid' but no 'base'; allowed: \"base\": the plan run it continues from.")
+    if role in ("base", "scratch") and base:
+        raise SweepError(f"{where} has role {role!r} and base {base!r}; allowed: a base only for role 'mid'.")
+    init_from = overrides.get("checkpoint.init_from")
+    if base and init_from not in (None, base):
+        raise SweepError(f"{where} continues from base {base!r} but sets checkpoint.init_from={init_from!r}; allowed: "
+                         f"{base!r} (the base's run directory, resolved under --root) or no checkpoint.init_from.")
+    return base
+
+
+def _missing_base(where: str, base: str, scratch: Sequence[str]) -> SweepError:
+    listed = ", ".join(scratch[:8]) + (" ..." if len(scratch) > 8 else "") if scratch else "none"
+    return SweepError(f"{where} continues from base {base!r}, which is not a run of the plan; allowed: the name of a "
+                      f"run of the plan trained from scratch ({listed}). Add the base's entry (plan --mid-training "
+                      "writes one per size) or fix the name.")
+
+
+def check_bases(targets: Sequence[RunTarget], plan_name: str) -> None:
+    """Every mid-training target's base is a run of the plan, trained from scratch, of the same model,
+    and writes the checkpoint the target starts from."""
+    by_name = {t.name: (i, t) for i, t in enumerate(targets)}
+    for i, t in enumerate(targets):
+        if not t.base:
+            continue
+        where = f"{plan_name}: run {t.name!r} (runs[{i}])"
+        if t.base not in by_name:
+            raise _missing_base(where, t.base, [n for n, (_, o) in by_name.items() if not o.base])
+        j, base = by_name[t.base]
+        if base.base:
+            raise SweepError(f"{where} continues from {t.base!r} (runs[{j}]), itself a mid-training run of "
+                             f"{base.base!r}; allowed: a base trained from scratch.")
+        model, base_model = t.resolved_config.get("model"), base.resolved_config.get("model")
+        if model != base_model:
+            diff = sorted(k for k in set(model) | set(base_model) if model.get(k) != base_model.get(k))
+            raise SweepError(f"{where} continues from base {t.base!r} (runs[{j}]) but their models differ (model."
+                             f"{diff[0]}: {base_model.get(diff[0])!r} in the base, {model.get(diff[0])!r} here); "
+                             "allowed: the base's model (a mid-training run continues its weights).")
+        step = int(t.resolved_config["checkpoint"]["init_step"])
+        if step >= 0 and step not in base.checkpoint_steps:
+            raise SweepError(f"{where} starts from step {step} of base {t.base!r} (checkpoint.init_step), which the "
+                             f"base does not save; allowed: one of its checkpoints {list(base.checkpoint_steps)}, or "
+                             "-1 (its latest).")
 
 
 def _resolve(target: RunTarget, where: str):
@@ -200,4 +263,11 @@ def targets_from_plan(plan: Mapping[str, Any], root: str | os.PathLike, plan_nam
                              "entry per name (the name is the run's directory).")
         if isinstance(name, str):
             seen[name] = i
-    return [resolve_entry(i, entry, root, plan_name) for i, entry in enumerate(plan["runs"])]
+    for i, entry in enumerate(plan["runs"]):  # a base missing from the plan is named before any config is resolved
+        base = entry.get("base") if isinstance(entry, dict) else None
+        if isinstance(base, str) and base and base not in seen:
+            scratch = [e["name"] for e in plan["runs"] if isinstance(e, dict) and e.get("name") and not e.get("base")]
+            raise _missing_base(f"{plan_name}: run {entry.get('name')!r} (runs[{i}])", base, scratch)
+    targets = [resolve_entry(i, entry, root, plan_name) for i, entry in enumerate(plan["runs"])]
+    check_bases(targets, plan_name)
+    return targets

@@ -1,0 +1,217 @@
+"""Replicate-averaged cells of a runs table, and the trivial baselines every mixture law must beat.
+
+A *cell* is one (model size, mixture, tokens) point of a runs table; its rows are seed replicates
+(:meth:`data_mixture.table.RunsTable.mixture_keys`). Comparisons use the cell mean over seeds.
+A cell's *checkpoint fraction* is tokens / the largest tokens of its (size, mixture): 1 for the
+final checkpoint.
+
+The baselines predict the held-out cells from the training cells only, with no law:
+
+- ``uniform``: ranks mixtures by closeness to the uniform mixture, score ``sum_j r_j log r_j``
+  (= -entropy; lower = predicted better); its pick is the uniform mixture when it was run. No
+  loss prediction.
+- ``best_at_proxy``: a held-out cell's loss = the same mixture's loss at the largest training
+  size below it (the *proxy* size), at the checkpoint of the nearest checkpoint fraction. A
+  mixture not run at the proxy size borrows the nearest proxy mixture (L1 distance on the
+  simplex; the notes say how many and how far).
+- ``trend``: per mixture and validation domain, ``log L = a + b log N`` by least squares over the
+  training sizes below the held-out size at which the mixture was run (>= 2), at the matched
+  checkpoint fraction, extrapolated to the held-out N. A mixture with fewer than 2 such sizes
+  borrows the nearest mixture that has them (noted); with none at all the baseline is skipped.
+- ``rank_by_weight``: for a validation domain that is also a training domain, the predicted
+  order is the descending weight of that domain (score ``-r_v``). Per domain only; no loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from data_mixture.table import RunsTable
+
+DECIMALS = 6  # mixtures equal to this many decimals are the same mixture (as RunsTable.mixture_keys)
+
+
+class BaselineSkipped(Exception):
+    """A baseline that these rows cannot give; the message is the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cells:
+    """Cells of a runs table (C cells, V validation domains, M training domains).
+
+    size_c, tokens_c, frac_c: model size (the size column), tokens, checkpoint fraction;
+    mix_cm: mixture; obs_cv: loss averaged over the cell's replicates; seeds_c: replicates;
+    runs: the run names of each cell; reps: per cell, (seed, loss_v) of each replicate.
+    """
+
+    size_c: np.ndarray
+    tokens_c: np.ndarray
+    frac_c: np.ndarray
+    mix_cm: np.ndarray
+    obs_cv: np.ndarray
+    seeds_c: np.ndarray
+    runs: list
+    reps: list
+
+    def __len__(self) -> int:
+        return int(self.size_c.shape[0])
+
+    @property
+    def final_c(self) -> np.ndarray:
+        """(C,) bool: the cell is the final checkpoint of its (size, mixture)."""
+        return np.isclose(self.frac_c, 1.0)
+
+    def label(self, c: int) -> str:
+        return "+".join(self.runs[c])
+
+    def mean_reps(self, c: int) -> list[tuple[int, float]]:
+        """(seed, mean loss over domains) of each replicate of cell c."""
+        return [(s, float(np.mean(v))) for s, v in self.reps[c]]
+
+
+def mixture_ids(mix_cm: np.ndarray) -> np.ndarray:
+    """(C,) id of each row's mixture (equal to DECIMALS decimals)."""
+    _, inv = np.unique(np.round(mix_cm, DECIMALS), axis=0, return_inverse=True)
+    return inv.reshape(-1)
+
+
+def build_cells(table: RunsTable, size_column: str) -> Cells:
+    """Averages the replicates of every (size, mixture, tokens) cell of ``table``."""
+    key_r = table.mixture_keys(size_column)
+    size_r, seed_r = table.size(size_column), table.seeds()
+    cells = np.unique(key_r)
+    first = np.array([np.flatnonzero(key_r == c)[0] for c in cells])
+    size_c, tokens_c, mix_cm = size_r[first], table.tokens[first], table.mix_rm[first]
+    obs_cv = np.stack([table.loss_rv[key_r == c].mean(axis=0) for c in cells])
+    runs = [table.run[key_r == c].tolist() for c in cells]
+    reps = [[(int(s), v) for s, v in zip(seed_r[key_r == c], table.loss_rv[key_r == c])] for c in cells]
+    group = _size_mixture_ids(size_c, mix_cm)
+    final = np.array([tokens_c[group == g].max() for g in group])
+    return Cells(size_c, tokens_c, tokens_c / final, mix_cm, obs_cv, np.array([len(r) for r in runs]), runs, reps)
+
+
+def _size_mixture_ids(size_c: np.ndarray, mix_cm: np.ndarray) -> np.ndarray:
+    key = np.concatenate([size_c[:, None], np.round(mix_cm, DECIMALS)], axis=1)
+    _, inv = np.unique(key, axis=0, return_inverse=True)
+    return inv.reshape(-1)
+
+
+def nearest(mix_km: np.ndarray, query_m: np.ndarray) -> tuple[int, float]:
+    """Index of the mixture in ``mix_km`` nearest ``query_m`` in L1 distance, and the distance."""
+    dist_k = np.abs(mix_km - query_m[None]).sum(axis=1)
+    k = int(np.argmin(dist_k))
+    return k, float(dist_k[k])
+
+
+def _matched_checkpoint(train: Cells, sel: np.ndarray, frac: float) -> int:
+    """The cell among ``sel`` (indices) whose checkpoint fraction is nearest ``frac``."""
+    return int(sel[np.argmin(np.abs(train.frac_c[sel] - frac))])
+
+
+def _borrowed_note(borrowed: list[float], total: int, what: str) -> str:
+    if not borrowed:
+        return ""
+    return (f"{len(borrowed)} of {total} held-out cells borrow the nearest {what} (L1 distance up to "
+            f"{max(borrowed):.3f})")
+
+
+def uniform(held: Cells, loss_domains) -> dict:
+    """Score ``sum_j r_j log r_j`` (0 log 0 = 0): the uniform mixture scores lowest."""
+    r = held.mix_cm
+    score_c = np.sum(np.where(r > 0, r * np.log(np.where(r > 0, r, 1.0)), 0.0), axis=1)
+    return {"pred_cv": None, "rank_cv": np.repeat(score_c[:, None], len(loss_domains), axis=1), "rank_c": score_c, "notes": ""}
+
+
+def best_at_proxy(train: Cells, held: Cells) -> dict:
+    """Each held-out cell's loss taken from its mixture at the largest training size below it."""
+    pred_cv = np.empty_like(held.obs_cv)
+    borrowed = []
+    proxies = set()
+    for c in range(len(held)):
+        below = np.unique(train.size_c[train.size_c < held.size_c[c]])
+        if not below.size:
+            raise BaselineSkipped(f"no training size below the held-out size {held.size_c[c]:.4g}")
+        at = np.flatnonzero(train.size_c == below[-1])
+        proxies.add(float(below[-1]))
+        k, dist = nearest(train.mix_cm[at], held.mix_cm[c])
+        if dist > 10 ** -DECIMALS:
+            borrowed.append(dist)
+        same = at[np.all(np.round(train.mix_cm[at], DECIMALS) == np.round(train.mix_cm[at[k]], DECIMALS), axis=1)]
+        pred_cv[c] = train.obs_cv[_matched_checkpoint(train, same, held.frac_c[c])]
+    notes = [f"proxy size {', '.join(f'{s:.4g}' for s in sorted(proxies))}"]
+    if borrowed:
+        notes.append(_borrowed_note(borrowed, len(held), "proxy mixture"))
+    return {"pred_cv": pred_cv, "rank_cv": pred_cv, "rank_c": pred_cv.mean(axis=1), "notes": "; ".join(notes)}
+
+
+def trend(train: Cells, held: Cells) -> dict:
+    """Per mixture and domain, ``log L = a + b log N`` over its training sizes, extrapolated."""
+    mid_c = mixture_ids(np.concatenate([train.mix_cm, held.mix_cm]))
+    mid_train, mid_held = mid_c[: len(train)], mid_c[len(train):]
+    pred_cv = np.empty_like(held.obs_cv)
+    borrowed, n_sizes = [], []
+    for c in range(len(held)):
+        below = train.size_c < held.size_c[c]
+        ok = [m for m in np.unique(mid_train[below]) if len(np.unique(train.size_c[below & (mid_train == m)])) >= 2]
+        if not ok:
+            raise BaselineSkipped(f"no mixture was run at 2 or more training sizes below {held.size_c[c]:.4g} "
+                                  "(a trend needs the same mixture at >= 2 sizes)")
+        if mid_held[c] in ok:
+            m = mid_held[c]
+        else:
+            reps = np.array([np.flatnonzero(below & (mid_train == m))[0] for m in ok])
+            k, dist = nearest(train.mix_cm[reps], held.mix_cm[c])
+            m = ok[k]
+            borrowed.append(dist)
+        sel = np.flatnonzero(below & (mid_train == m))
+        sizes = np.unique(train.size_c[sel])
+        n_sizes.append(len(sizes))
+        pts = [_matched_checkpoint(train, sel[train.size_c[sel] == s], held.frac_c[c]) for s in sizes]
+        log_n = np.log(sizes)
+        coef_2v = np.polyfit(log_n, np.log(train.obs_cv[pts]), 1)  # rows: slope b, intercept a
+        pred_cv[c] = np.exp(coef_2v[1] + coef_2v[0] * np.log(held.size_c[c]))
+    notes = [f"power law over {min(n_sizes)}-{max(n_sizes)} sizes" if min(n_sizes) != max(n_sizes)
+             else f"power law over {n_sizes[0]} sizes"]
+    if borrowed:
+        notes.append(_borrowed_note(borrowed, len(held), "mixture with a trend"))
+    return {"pred_cv": pred_cv, "rank_cv": pred_cv, "rank_c": pred_cv.mean(axis=1), "notes": "; ".join(notes)}
+
+
+def rank_by_weight(held: Cells, loss_domains, mix_domains) -> dict:
+    """Per validation domain v that is a training domain: score ``-r_v`` (NaN for the others)."""
+    shared = [d for d in loss_domains if d in mix_domains]
+    if not shared:
+        raise BaselineSkipped("no validation domain is also a training domain")
+    rank_cv = np.full((len(held), len(loss_domains)), np.nan)
+    for v, d in enumerate(loss_domains):
+        if d in mix_domains:
+            rank_cv[:, v] = -held.mix_cm[:, list(mix_domains).index(d)]
+    return {"pred_cv": None, "rank_cv": rank_cv, "rank_c": None, "notes": f"domains {', '.join(shared)}"}
+
+
+BASELINES = {
+    "uniform": "closer to uniform is better (rank by entropy); pick: the most uniform mixture run",
+    "best_at_proxy": "each mixture's loss at the largest training size below, taken as is",
+    "trend": "each mixture's own power law in N over the training sizes, extrapolated",
+    "rank_by_weight": "per domain: more weight on the domain, lower its loss",
+}
+"""name -> one-line description, in report order."""
+
+
+def compute_baselines(train: Cells, held: Cells, loss_domains, mix_domains) -> dict[str, dict]:
+    """{name: predictions dict (pred_cv, rank_cv, rank_c, notes) or {"skipped": reason}}."""
+    makers = {
+        "uniform": lambda: uniform(held, loss_domains),
+        "best_at_proxy": lambda: best_at_proxy(train, held),
+        "trend": lambda: trend(train, held),
+        "rank_by_weight": lambda: rank_by_weight(held, loss_domains, mix_domains),
+    }
+    out = {}
+    for name, make in makers.items():
+        try:
+            out[name] = make()
+        except BaselineSkipped as e:
+            out[name] = {"skipped": str(e)}
+    return out
