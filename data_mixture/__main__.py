@@ -205,29 +205,33 @@ def _read_runs_files(paths: list[str]):
 
 def cmd_evaluate(args) -> None:
     from data_mixture.evaluate import evaluate_laws, format_report
+    from moejax.paths import replace_dir
 
     table = _read_runs_files(args.runs)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
                            starts=args.starts, tokens=args.tokens, resamples=args.resamples)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "evaluation.json").write_text(json.dumps(report, indent=1))
+    final = Path(args.out_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
     text = format_report(report)
-    (out / "evaluation.md").write_text(text + "\n")
+    names = ["evaluation.json", "evaluation.md"]
+    with replace_dir(str(final)) as tmp:  # the whole directory is replaced: no old plot stays beside new results
+        out = Path(tmp)
+        (out / "evaluation.json").write_text(json.dumps(report, indent=1))
+        (out / "evaluation.md").write_text(text + "\n")
+        if not args.no_plot:
+            from data_mixture.plots import plot_decision_accuracy, plot_pred_vs_obs
+
+            each = report.get("holdouts", [report])
+            for r in each:
+                name = "pred_vs_obs.png" if len(each) == 1 else f"pred_vs_obs_{r['held_out_size']:.4g}.png"
+                if any("predictions" in e for e in (*r["laws"].values(), *r["baselines"].values())):
+                    names.append(plot_pred_vs_obs(r, out / name).name)
+            names.append(plot_decision_accuracy(report, out / "decision_accuracy.png").name)
     print(text)
     print()
     print(report["verdict"]["text"])
-    written = [out / "evaluation.json", out / "evaluation.md"]
-    if not args.no_plot:
-        from data_mixture.plots import plot_decision_accuracy, plot_pred_vs_obs
-
-        each = report.get("holdouts", [report])
-        for r in each:
-            name = "pred_vs_obs.png" if len(each) == 1 else f"pred_vs_obs_{r['held_out_size']:.4g}.png"
-            if any("predictions" in e for e in (*r["laws"].values(), *r["baselines"].values())):
-                written.append(plot_pred_vs_obs(r, out / name))
-        written.append(plot_decision_accuracy(report, out / "decision_accuracy.png"))
+    written = [final / n for n in names]
     print(f"wrote {', '.join(str(w) for w in written)}")
 
 

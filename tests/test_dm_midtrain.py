@@ -328,7 +328,7 @@ def test_collect_names_the_missing_base(mid_plan, tmp_path, fake_python, capsys)
     main(["collect", str(root / "a_m0"), "--out", str(tmp_path / "runs.csv"), "--ignore-init-from"])
     header, _ = read_csv(tmp_path / "runs.csv")
     assert "base" not in header and "seed" not in header  # one run, from scratch as far as the table knows
-    main(["collect", str(root / "a_base"), str(root / "a_m0"), "--out", str(tmp_path / "runs.csv")])
+    main(["collect", str(root / "a_base"), str(root / "a_m0"), "--out", str(tmp_path / "runs.csv"), "--force"])
     assert "2 runs (1 mid-training runs of 1 base(s))" in capsys.readouterr().out
 
 
