@@ -20,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_mixture.plan import BASE_SEED_OFFSET, PlanError, PlanSpec, make_plan
@@ -358,3 +359,19 @@ def test_real_mid_training_run_counts_its_own_tokens_and_resumes_from_itself(mid
     assert again.exit_code == 0 and again.launched == ["a_m1"]
     last = (root / "a_m1" / "train.log").read_text().split("=== attempt")[-1]
     assert "resuming from step 2" in last and "parameters from" not in last
+
+
+def test_pilot_compares_mixture_spread_with_seed_noise(tmp_path):
+    """experiments.midtrain_pilot on a hand-made table: 2 mixtures x 2 seeds from one base."""
+    from data_mixture.table import from_columns, write_runs
+    from experiments.midtrain_pilot import analyse
+
+    cols = {"run": ["b", "m0", "m0s1", "m1", "m1s1"], "params_total": [1e6] * 5, "params_active": [1e6] * 5,
+            "tokens": [2e7, 1e6, 1e6, 1e6, 1e6], "mix:a": [0.5, 0.2, 0.2, 0.8, 0.8], "mix:b": [0.5, 0.8, 0.8, 0.2, 0.2],
+            "loss:a": [3.0, 2.9, 2.8, 2.5, 2.6], "seed": [0, 0, 1, 0, 1], "base": ["", "b", "b", "b", "b"],
+            "base_tokens": ["", 2e7, 2e7, 2e7, 2e7]}
+    write_runs(from_columns(cols), tmp_path / "runs.csv")
+    m = analyse(str(tmp_path / "runs.csv"))["metrics"]["loss:a"]
+    # seed sd: both cells differ by 0.1 -> sqrt((2 * 0.005) / 2) = 0.0707; means 2.85, 2.55 -> sd 0.2121
+    assert m["seed_sd"] == pytest.approx(np.sqrt(0.005)) and m["mixture_sd"] == pytest.approx(0.3 / np.sqrt(2))
+    assert m["ratio"] == pytest.approx((0.3 / np.sqrt(2)) / (np.sqrt(0.005) / np.sqrt(2)))
