@@ -46,21 +46,28 @@ def spread(x_r: np.ndarray, cell_r: np.ndarray) -> dict:
             "mixture_sd": mixture_sd, "ratio": ratio, "mixture_means": means_k.tolist()}
 
 
+def analyse_size(final) -> dict:
+    """Every metric's :func:`spread` over the final-checkpoint rows of one size."""
+    cell_r = final.mixture_keys()
+    metrics = {f"loss:{d}": final.loss(d) for d in final.loss_domains}
+    metrics["loss:mean"] = final.loss_rv.mean(axis=1)
+    for j, task in enumerate(final.bench_tasks):
+        metrics[f"bench:{task}"] = final.bench_rt[:, j]
+    return {"params_active": float(final.params_active[0]), "mid_tokens": float(final.tokens.max()),
+            "base_tokens": float(final.base_tokens.max()),
+            "metrics": {name: spread(x, cell_r) for name, x in metrics.items()}}
+
+
 def analyse(runs_csv: str) -> dict:
+    """{runs, sizes: {params_active: analyse_size(...)}} over the mid-training runs' final checkpoints."""
     table = read_runs(runs_csv)
     mid = table.law_rows()
     if not mid.mid_training().any():
         raise SystemExit(f"{runs_csv}: no mid-training rows (no 'base' column); this pilot reads a mid-training sweep.")
     last = np.array([t == mid.tokens[mid.run == r].max() for r, t in zip(mid.run, mid.tokens)])
     final = mid.take(last)
-    cell_r = final.mixture_keys()
-    metrics = {f"loss:{d}": final.loss(d) for d in final.loss_domains}
-    metrics["loss:mean"] = final.loss_rv.mean(axis=1)
-    for j, task in enumerate(final.bench_tasks):
-        metrics[f"bench:{task}"] = final.bench_rt[:, j]
-    return {"runs": runs_csv, "mid_tokens": float(final.tokens.max()), "base_tokens": float(final.base_tokens.max()),
-            "size_params_active": float(final.params_active.max()),
-            "metrics": {name: spread(x, cell_r) for name, x in metrics.items()}}
+    sizes = np.unique(final.params_active)
+    return {"runs": runs_csv, "sizes": {f"{n:.6g}": analyse_size(final.take(final.params_active == n)) for n in sizes}}
 
 
 def fmt(x, spec=".4f") -> str:
@@ -68,17 +75,16 @@ def fmt(x, spec=".4f") -> str:
 
 
 def report_md(result: dict) -> str:
-    lines = ["# Mid-training pilot: seed noise vs mixture spread",
-             "",
-             f"Size {result['size_params_active']:.4g} active parameters; base {result['base_tokens']:.4g} tokens, "
-             f"mid-training {result['mid_tokens']:.4g} tokens; final checkpoints. `ratio` = mixture sd / "
-             "(seed sd / sqrt(seeds)).",
-             "",
-             "| metric | seed sd (dof) | mixture sd | ratio | mixture means |",
-             "|---|---|---|---|---|"]
-    for name, m in result["metrics"].items():
-        means = ", ".join(f"{v:.4f}" for v in m["mixture_means"])
-        lines.append(f"| {name} | {fmt(m['seed_sd'])} ({m['dof']}) | {fmt(m['mixture_sd'])} | {fmt(m['ratio'], '.1f')} | {means} |")
+    lines = ["# Mid-training pilot: seed noise vs mixture spread", "",
+             "Final checkpoints of the mid-training runs. `ratio` = mixture sd / (seed sd / sqrt(seeds)): how many "
+             "standard errors of a mixture's mean the mixtures spread over."]
+    for r in result["sizes"].values():
+        lines += ["", f"## {r['params_active']:.4g} active parameters (base {r['base_tokens']:.4g} tokens, "
+                      f"mid-training {r['mid_tokens']:.4g} tokens)", "",
+                  "| metric | seed sd (dof) | mixture sd | ratio | mixture means |", "|---|---|---|---|---|"]
+        for name, m in r["metrics"].items():
+            means = ", ".join(f"{v:.4f}" for v in m["mixture_means"])
+            lines.append(f"| {name} | {fmt(m['seed_sd'])} ({m['dof']}) | {fmt(m['mixture_sd'])} | {fmt(m['ratio'], '.1f')} | {means} |")
     return "\n".join(lines) + "\n"
 
 

@@ -371,7 +371,7 @@ def test_pilot_compares_mixture_spread_with_seed_noise(tmp_path):
             "loss:a": [3.0, 2.9, 2.8, 2.5, 2.6], "seed": [0, 0, 1, 0, 1], "base": ["", "b", "b", "b", "b"],
             "base_tokens": ["", 2e7, 2e7, 2e7, 2e7]}
     write_runs(from_columns(cols), tmp_path / "runs.csv")
-    m = analyse(str(tmp_path / "runs.csv"))["metrics"]["loss:a"]
+    m = analyse(str(tmp_path / "runs.csv"))["sizes"]["1e+06"]["metrics"]["loss:a"]
     # seed sd: both cells differ by 0.1 -> sqrt((2 * 0.005) / 2) = 0.0707; means 2.85, 2.55 -> sd 0.2121
     assert m["seed_sd"] == pytest.approx(np.sqrt(0.005)) and m["mixture_sd"] == pytest.approx(0.3 / np.sqrt(2))
     assert m["ratio"] == pytest.approx((0.3 / np.sqrt(2)) / (np.sqrt(0.005) / np.sqrt(2)))
