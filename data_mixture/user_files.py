@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Iterable
 
 from moejax.config import ConfigError
-from moejax.paths import is_non_empty_dir, relative_to_note, user_input_path, user_path, write_file
+from moejax.paths import is_non_empty_dir, refuse_existing_file, relative_to_note, user_input_path, user_path, write_file
 
 # argparse destinations that hold a path (or a list of paths) in some data_mixture command
 PATH_ARGS = ("runs", "fit", "out", "out_dir", "prior", "plan", "root", "base", "workdirs", "cache_dir",
@@ -57,11 +57,7 @@ def resolve_paths(args) -> None:
 def check_out_file(path: str, flag: str, *, force: bool) -> None:
     """Refuses an existing ``path`` unless ``force`` (a directory always); checks that its
     directory exists and is writable, or can be created."""
-    if os.path.isdir(path):
-        raise ConfigError(f"{flag} {path} is a directory; {flag} takes a file name. Choose another path.")
-    if os.path.lexists(path) and not force:
-        raise ConfigError(f"{flag} {path} already exists; refusing to overwrite it. Choose a new file name, "
-                          "or pass --force to replace it.")
+    refuse_existing_file(path, flag, force=force)
     check_can_create(os.path.dirname(os.path.abspath(path)), flag, path)
 
 

@@ -119,12 +119,17 @@ def check_new_output(path: str, flag: str, *, force: bool, what: str = "") -> No
 def check_new_file(path: str, flag: str, *, force: bool) -> None:
     """Refuses an existing file ``path`` unless ``force`` (a directory always); checks its
     directory can be written."""
+    refuse_existing_file(path, flag, force=force)
+    make_dir(os.path.dirname(os.path.abspath(path)), f"{flag} (its directory)")
+
+
+def refuse_existing_file(path: str, flag: str, *, force: bool) -> None:
+    """Refuses a directory at ``path`` always, and an existing file unless ``force``."""
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path} is a directory; {flag} takes a file name. Choose another path.")
     if os.path.lexists(path) and not force:
         raise ConfigError(f"{flag} {path} already exists; refusing to overwrite it. Choose a new file name, "
                           "or pass --force to replace it.")
-    make_dir(os.path.dirname(os.path.abspath(path)), f"{flag} (its directory)")
 
 
 @contextlib.contextmanager
