@@ -103,7 +103,8 @@ def cmd_collect(args) -> None:
     from data_mixture.table import read_runs
 
     got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args),
-                  losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto")
+                  losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto",
+                  bench_metric=args.bench_metric)
     for note in got.skipped:
         print(f"collect: skipped {note}", file=sys.stderr)
     if got.unevaluated:
@@ -386,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-init-from", action="store_true",
                    help="collect runs warm-started with checkpoint.init_from (e.g. MergeMix experts) as runs from "
                         "scratch; default: they are mid-training runs of the collected base they name")
+    p.add_argument("--bench-metric", choices=("accuracy", "gold_logprob"), default="accuracy",
+                   help="score in the bench: columns: accuracy (exact match for exact-match tasks), or gold_logprob, "
+                        "the mean log-probability of the correct answer (continuous; moves after accuracy saturates)")
     p.set_defaults(func=cmd_collect)
 
     p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws).")

@@ -20,8 +20,9 @@ config), ``checkpoints/<step>/`` and, once evaluated with ``python -m moejax.eva
                    Every domain of the dataset gets a column (0 when unused).
 ``loss:<domain>``  ``losses.domains[<domain>].loss`` of the eval JSON: nats per token on the
                    run's held-out batches
-``bench:<task>``   ``accuracy`` for multiple-choice tasks, ``exact_match`` for exact-match tasks
-                   (empty when the task was not scored)
+``bench:<task>``   ``accuracy`` for multiple-choice tasks, ``exact_match`` for exact-match tasks;
+                   with ``bench_metric="gold_logprob"`` the continuous score of either kind, the
+                   mean log-probability of the correct answer (empty when not scored)
 ``seed``           ``train.seed`` of the run; written when the runs' seeds differ or a run is a
                    mid-training run (a table without it reads as seed 0 everywhere)
 ``base``           mid-training runs only (below): the base's run name as collected, empty for
@@ -259,15 +260,21 @@ def _bases(dirs: Sequence[Path], names: Sequence[str], cfgs: Sequence[Any],
     return out
 
 
+BENCH_METRICS = ("accuracy", "gold_logprob")  # accuracy: exact_match for exact-match tasks
+
+
 def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             eval_args: Sequence[str] = (), losses_from_log: bool = False,
-            bases: str | Mapping[str, str] = "auto") -> Collected:
+            bases: str | Mapping[str, str] = "auto", bench_metric: str = "accuracy") -> Collected:
     """Reads moejax workdirs into runs-table columns (see the module docstring).
 
     ``bases``: which runs are mid-training runs of which base: ``"auto"`` (every run with a
-    ``checkpoint.init_from``), ``"none"`` (none) or {workdir: base workdir}."""
+    ``checkpoint.init_from``), ``"none"`` (none) or {workdir: base workdir}. ``bench_metric``: one of
+    BENCH_METRICS, the score in the ``bench:`` columns."""
     from moejax.model.transformer import param_counts
 
+    if bench_metric not in BENCH_METRICS:
+        raise ValueError(f"bench_metric {bench_metric!r}: allowed: {', '.join(BENCH_METRICS)}.")
     dirs = expand_workdirs(workdirs)
     if evaluate:
         missing = [(str(w), s) for w in dirs for s in checkpoint_steps(w) if s > 0 and s not in eval_steps(w)]
@@ -328,7 +335,10 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             for task, res in (result.get("benchmarks") or {}).items():
                 if task not in tasks:
                     tasks.append(task)
-                value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
+                if bench_metric == "gold_logprob":
+                    value = res.get("gold_logprob")
+                else:
+                    value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
                 row["bench:" + task] = "" if value is None else float(value)
             row["seed"] = int(cfg.train.seed)
             row["base"], row["base_tokens"] = base_of.get(name, ("", ""))

@@ -55,6 +55,11 @@ def test_one_row_per_evaluated_checkpoint(workdir, tmp_path):
         assert cols[f"loss:{d}"][1] == ev["losses"]["domains"][d]["loss"]
     assert cols["bench:knowledge"][1] == ev["benchmarks"]["knowledge"]["accuracy"]
     assert cols["bench:math"][1] == ev["benchmarks"]["math"]["exact_match"]
+    continuous = collect([workdir], bench_metric="gold_logprob").columns
+    assert continuous["bench:knowledge"][1] == ev["benchmarks"]["knowledge"]["gold_logprob"] < 0
+    assert continuous["bench:math"][1] == ev["benchmarks"]["math"]["gold_logprob"] < 0
+    with pytest.raises(ValueError, match="allowed: accuracy, gold_logprob"):
+        collect([workdir], bench_metric="f1")
     out = tmp_path / "runs.csv"
     write_columns(cols, out)
     table = read_runs(out)  # the table validates, floats round-trip

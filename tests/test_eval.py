@@ -17,7 +17,7 @@ from moejax.data.pipeline import make_eval_batches
 from moejax.eval import __main__ as eval_cli
 from moejax.eval.calibration import choice_probabilities, expected_calibration_error
 from moejax.eval.forward import Scorer
-from moejax.eval.harness import choice_logliks, multiple_choice_metrics, score_multiple_choice
+from moejax.eval.harness import answer_logprob, choice_logliks, multiple_choice_metrics, score_multiple_choice
 from moejax.eval.losses import heldout_losses, target_bytes
 from moejax.eval.masking import least_used, mask_state, masked_balancer
 from moejax.eval.restore import open_run
@@ -120,13 +120,16 @@ def test_eval_cli_writes_documented_json_and_curves(workdir, tmp_path, capsys):
     bench = result["benchmarks"]
     assert set(bench) == {"code", "prose", "math", "knowledge", "my_quiz"}
     for name in ("code", "prose", "knowledge", "my_quiz"):
-        assert {"accuracy", "accuracy_per_token", "accuracy_per_byte", "ece", "items", "skipped"} <= set(bench[name])
+        assert {"accuracy", "accuracy_per_token", "accuracy_per_byte", "ece", "gold_logprob", "items",
+                "skipped"} <= set(bench[name])
+        assert bench[name]["gold_logprob"] is None or bench[name]["gold_logprob"] < 0
     for name in ("prose", "knowledge", "my_quiz"):
         assert 0 <= bench[name]["accuracy"] <= 1 and 0 <= bench[name]["ece"] <= 1
     assert bench["my_quiz"]["items"] == 2 and bench["prose"]["items"] == 3
     assert bench["code"]["items"] + bench["code"]["skipped"] == 3  # next lines longer than 64 tokens are skipped
     assert bench["math"]["kind"] == "exact_match" and 0 <= bench["math"]["exact_match"] <= 1
     assert len(bench["math"]["examples"]) == 3
+    assert bench["math"]["gold_logprob"] < 0
 
     layers = result["routing"]["layers"]
     assert [l["layer"] for l in layers] == [1]  # small_run_cfg: layer 0 dense, layer 1 MoE
@@ -212,6 +215,22 @@ def test_multiple_choice_loglik_equals_numpy(erun, ckpt, scorer):
     result, _ = score_multiple_choice(scorer, ckpt, task, tokenizer, max_len=128, batch_size=8, progress=False)
     assert result["items"] == 2 and result["skipped"] == 1
     assert result["accuracy"] == np.mean(correct)
+    gold = [loglik[i, item["gold"]] for i, item in enumerate(items[:2])]
+    assert result["gold_logprob"] == pytest.approx(np.mean(gold), abs=1e-6)
+
+
+def test_exact_match_answer_logprob_is_teacher_forced(erun, ckpt, scorer):
+    items = ({"prompt": "Q: What is 2 + 3?\nA:", "answer": " 5"}, {"prompt": "Q: What is 10 - 4?\nA:", "answer": " 6"})
+    task = Task("em", "exact_match", items, "test")
+    tokenizer = erun.tokenizer
+    got, tokens_run = answer_logprob(scorer, ckpt, task, tokenizer, max_len=128, batch_size=8, progress=False)
+    expected = []
+    for item in items:
+        answer_ids = tokenizer.encode(item["answer"])
+        ids = np.concatenate([tokenizer.encode(item["prompt"]), answer_ids])
+        expected.append(model_logprobs(erun, ckpt, ids)[-len(answer_ids):].sum())
+    assert got == pytest.approx(np.mean(expected), abs=1e-4)
+    assert tokens_run > 0
 
 
 def test_length_normalisation_picks_by_token_and_by_byte():
@@ -221,6 +240,7 @@ def test_length_normalisation_picks_by_token_and_by_byte():
     assert metrics["accuracy"] == 0.0  # raw: -2 > -3 picks choice 0
     assert metrics["accuracy_per_token"] == 1.0  # -2/1 < -3/6 picks choice 1
     assert metrics["accuracy_per_byte"] == 0.0  # -2/4 > -3/2 picks choice 0
+    assert metrics["gold_logprob"] == -3.0  # the gold choice's log-likelihood, whichever is picked
 
 
 def test_expected_calibration_error_by_hand():

@@ -113,6 +113,11 @@ class Evaluator:
                     self.generator, ckpt, task, tokenizer, max_new_tokens=s.max_new_tokens,
                     batch_size=s.batch_size, progress=self.progress,
                 )
+                result["gold_logprob"], forced = harness.answer_logprob(
+                    self.scorer, ckpt, task, tokenizer, max_len=s.max_len, batch_size=s.batch_size,
+                    progress=self.progress,
+                )
+                tokens += forced
             else:
                 result, tokens = harness.score_multiple_choice(
                     self.scorer, ckpt, task, tokenizer, max_len=s.max_len, batch_size=s.batch_size,

@@ -7,13 +7,17 @@ choice's tokens. The prediction is the choice with the highest score (``accuracy
 highest score per token (``accuracy_per_token``) or per UTF-8 byte of the choice text
 (``accuracy_per_byte``): the normalised variants do not favour short choices. ``ece`` is the
 expected calibration error of the softmax over the choices' scores (:mod:`calibration`).
+``gold_logprob`` is the continuous score: the mean over items of the log-probability (nats, summed
+over its tokens) of the correct choice, which still moves when the accuracy has saturated.
 
 Rows are batched by length: each batch is padded to a bucket width (a power of two up to the
 training length) and to a fixed number of rows, so a whole task compiles once per bucket.
 
 Exact match. Prompts are decoded greedily in fixed-size batches with the KV-cache
 :class:`moejax.generate.Generator` until every row has produced a newline (or EOS, or the token
-budget); the text up to the first newline, stripped, must equal the stripped answer.
+budget); the text up to the first newline, stripped, must equal the stripped answer. Its continuous score
+``gold_logprob`` is the answer's log-probability after the prompt, by teacher forcing (scored like
+a multiple-choice item with the answer as its only choice).
 """
 
 from __future__ import annotations
@@ -69,10 +73,13 @@ def pack_rows(rows: list[tuple[np.ndarray, int]], width: int, batch_size: int) -
     return batch
 
 
+MC_METRICS = ("accuracy", "accuracy_per_token", "accuracy_per_byte", "ece", "gold_logprob")
+
+
 def multiple_choice_metrics(
     loglik_nc: np.ndarray, tokens_nc: np.ndarray, bytes_nc: np.ndarray, gold_n: np.ndarray
 ) -> dict[str, float]:
-    """Accuracy (raw, per token, per byte) and ECE of items with equally many choices."""
+    """Accuracy (raw, per token, per byte), ECE and mean gold log-prob of items with equally many choices."""
     probs_nc = choice_probabilities(loglik_nc)
     correct_n = np.argmax(loglik_nc, axis=1) == gold_n
     return {
@@ -80,6 +87,7 @@ def multiple_choice_metrics(
         "accuracy_per_token": float((np.argmax(loglik_nc / tokens_nc, axis=1) == gold_n).mean()),
         "accuracy_per_byte": float((np.argmax(loglik_nc / bytes_nc, axis=1) == gold_n).mean()),
         "ece": expected_calibration_error(probs_nc.max(axis=1), correct_n),
+        "gold_logprob": float(np.take_along_axis(loglik_nc, gold_n[:, None], axis=1).mean()),
     }
 
 
@@ -113,7 +121,7 @@ def score_multiple_choice(
     scored = sorted({i for i, _ in loglik})
     counts = {"kind": "multiple_choice", "items": len(scored), "skipped": len(task.items) - len(scored)}
     if not scored:  # e.g. a short-context model: no choice fits; the metrics are undefined
-        return {**counts, **dict.fromkeys(("accuracy", "accuracy_per_token", "accuracy_per_byte", "ece"))}, 0
+        return {**counts, **dict.fromkeys(MC_METRICS)}, 0
     # Items may have different numbers of choices: score each group of equal size together.
     results, weights = [], []
     for num_choices in sorted({len(task.items[i]["choices"]) for i in scored}):
@@ -152,3 +160,16 @@ def score_exact_match(
     ]
     return {"kind": "exact_match", "items": len(task.items), "exact_match": float(np.mean(correct)),
             "examples": examples}, tokens_run
+
+
+def answer_logprob(
+    scorer: Scorer, ckpt: Checkpoint, task: Task, tokenizer: Tokenizer, *, max_len: int, batch_size: int,
+    progress: bool = True,
+) -> tuple[float | None, int]:
+    """(mean log-probability of an exact-match task's answers after their prompts, tokens run); None
+    when no answer fits ``max_len``."""
+    as_choices = Task(task.name, task.kind, tuple({"context": it["prompt"], "choices": [it["answer"]], "gold": 0}
+                                                  for it in task.items), task.source)
+    loglik, _, tokens_run = choice_logliks(scorer, ckpt, as_choices, tokenizer, max_len=max_len,
+                                           batch_size=batch_size, progress=progress)
+    return (float(np.mean(list(loglik.values()))) if loglik else None), tokens_run

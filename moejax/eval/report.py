@@ -31,10 +31,12 @@ def format_result(result: dict[str, Any]) -> str:
             if b["kind"] == "multiple_choice":
                 items = f"{b['items']}" + (f" (+{b['skipped']} skipped)" if b["skipped"] else "")
                 rows.append([name, items, *(_num(b[k]) for k in ("accuracy", "accuracy_per_token",
-                                                                 "accuracy_per_byte", "ece")), ""])
+                                                                 "accuracy_per_byte", "ece")), "",
+                             _num(b.get("gold_logprob"))])
             else:
-                rows.append([name, str(b["items"]), "", "", "", "", f"{b['exact_match']:.3f}"])
-        out += _rows(["benchmark", "items", "acc", "acc/token", "acc/byte", "ECE", "exact match"], rows)
+                rows.append([name, str(b["items"]), "", "", "", "", f"{b['exact_match']:.3f}",
+                             _num(b.get("gold_logprob"))])
+        out += _rows(["benchmark", "items", "acc", "acc/token", "acc/byte", "ECE", "exact match", "gold logprob"], rows)
     layers = result["routing"]["layers"]
     if layers:
         out.append("")
