@@ -484,6 +484,38 @@ def _plan_runs(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], presets
     return runs
 
 
+def continuation_runs(spec: PlanSpec, preset: str, mixtures: Mapping[str, Mapping[str, float]],
+                      seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """A mid-training plan's runs at one preset for mixtures chosen later (e.g. the target runs of
+    a ladder's picks): the preset's base, exactly as :func:`make_plan` plans it, then one run
+    ``<preset>_<name>_s<seed>`` per (named mixture, seed) continued from it with make_plan's
+    mid-training recipe. ``spec`` must be a mid-training spec; its budget and target are unused."""
+    if not spec.mid_training:
+        raise PlanError("continuation runs need a mid-training spec (mid_training=True).")
+    presets = dict(spec.presets or DEFAULT_PRESETS)
+    if preset not in presets:
+        raise PlanError(f"preset {preset!r} is not among the presets: {', '.join(presets)}.")
+    domains = list(next(iter(mixtures.values())))
+    proto = _protocol(spec, domains, presets)
+    optim = _experiment_optim(spec.config)
+    sizes = {preset: preset_sizes({preset: presets[preset]})[preset]}
+    n, per_step = sizes[preset]["params_active"], spec.batch * spec.seq_len
+    base = _run(spec, f"{preset}_base", preset, presets, sizes, _steps(proto.base_goal(n), per_step),
+                spec.seed + BASE_SEED_OFFSET, dict(proto.base_mixture), "base")
+    steps = _steps(proto.run_tokens(n, proto.ratios[0]), per_step)
+    extra = {"checkpoint.init_from": base["name"], "checkpoint.init_step": base["steps"],
+             **mid_schedule(steps, optim, spec.mid_lr_scale)}
+    runs = [base]
+    for name, mixture in mixtures.items():
+        if list(mixture) != domains:
+            raise PlanError(f"mixture {name!r} has domains {list(mixture)}; the others have {domains}.")
+        for seed in seeds:
+            runs.append(_run(spec, f"{preset}_{name}_s{seed}", preset, presets, sizes, steps, seed,
+                             {d: float(w) for d, w in mixture.items()}, "mid", extra,
+                             base=base["name"], base_tokens=base["tokens"]))
+    return runs
+
+
 def _protocol_record(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
                      optim) -> dict[str, Any]:
     """The plan's top-level ``protocol`` object (docs/data_mixture.md, "Mid-training plans")."""

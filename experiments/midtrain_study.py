@@ -7,7 +7,11 @@ Stages (``--stage NAME`` runs one; results in ``--out``, runs under ``--root``):
 1. ``plan``    the ladder plan: one uniform base per size (20 tokens/param), 12 space-filling mixtures
                continued from each proxy base for 4 tokens/param, 2 seeds at the largest proxy; the
                decision rule is written into the plan before any target run.
-2. ``ladder``  ``data_mixture sweep`` of the ladder plan; the runs table is copied to ``--out``.
+2. ``ladder``  ``data_mixture sweep`` of the ladder plan; the runs table is copied to ``--out``, and
+               collected again with the benchmarks' continuous score (``runs_logprob.csv``).
+3. ``fit``     ``data_mixture evaluate`` of every law and baseline on the ladder (fit below the
+               largest proxy, decide there: ``evaluate_ladder/``); every law fitted on the whole
+               ladder (``fits/``) and its loss-optimal mixture at the target (``optima/``).
 
 The sizes and ``T_mid`` come from the pilot (data_mixture/results/midtrain_pilot/pilot.md): at 4
 tokens/param of mid-training the mixtures' mean held-out loss spreads over 5-7 seed standard errors
@@ -21,7 +25,10 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 from data_mixture.plan import PlanSpec, make_plan, preset_sizes
 
@@ -98,15 +105,438 @@ def sweep(plan: Path, root: Path, parallel: int) -> None:
         raise SystemExit(f"sweep of {plan} exited {rc}; rerun the stage to resume it")
 
 
+def dm(*args: str) -> None:
+    """``python -m data_mixture ARGS``; a failed command stops the study with its exit status."""
+    cmd = [sys.executable, "-m", "data_mixture", *args]
+    print("+", " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        raise SystemExit(f"{' '.join(args[:1])} exited {rc}; fix the cause and rerun the stage")
+
+
 def stage_ladder(out: Path, root: Path, parallel: int) -> None:
-    if (out / "runs.csv").exists():
-        print(f"ladder: {out / 'runs.csv'} exists (kept)")
-        return
-    sweep(out / "plan.json", root / "ladder", parallel)
-    shutil.copyfile(root / "ladder" / "runs.csv", out / "runs.csv")
+    if not (out / "runs.csv").exists():
+        sweep(out / "plan.json", root / "ladder", parallel)
+        shutil.copyfile(root / "ladder" / "runs.csv", out / "runs.csv")
+    if not (out / "runs_logprob.csv").exists():
+        dm("collect", str(root / "ladder"), "--out", str(out / "runs_logprob.csv"), "--bench-metric", "gold_logprob")
 
 
-STAGES = ("plan", "ladder")
+LAWS = ("mixing_law", "additive", "regmix", "regmix_linear", "camel")
+FIT_BOOTSTRAP = 20
+
+
+def target_point() -> tuple[float, float]:
+    """(active parameters, mid-training tokens) of a target run."""
+    n = preset_sizes({TARGET: PRESETS[TARGET]})[TARGET]["params_active"]
+    return n, MID_TOKENS_PER_PARAM * n
+
+
+def stage_fit(out: Path) -> None:
+    runs = str(out / "runs.csv")
+    if not (out / "evaluate_ladder" / "evaluation.json").exists():
+        dm("evaluate", "--runs", runs, "--laws", ",".join(LAWS), "--out-dir", str(out / "evaluate_ladder"), "--force")
+    n, d = target_point()
+    for law in LAWS:
+        fit, opt = out / "fits" / f"{law}.json", out / "optima" / f"{law}.json"
+        fit.parent.mkdir(exist_ok=True)
+        opt.parent.mkdir(exist_ok=True)
+        if not fit.exists():
+            dm("fit", "--runs", runs, "--law", law, "--bootstrap", str(FIT_BOOTSTRAP), "--out", str(fit), "--no-progress")
+        if not opt.exists():
+            dm("optimize", "--fit", str(fit), "--size", repr(n), "--tokens", repr(d), "--out", str(opt))
+
+
+EXPERT_SHARE = 0.4  # experts train for this share of the proxy base's tokens ...
+FRACTIONS = (0.125, 0.25, 0.5, 1.0)  # ... and are merged at these fractions of it: 5, 10, 20, 40%
+EXPERT_SEEDS = (0, 1)
+ROUTERS = ("linear", "base", "harc")
+MERGE_MAX_ITEMS, MERGE_LOSS_BATCHES = 64, 4
+SEARCH_BUDGET, SEARCH_SEEDS = 60, 40
+OBJECTIVES = {"bench": None, "loss": {d: 1.0 for d in DOMAINS}}  # loss weights (None: macro benchmark score)
+ROUTER_MARGIN = 0.1
+
+
+def final_cells(table, preset_size: float) -> tuple[dict, dict, dict]:
+    """At one size, the mid-training runs' final checkpoints grouped by mixture name (``m<k>``):
+    ({name: weights}, {name: {metric: [value per seed]}}, {name: [seeds]})."""
+    import re
+
+    mid = table.law_rows()
+    seed_r = mid.seeds()
+    weights, values, seeds = {}, {}, {}
+    for run in sorted(set(mid.run[mid.params_active == preset_size].tolist())):
+        rows = np.flatnonzero(mid.run == run)
+        i = rows[np.argmax(mid.tokens[rows])]
+        name = re.sub(r"_s\d+$", "", run).split("_", 1)[1]
+        weights[name] = {d: float(mid.mix_rm[i, j]) for j, d in enumerate(mid.mix_domains)}
+        metrics = {f"loss:{d}": float(mid.loss_rv[i, j]) for j, d in enumerate(mid.loss_domains)}
+        metrics["loss:mean"] = float(mid.loss_rv[i].mean())
+        if mid.bench_rt is not None:
+            metrics.update({f"bench:{t}": float(mid.bench_rt[i, j]) for j, t in enumerate(mid.bench_tasks)})
+        for k, v in metrics.items():
+            values.setdefault(name, {}).setdefault(k, []).append(v)
+        seeds.setdefault(name, []).append(int(seed_r[i]))
+    return weights, values, seeds
+
+
+def decision_scores(pred_k: np.ndarray, obs_sk: list[list[float]], resamples: int = 1000) -> dict:
+    """Decision accuracy of ``pred_k`` (lower = better) against the mixtures' seed means, pairs within
+    the seed noise counted apart, with a 95% bootstrap interval over mixtures."""
+    from data_mixture import decisions as dec
+
+    obs_k = np.array([np.mean(v) for v in obs_sk])
+    seeds_k = np.array([len(v) for v in obs_sk])
+    cells = np.concatenate([[k] * len(v) for k, v in enumerate(obs_sk)])
+    sd = dec.pooled_sd(np.concatenate(obs_sk), cells)["sd"]
+    agree_kk = dec.agreement_matrix(pred_k, obs_k)
+    within_kk = dec.noise_pairs(obs_k, seeds_k, sd)
+    out = dec.split_accuracy(agree_kk, within_kk)
+    acc_b = dec.resampled_accuracy(agree_kk, ~within_kk, dec.mixture_resamples(len(obs_k), resamples, seed=0))
+    out["lo"], out["hi"] = dec.percentile_interval(acc_b)
+    out["seed_sd"] = sd
+    return out
+
+
+def stage_experts(out: Path, root: Path, parallel: int) -> tuple[str, float]:
+    """One expert per domain from the largest proxy's base, per expert seed; (base, expert tokens)."""
+    from data_mixture.mergemix import experts
+
+    base = str(root / "ladder" / f"{LARGEST_PROXY}_base")
+    cfg = experts.base_config_dict(base, None)
+    base_tokens = float(max(experts.base_steps(base))) * cfg["train"]["global_batch_size"] * cfg["train"]["seq_len"]
+    for seed in EXPERT_SEEDS:
+        plan = experts.plan_experts(base, domains=DOMAINS, expert_tokens=EXPERT_SHARE * base_tokens,
+                                    fractions=FRACTIONS, seed=seed)
+        experts.train_experts(plan, root / f"experts_s{seed}", parallel=parallel, progress=False,
+                              eval_args=["--max-items", "8", "--loss-batches", "1"])
+    return base, EXPERT_SHARE * base_tokens
+
+
+def stage_rank(out: Path, root: Path, base: str) -> dict:
+    """Merges of every ladder mixture at the largest proxy, per expert seed, budget and router,
+    ranked against the mid-training runs of that size (``mergemix/rank.json``, resumable)."""
+    from data_mixture.mergemix.pipeline import MergeProxy, open_merge
+    from data_mixture.mergemix.rank import rank_consistency, spearman
+    from data_mixture.mergemix.routing import calibration_batches
+    from data_mixture.table import read_runs
+
+    path = out / "mergemix" / "rank.json"
+    path.parent.mkdir(exist_ok=True)
+    result = json.loads(path.read_text()) if path.exists() else {"rank": {}, "proxy": {}}
+    size = preset_sizes({LARGEST_PROXY: PRESETS[LARGEST_PROXY]})[LARGEST_PROXY]["params_active"]
+    weights, values, _ = final_cells(read_runs(out / "runs.csv"), size)
+    names = sorted(weights)
+    trained = {n: {k: float(np.mean(v)) for k, v in values[n].items()} for n in names}
+    # rank by own weight, the trivial ranker of one domain's loss
+    result["rank_by_weight"] = {
+        d: {"spearman": spearman(-np.array([weights[n][d] for n in names]), np.array([trained[n][f"loss:{d}"] for n in names])),
+            "decision": decision_scores(-np.array([weights[n][d] for n in names]), [values[n][f"loss:{d}"] for n in names])}
+        for d in DOMAINS}
+    for seed in EXPERT_SEEDS:
+        for fraction in FRACTIONS:
+            keys = [f"s{seed}/{fraction}/{r}" for r in ROUTERS]
+            if all(k in result["rank"] for k in keys):
+                continue
+            t0 = time.perf_counter()
+            merge_set, evaluator = open_merge(base, None, str(root / f"experts_s{seed}"), DOMAINS, fraction,
+                                              max_items=MERGE_MAX_ITEMS, loss_batches=MERGE_LOSS_BATCHES,
+                                              cache_path=str(root / f"cache_s{seed}_{fraction}.jsonl"))
+            calib = calibration_batches(merge_set.erun, list(DOMAINS), batches_per_domain=2)
+            for router, key in zip(ROUTERS, keys):
+                proxy = MergeProxy(merge_set, evaluator, router, calib_batches=calib)
+                got = {n: proxy(np.array([weights[n][d] for d in DOMAINS])) for n in names}
+                for n in names:
+                    got[n]["loss:mean"] = float(np.mean([got[n][f"loss:{d}"] for d in DOMAINS]))
+                rank = rank_consistency(got, trained, seed=0)
+                rank["decision"] = {
+                    k: decision_scores(np.array([got[n][k] for n in names]), [values[n][k] for n in names])
+                    for k in ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]}
+                result["proxy"][key], result["rank"][key] = got, rank
+                print(f"rank {key}: mean-loss rho {rank['mean_loss']['rho']:.3f}, decision "
+                      f"{rank['decision']['loss:mean']['accuracy']:.3f}", flush=True)
+            result.setdefault("seconds", {})[f"s{seed}/{fraction}"] = time.perf_counter() - t0
+            path.write_text(json.dumps(result, indent=1, default=float))
+    path.write_text(json.dumps(result, indent=1, default=float))
+    return result
+
+
+def choose_default(rank: dict) -> tuple[float, str]:
+    """The expert budget whose merges decide the mean held-out loss best (decision accuracy, mean
+    over expert seeds and routers), then the paper's ``linear`` router unless another treatment beats
+    it there by more than ``ROUTER_MARGIN`` (mean over seeds)."""
+    def acc(seed, fraction, router):
+        return rank["rank"][f"s{seed}/{fraction}/{router}"]["decision"]["loss:mean"]["accuracy"]
+
+    fraction = max(FRACTIONS, key=lambda f: np.mean([acc(s, f, r) for s in EXPERT_SEEDS for r in ROUTERS]))
+    by_router = {r: np.mean([acc(s, fraction, r) for s in EXPERT_SEEDS]) for r in ROUTERS}
+    router = max(ROUTERS, key=by_router.get)
+    if by_router[router] - by_router["linear"] <= ROUTER_MARGIN:
+        router = "linear"
+    return float(fraction), router
+
+
+def stage_search(out: Path, root: Path, base: str, expert_tokens: float, fraction: float, router: str) -> dict:
+    """``data_mixture mergemix`` per objective on the seed-0 experts (resumable, cached)."""
+    results = {}
+    for name, loss_weights in OBJECTIVES.items():
+        dest = out / "mergemix" / f"search_{name}"
+        args = ["mergemix", "--base", base, "--domains", ",".join(DOMAINS), "--expert-tokens", repr(expert_tokens),
+                "--fractions", ",".join(map(str, FRACTIONS)), "--expert-fraction", str(fraction),
+                "--experts-dir", str(root / "experts_s0"), "--router", router, "--search", "both",
+                "--budget", str(SEARCH_BUDGET), "--seeds", str(SEARCH_SEEDS), "--max-items", str(MERGE_MAX_ITEMS),
+                "--loss-batches", str(MERGE_LOSS_BATCHES), "--cache", str(root / f"cache_search_{name}.jsonl"),
+                "--out", str(dest), "--no-progress"]
+        if loss_weights:
+            args += ["--loss-weights", ",".join(f"{d}={w}" for d, w in loss_weights.items())]
+        if not (dest / "summary.json").exists():
+            dm(*args)
+        results[name] = json.loads((dest / "summary.json").read_text())
+    return results
+
+
+def stage_mergemix(out: Path, root: Path, parallel: int) -> dict:
+    base, expert_tokens = stage_experts(out, root, parallel)
+    rank = stage_rank(out, root, base)
+    fraction, router = choose_default(rank)
+    searches = stage_search(out, root, base, expert_tokens, fraction, router)
+    summary = {"expert_fraction": fraction, "expert_share_of_base": fraction * EXPERT_SHARE, "router": router,
+               "optima": {name: s["mixture"] for name, s in searches.items()}}
+    (out / "mergemix" / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def ladder_size(preset: str) -> float:
+    return preset_sizes({preset: PRESETS[preset]})[preset]["params_active"]
+
+
+def picks(out: Path) -> dict[str, dict]:
+    """The target's candidate mixtures that exist so far: {name: {"weights", "why"}}."""
+    from data_mixture.table import read_runs
+
+    got: dict[str, dict] = {"uniform": {"weights": {d: 1.0 / len(DOMAINS) for d in DOMAINS}, "why": "uniform"}}
+    weights, values, _ = final_cells(read_runs(out / "runs.csv"), ladder_size(LARGEST_PROXY))
+    best = min(weights, key=lambda n: np.mean(values[n]["loss:mean"]))
+    got["best_at_proxy"] = {"weights": weights[best], "why": f"{LARGEST_PROXY}_{best}: lowest mean loss at "
+                                                             f"{LARGEST_PROXY} (seed mean)"}
+    ev = out / "evaluate_ladder" / "evaluation.json"
+    if (out / "optima" / "camel.json").exists() and ev.exists():
+        laws = json.loads(ev.read_text())["laws"]
+        got["camel"] = {"weights": json.loads((out / "optima" / "camel.json").read_text())["weights"],
+                        "why": "CAMEL's loss optimum at the target"}
+        scored = {k: v for k, v in laws.items() if k != "camel" and "decision" in v}
+        other = max(scored, key=lambda k: (scored[k]["decision"]["accuracy"], -scored[k]["mean"]["mae"]))
+        got["best_other_law"] = {
+            "weights": json.loads((out / "optima" / f"{other}.json").read_text())["weights"], "law": other,
+            "why": f"{other}: the best decision accuracy on the held-out proxy size after CAMEL's "
+                   f"({scored[other]['decision']['accuracy']:.3f})"}
+    summary = out / "mergemix" / "summary.json"
+    if summary.exists():
+        for name, w in json.loads(summary.read_text())["optima"].items():
+            got[f"mergemix_{name}"] = {"weights": w, "why": f"MergeMix's optimum, {name} objective"}
+    return got
+
+
+def stage_target(out: Path, root: Path, parallel: int) -> None:
+    """Every pick so far continued from the target's base, 3 seeds each (``target_plan.json``); a
+    pick equal to an earlier one (within 1e-6) is not trained twice."""
+    from data_mixture.plan import continuation_runs
+
+    chosen = picks(out)
+    mixtures: dict[str, dict] = {}
+    for name, p in chosen.items():
+        same = [m for m, w in mixtures.items() if max(abs(w[d] - p["weights"][d]) for d in DOMAINS) < 1e-6]
+        p["trained_as"] = same[0] if same else name
+        if not same:
+            mixtures[name] = {d: float(p["weights"][d]) for d in DOMAINS}
+    spec = PlanSpec(budget_flops=1.0, target_size=1.0, target_tokens=1.0, presets=PRESETS, mid_training=True,
+                    base_tokens_per_param=BASE_TOKENS_PER_PARAM, mid_tokens_per_param=(MID_TOKENS_PER_PARAM,))
+    runs = continuation_runs(spec, TARGET, mixtures, TARGET_SEEDS)
+    plan_path = out / "target_plan.json"
+    plan = {"version": 1, "decision_rule": json.loads((out / "plan.json").read_text())["decision_rule"],
+            "picks": chosen, "runs": runs,
+            "notes": "Target runs of the mid-training study: each pick continued from the target's base, 3 seeds."}
+    if not plan_path.exists() or json.loads(plan_path.read_text())["runs"] != runs:
+        plan_path.write_text(json.dumps(plan, indent=1))
+    sweep(plan_path, root / "target", parallel)
+    shutil.copyfile(root / "target" / "runs.csv", out / "target_runs.csv")
+
+
+def target_cells(out: Path) -> dict[str, dict[int, dict[str, float]]]:
+    """{trained pick: {seed: metrics}} of the target runs' final checkpoints."""
+    import re
+
+    from data_mixture.table import read_runs
+
+    mid = read_runs(out / "target_runs.csv").law_rows()
+    seed_r, got = mid.seeds(), {}
+    for run in sorted(set(mid.run.tolist())):
+        rows = np.flatnonzero(mid.run == run)
+        i = rows[np.argmax(mid.tokens[rows])]
+        name = re.fullmatch(rf"{TARGET}_(.+)_s\d+", run).group(1)
+        metrics = {f"loss:{d}": float(mid.loss_rv[i, j]) for j, d in enumerate(mid.loss_domains)}
+        metrics["loss:mean"] = float(mid.loss_rv[i].mean())
+        got.setdefault(name, {})[int(seed_r[i])] = metrics
+    return got
+
+
+def compare(a: dict[int, dict], b: dict[int, dict], metric: str = "loss:mean") -> dict:
+    """The plan's decision rule: a beats b when its seed mean is lower and the 95% paired
+    t-interval of a - b excludes zero; otherwise they tie."""
+    from data_mixture.decisions import seed_difference
+
+    d = seed_difference(sorted((s, m[metric]) for s, m in a.items()), sorted((s, m[metric]) for s, m in b.items()))
+    d["verdict"] = ("tie" if d["lo"] is None or d["lo"] <= 0 <= d["hi"] else "wins" if d["diff"] < 0 else "loses")
+    return d
+
+
+def law_predictions(out: Path, mixtures: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """{law: {pick: predicted mean target loss}} of every law fitted on the whole ladder."""
+    from data_mixture.fit import Fit
+
+    n, d = target_point()
+    names = list(mixtures)
+    mix_rm = np.array([[mixtures[k][dom] for dom in DOMAINS] for k in names])
+    got = {}
+    for law in LAWS:
+        path = out / "fits" / f"{law}.json"
+        if path.exists():
+            fit = Fit.load(str(path), "fit")
+            pred_rv = fit.predict_losses(np.full(len(names), n), np.full(len(names), d), mix_rm)
+            got[law] = dict(zip(names, pred_rv.mean(axis=1).tolist()))
+    return got
+
+
+def report(out: Path) -> dict:
+    """report.json + report.md from the committed results only (no run directory is read)."""
+    plan, tplan = json.loads((out / "plan.json").read_text()), json.loads((out / "target_plan.json").read_text())
+    chosen, cells = tplan["picks"], target_cells(out)
+    trained = {name: p["trained_as"] for name, p in chosen.items() if p["trained_as"] in cells}
+    cell = {name: cells[t] for name, t in trained.items()}
+    summary = {name: {"mean": float(np.mean([m["loss:mean"] for m in c.values()])),
+                      "sd": float(np.std([m["loss:mean"] for m in c.values()], ddof=1)) if len(c) > 1 else None,
+                      "seeds": sorted(c)} for name, c in cell.items()}
+    pairs = {}
+    for a in cell:
+        for b in cell:
+            if a < b or a == b:
+                continue
+            pairs[f"{a} vs {b}"] = compare(cell[a], cell[b])
+    mixtures = {name: chosen[name]["weights"] for name in cell}
+    result = {"decision_rule": plan["decision_rule"], "picks": chosen, "target": summary, "comparisons": pairs,
+              "predicted": law_predictions(out, mixtures)}
+    for name in ("evaluate_ladder", "evaluate_target"):
+        path = out / name / "evaluation.json"
+        if path.exists():
+            ev = json.loads(path.read_text())
+            result[name] = {"verdict": ev["verdict"]["text"], "noise_floor": ev["noise_floor"],
+                            "decision": {**{k: v["decision"] for k, v in ev["laws"].items() if "decision" in v},
+                                         **{f"baseline:{k}": v["decision"] for k, v in ev["baselines"].items()
+                                            if "decision" in v}}}
+    rank_path = out / "mergemix" / "rank.json"
+    if rank_path.exists():
+        rank = json.loads(rank_path.read_text())
+        result["mergemix"] = {"rank": {k: {"mean_loss_rho": r["mean_loss"], "decision": r["decision"]["loss:mean"],
+                                           "domains": {d: {"rho": r["losses"][d], "decision": r["decision"][f"loss:{d}"]}
+                                                       for d in DOMAINS}}
+                                       for k, r in rank["rank"].items()},
+                              "rank_by_weight": rank["rank_by_weight"]}
+        if (out / "mergemix" / "summary.json").exists():
+            result["mergemix"]["chosen"] = json.loads((out / "mergemix" / "summary.json").read_text())
+    (out / "report.json").write_text(json.dumps(result, indent=1, default=float))
+    (out / "report.md").write_text(report_md(result))
+    plot_target(out, cell, summary)
+    return result
+
+
+def _iv(x: dict) -> str:
+    return f"{x['diff']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}]" if x.get("lo") is not None else f"{x['diff']:+.4f}"
+
+
+def _acc(x: dict) -> str:
+    return f"{x['accuracy']:.2f} [{x['lo']:.2f}, {x['hi']:.2f}]"
+
+
+def report_md(r: dict) -> str:
+    lines = ["# The mid-training mixture study", "", f"Decision rule (fixed in plan.json before any target run): "
+             f"{r['decision_rule']['rule']}", "", "## Target runs", "",
+             "| pick | why | weights (code, prose, math, knowledge) | mean loss (3 seeds) | sd |", "|---|---|---|---|---|"]
+    for name, p in r["picks"].items():
+        t = r["target"].get(name)
+        w = ", ".join(f"{p['weights'][d]:.2f}" for d in DOMAINS)
+        got = (f"{t['mean']:.4f} | {t['sd']:.4f}" if t and t["sd"] is not None else "not trained yet | ")
+        lines.append(f"| {name} | {p['why']} | {w} | {got} |")
+    lines += ["", "Paired comparisons (mean loss difference a - b, 95% paired t-interval over seeds):", "",
+              "| a vs b | difference [95%] | verdict for a |", "|---|---|---|"]
+    lines += [f"| {k} | {_iv(v)} | {v['verdict']} |" for k, v in r["comparisons"].items()]
+    if r["predicted"]:
+        names = list(r["target"])
+        lines += ["", "## Predicted vs observed target loss (laws fitted on the whole ladder)", "",
+                  "| law | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+                  "| observed | " + " | ".join(f"{r['target'][n]['mean']:.4f}" for n in names) + " |"]
+        lines += [f"| {law} | " + " | ".join(f"{p[n]:.4f}" for n in names) + " |" for law, p in r["predicted"].items()]
+    for name, title in (("evaluate_ladder", "the largest proxy size held out"), ("evaluate_target", "the target held out")):
+        if name in r:
+            ev = r[name]
+            lines += ["", f"## Decision accuracy, {title} ({name}/evaluation.md)", "", f"**{ev['verdict']}**", "",
+                      "| method | decision accuracy on the mean loss [95%] | pairs within noise |", "|---|---|---|"]
+            lines += [f"| {k} | {_acc(v)} | {v['pairs_within_noise']} |" for k, v in ev["decision"].items()]
+    if "mergemix" in r:
+        m = r["mergemix"]
+        lines += ["", "## MergeMix in its own setting (experts from the largest proxy's base)", "",
+                  "Merges of the 12 ladder mixtures against the mid-training runs of that size (2 seeds): Spearman of "
+                  "the mean held-out loss and decision accuracy on it, per expert seed / expert budget (fraction of "
+                  "the 40% expert run) / router.", "",
+                  "| experts / budget / router | Spearman mean loss [95%] | decision accuracy [95%] |", "|---|---|---|"]
+        for k, v in m["rank"].items():
+            rho = v["mean_loss_rho"]
+            lines.append(f"| {k} | {rho['rho']:.2f} [{rho['lo']:.2f}, {rho['hi']:.2f}] | {_acc(v['decision'])} |")
+        lines += ["", "Per domain, against ranking by the domain's own weight (decision accuracy [95%]):", "",
+                  "| domain | rank by own weight | " + " | ".join(m["rank"]) + " |", "|---|---|" + "---|" * len(m["rank"])]
+        for d in DOMAINS:
+            lines.append(f"| {d} | {_acc(m['rank_by_weight'][d]['decision'])} | "
+                         + " | ".join(_acc(v["domains"][d]["decision"]) for v in m["rank"].values()) + " |")
+        if "chosen" in m:
+            c = m["chosen"]
+            lines += ["", f"Chosen: expert budget {c['expert_share_of_base']:.0%} of the base's tokens, router "
+                          f"{c['router']}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_target(out: Path, cell: dict, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(summary, key=lambda n: summary[n]["mean"])
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
+    for y, n in enumerate(names):
+        ax.scatter([m["loss:mean"] for m in cell[n].values()], [y] * len(cell[n]), color="0.6", s=14)
+        ax.scatter([summary[n]["mean"]], [y], color="C0", marker="D")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("mean held-out loss at the target (seeds grey, mean blue)")
+    fig.tight_layout()
+    fig.savefig(out / "target.png", dpi=120)
+    plt.close(fig)
+
+
+def stage_report(out: Path) -> None:
+    """The target evaluation (redone when the target table changed) and the report."""
+    import hashlib
+
+    if (out / "target_runs.csv").exists():
+        runs = [out / "runs.csv", out / "target_runs.csv"]
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in runs)).hexdigest()
+        stamp = out / "evaluate_target" / "inputs.sha256"
+        if not stamp.exists() or stamp.read_text().strip() != digest:
+            dm("evaluate", "--runs", *map(str, runs), "--laws", ",".join(LAWS), "--out-dir",
+               str(out / "evaluate_target"), "--force")
+            stamp.write_text(digest + "\n")
+        print(report_md(report(out)))
+
+
+STAGES = ("plan", "ladder", "fit", "target", "mergemix", "report")
 
 
 def main(argv=None) -> None:
@@ -123,6 +553,16 @@ def main(argv=None) -> None:
         stage_plan(out)
     if "ladder" in todo:
         stage_ladder(out, root, args.parallel)
+    if "fit" in todo:
+        stage_fit(out)
+    if "target" in todo:  # the laws' and baselines' picks first, so they train while MergeMix is made
+        stage_target(out, root, args.parallel)
+    if "mergemix" in todo:
+        stage_mergemix(out, root, args.parallel)
+        if "target" in todo:  # MergeMix's picks join the target runs
+            stage_target(out, root, args.parallel)
+    if "report" in todo:
+        stage_report(out)
 
 
 if __name__ == "__main__":

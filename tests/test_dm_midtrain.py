@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_mixture.plan import BASE_SEED_OFFSET, PlanError, PlanSpec, make_plan
+from data_mixture.plan import BASE_SEED_OFFSET, PlanError, PlanSpec, continuation_runs, make_plan
 from data_mixture.sweep import SweepError, SweepOptions, run_sweep
 from data_mixture.table import read_runs
 
@@ -172,6 +172,20 @@ def test_mid_training_plan_has_one_base_per_size_and_replicates(mid_plan):
     assert protocol["base_tokens"] == {p: 4.0 * PER_STEP for p in sizes} == protocol["mid_tokens"]
     assert protocol["law_tokens"] == "mid" and protocol["schedule"]["warmup_fraction"] == 0.05
     json.dumps(mid_plan)
+
+
+def test_continuation_runs_repeat_the_plans_base_and_mid_recipe(mid_plan):
+    """Mixtures chosen after the ladder (the target's picks) get make_plan's base and mid runs."""
+    by_name = {r["name"]: r for r in mid_plan["runs"]}
+    planned = by_name["b_m1"]
+    runs = continuation_runs(spec(), "b", {"m1": planned["mixture"], "other": {d: 0.25 for d in DOMAINS}}, [0, 1])
+    assert [r["name"] for r in runs] == ["b_base", "b_m1_s0", "b_m1_s1", "b_other_s0", "b_other_s1"]
+    assert runs[0] == by_name["b_base"] and runs[1] == {**planned, "name": "b_m1_s0"}
+    assert runs[2]["overrides"] == {**planned["overrides"], "train.seed": 1} and runs[2]["seed"] == 1
+    with pytest.raises(PlanError, match="preset 'zz' is not among the presets"):
+        continuation_runs(spec(), "zz", {"m": planned["mixture"]}, [0])
+    with pytest.raises(PlanError, match="mid-training spec"):
+        continuation_runs(spec(mid_training=False), "b", {"m": planned["mixture"]}, [0])
 
 
 def test_scratch_plans_keep_their_names_and_overrides():
