@@ -15,9 +15,16 @@
 # page-faults it all back in; mimalloc reuses it (CPU steps 1.2-1.3x faster; moejax/allocator.py).
 # MOEJAX_ALLOCATOR=system keeps the system allocator.
 #
-# Python: $MOEJAX_PYTHON if set (e.g. an environment with jax[cuda] or jax[tpu]); otherwise
-# ./.venv, created and filled from requirements.txt on first use (and refreshed when that file
-# changes).
+# Python: $MOEJAX_PYTHON if set (e.g. an environment with jax[cuda] or jax[tpu]), checked before
+# every command against the pins (moejax/envcheck.py: the base requirements, and the dev extra's
+# for `test`; MOEJAX_CHECK_PINS=warn runs anyway, =0 skips the check). Otherwise ./.venv, made on
+# first use with $MOEJAX_BASE_PYTHON (default python3, 3.11 or newer) and filled with
+#   pip install -c constraints.txt -e ".[$MOEJAX_EXTRAS]"     (MOEJAX_EXTRAS: default dev)
+# (refreshed when pyproject.toml, constraints.txt or MOEJAX_EXTRAS change). torch (the hf extra,
+# which dev includes) comes from the CPU-only wheel index, $MOEJAX_TORCH_INDEX (default
+# https://download.pytorch.org/whl/cpu; empty: PyPI's build, which is CUDA's on Linux x86_64);
+# when that index cannot be reached, pip takes torch from where it finds it, with a note.
+# MOEJAX_EXTRAS= (empty) makes the light base install, without torch, Ray or pytest.
 #
 # Multi-host (docs/multihost.md): run the same command on every host, one process per host, with
 # JAX_COORDINATOR_ADDRESS=host0:port, JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set on host i (or
@@ -34,23 +41,87 @@ set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")"
 
+MIN_PYTHON=3.11  # pyproject.toml's requires-python (jax 0.10 needs it)
+
+# Exits with a clear message unless Python "$1" runs and is MIN_PYTHON or newer; "$2" names it.
+check_python() {
+  local version
+  if ! version=$("$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null); then
+    echo "launch.sh: error: $2 ($1) does not run; give a Python $MIN_PYTHON or newer." >&2
+    exit 2
+  fi
+  if ! "$1" -c "import sys; sys.exit(sys.version_info[:2] < tuple(map(int, '$MIN_PYTHON'.split('.'))))" 2>/dev/null; then
+    echo "launch.sh: error: moejax needs Python $MIN_PYTHON or newer (jax 0.10 does); $2 ($1) is Python $version." \
+      "Install a newer Python and set MOEJAX_BASE_PYTHON=/path/to/python3.11 (the Python ./.venv is made with)," \
+      "or MOEJAX_PYTHON=/path/to/python of an environment that has moejax's packages." >&2
+    exit 2
+  fi
+}
+
+# Checks that Python "$1"'s environment has the packages pinned in constraints.txt (see the top).
+check_pins() {
+  local py=$1 label=$2 extras=$3 purpose=$4
+  [[ "${MOEJAX_CHECK_PINS:-1}" == 0 ]] && return 0
+  if ! "$py" -P moejax/envcheck.py check --extras "$extras" --label "$label" --purpose "$purpose"; then
+    [[ "${MOEJAX_CHECK_PINS:-1}" == warn ]] || exit 2
+    echo "launch.sh: MOEJAX_CHECK_PINS=warn: running anyway." >&2
+  fi
+}
+
+# Does the CPU-only wheel index answer? (A short probe: pip would retry an unreachable index.)
+torch_index_reachable() {
+  "$1" - "$2" <<'PY' 2> /dev/null
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10).close()
+PY
+}
+
 python_env() {
+  local purpose=$1
   if [[ -n "${MOEJAX_PYTHON:-}" ]]; then
     PY="$MOEJAX_PYTHON"
+    check_python "$PY" "MOEJAX_PYTHON"
+    if [[ "$purpose" == test ]]; then
+      check_pins "$PY" "the environment of MOEJAX_PYTHON" dev "the test suite"
+    else
+      check_pins "$PY" "the environment of MOEJAX_PYTHON" "" ""
+    fi
     return
   fi
-  local stamp=.venv/.requirements.sha256
-  local want
-  want=$(sha256sum requirements.txt | cut -d' ' -f1)
+  local extras=${MOEJAX_EXTRAS-dev} base=${MOEJAX_BASE_PYTHON:-python3}
+  local stamp=.venv/.install.sha256 want
+  want=$( (cat pyproject.toml constraints.txt; echo "extras=$extras") | sha256sum | cut -d' ' -f1)
   # Hosts of a multi-host job sharing this checkout start together: one installs, the others wait.
   mkdir -p .venv
   exec 9> .venv/.install.lock
   if command -v flock > /dev/null; then flock 9; fi
   if [[ ! -x .venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-    echo "launch.sh: installing requirements into .venv (first run only)..." >&2
-    python3 -m venv .venv
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -r requirements.txt
+    local label=python3
+    [[ -n "${MOEJAX_BASE_PYTHON:-}" ]] && label=MOEJAX_BASE_PYTHON
+    check_python "$base" "$label"
+    echo "launch.sh: installing moejax${extras:+[$extras]} into .venv from the pins in constraints.txt (first run only)..." >&2
+    if ! "$base" -m venv .venv; then
+      echo "launch.sh: error: '$base -m venv .venv' failed; on Debian/Ubuntu install the python3-venv package" \
+        "(apt install python3-venv), or set MOEJAX_BASE_PYTHON to a Python that has venv." >&2
+      exit 2
+    fi
+    local pip=(.venv/bin/python -m pip install --quiet -c constraints.txt)
+    "${pip[@]}" --upgrade pip
+    local spec=.
+    [[ -n "$extras" ]] && spec=".[$extras]"
+    if .venv/bin/python -P moejax/envcheck.py list --extras "$extras" | grep -qx torch; then
+      local index=${MOEJAX_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+      if [[ -n "$index" ]] && torch_index_reachable .venv/bin/python "$index"; then
+        # torch alone first, from the CPU-only index (2.13.0+cpu meets the pin torch==2.13.0).
+        "${pip[@]}" --extra-index-url "$index" torch
+      elif [[ -n "$index" ]]; then
+        echo "launch.sh: note: the CPU-only wheel index $index does not answer; torch comes from pip's" \
+          "usual sources (on Linux x86_64, PyPI's torch is the CUDA build, several GB, unless pip is pointed" \
+          "at a CPU wheel, e.g. by --find-links in its config). MOEJAX_TORCH_INDEX=URL names another index." >&2
+      fi
+    fi
+    "${pip[@]}" -e "$spec"
+    check_pins .venv/bin/python ".venv" "$extras" ""
     echo "$want" > "$stamp"
   fi
   exec 9>&-
@@ -69,7 +140,7 @@ use_mimalloc() {
   return 0
 }
 
-python_env
+python_env "${1:-}"
 use_mimalloc
 if [[ "${1:-}" == "python" ]]; then
   shift

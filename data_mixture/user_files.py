@@ -28,6 +28,7 @@ import os
 import tempfile
 from collections.abc import Iterable
 
+from moejax import configs as builtin_configs
 from moejax.config import ConfigError
 from moejax.paths import is_non_empty_dir, refuse_existing_file, relative_to_note, user_input_path, user_path, write_file
 
@@ -128,9 +129,10 @@ def check_inputs(args) -> None:
     for path in [runs] if isinstance(runs, str) else runs or []:
         check_csv(path, "--runs")
     config = getattr(args, "config", None)
-    if config and not os.path.isfile(config):
+    if config and not os.path.isfile(config) and not builtin_configs.find(config):
         raise ConfigError(f"--config {config} does not exist{relative_to_note(config)}, nor in the repository; "
-                          "give a moejax experiment file, e.g. --config experiments/tiny_moe.py.")
+                          "give a moejax experiment file, e.g. --config experiments/tiny_moe.py, or a built-in config "
+                          f"name ({', '.join(builtin_configs.BUILTIN)}).")
 
 
 def check_csv(path: str, flag: str) -> None:

@@ -13,7 +13,7 @@ architecture); the default job's steps 0.58 -> 0.485 s on average, the whole job
 
 How. ``launch.sh`` (training, ``test``, and ``python ...`` for any other command) runs
 ``python -m moejax.allocator``, which prints the path of the ``libmimalloc.so`` that the PyPI
-package ``cmeel-mimalloc`` (requirements.txt) installs, and puts it in ``LD_PRELOAD``, with
+package ``cmeel-mimalloc`` (a base requirement in pyproject.toml) installs, and puts it in ``LD_PRELOAD``, with
 ``MIMALLOC_PURGE_DELAY=-1`` (freed memory is never given back to the OS: with the default 10 ms
 delay the host work between two steps of the training loop was enough for mimalloc to return the
 buffer, and the loop's steps ran 1.08x slower); child processes (the sweep's runs, the drills)

@@ -37,12 +37,14 @@ from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as _config_flags_module
 
 from moejax import config as config_lib
+from moejax import configs as builtin_configs
 from moejax import paths
 from moejax.config import ConfigError
 
 USAGE = (
     "usage: python -m moejax.main --config FILE --workdir DIR [--config.KEY=VALUE ...] "
-    "(or ./launch.sh [FILE] [--workdir DIR] [--config.KEY=VALUE ...]). Every KEY and its meaning is in "
+    "(or ./launch.sh [FILE] [--workdir DIR] [--config.KEY=VALUE ...], or, installed, moejax train [FILE|NAME] "
+    "[--workdir DIR] [--config.KEY=VALUE ...]). Every KEY and its meaning is in "
     "moejax/config.py; data.mixture takes one --config.data.mixture.DOMAIN=WEIGHT per domain or JSON "
     "text, --config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'."
 )
@@ -117,7 +119,10 @@ def _config_file(args: list[str]) -> str | None:
         if arg.startswith("--config=") or (arg == "--config" and i + 1 < len(args)):
             index, value = (i, arg.split("=", 1)[1]) if arg.startswith("--config=") else (i + 1, args[i + 1])
             name, sep, rest = value.partition(":")
-            value = paths.user_input_path(name) + sep + rest
+            found = paths.user_input_path(name)
+            if not os.path.isfile(found):  # a built-in's name: tiny_moe, experiments/tiny_moe.py
+                found = builtin_configs.find(name) or found
+            value = found + sep + rest
             args[index] = f"--config={value}" if index == i else value
             return value
     return None
@@ -191,7 +196,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"--config FILE is required, e.g. --config experiments/tiny_moe.py. {USAGE}")
     if not os.path.isfile(config_file.split(":", 1)[0]):
         _die(f"config file {config_file!r} not found{paths.relative_to_note(config_file)}; give the path "
-             "of an experiment file, e.g. experiments/tiny_moe.py.")
+             "of an experiment file, e.g. experiments/tiny_moe.py, or the name of a built-in config: "
+             f"{', '.join(builtin_configs.BUILTIN)}.")
     values = flags.FlagValues()
     # ml_collections loads the file as module "config_config" with the deprecated load_module(),
     # which executes it into the module object a previous call left in sys.modules: a file that

@@ -26,6 +26,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4)
 
 def launch_python(*args, allocator_choice: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MOEJAX_ALLOCATOR", "MIMALLOC_PURGE_DELAY")}
+    env.setdefault("MOEJAX_PYTHON", sys.executable)  # this environment, not a .venv launch.sh would make
     if allocator_choice is not None:
         env["MOEJAX_ALLOCATOR"] = allocator_choice
     return subprocess.run(["./launch.sh", "python", *args], cwd=REPO, env=env, capture_output=True, text=True,
@@ -35,7 +36,7 @@ def launch_python(*args, allocator_choice: str | None = None) -> subprocess.Comp
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cmeel-mimalloc is installed on Linux only")
 def test_launch_preloads_mimalloc_and_the_step_temporaries_stop_faulting():
     lib = allocator.mimalloc_path()
-    assert lib is not None and os.path.isfile(lib), "requirements.txt installs cmeel-mimalloc"
+    assert lib is not None and os.path.isfile(lib), "the base install (pyproject.toml) has cmeel-mimalloc"
     proc = launch_python("-c", "import os; from moejax import allocator; "
                          "print(allocator.active(), os.environ['LD_PRELOAD'], os.environ['MIMALLOC_PURGE_DELAY'])")
     assert proc.returncode == 0, proc.stderr

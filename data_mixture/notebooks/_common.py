@@ -3,7 +3,13 @@
 ``DM_RUNS``: runs-table CSV (default: the committed moejax ladder, data_mixture/results/ladder_runs.csv);
 ``DM_LAWS``: comma-separated laws to compare; ``DM_LAW``: the one law of the single-law notebooks;
 ``DM_STARTS``: random starts per fit; ``DM_OUT``: directory for figures (default results/dm_notebooks).
-The tests run every notebook on a small synthetic table with fast settings.
+The tests run every notebook through a Jupyter kernel on a small synthetic table with fast settings.
+
+The notebooks are jupytext percent-format ``.py`` files. To open them in Jupyter: ``pip install -e
+".[notebooks]"`` in the repository, then ``jupyter lab data_mixture/notebooks`` and open a file as a
+notebook (right click, "Open With", "Notebook"); each also runs as a script (``python
+data_mixture/notebooks/fit_and_compare.py``). They import ``data_mixture`` as an installed package
+and this file from the notebook's own directory (a kernel's working directory).
 """
 
 import os

@@ -20,18 +20,13 @@
 # chance (0.25 for the multiple-choice tasks, 0 for math exact match): expect flat curves there.
 
 # %%
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path.cwd()))
-sys.path.insert(0, str(Path(__file__).resolve().parent) if "__file__" in globals() else "data_mixture/notebooks")
-from _common import OUT, RUNS, STARTS  # noqa: E402
+from _common import OUT, RUNS, STARTS
 
-from data_mixture.bench_law import MIN_SCORES, fit_bench  # noqa: E402
-from data_mixture.plots import plot_bench_curves  # noqa: E402
-from data_mixture.table import read_runs  # noqa: E402
+from data_mixture.bench_law import MIN_SCORES, fit_bench
+from data_mixture.plots import plot_bench_curves
+from data_mixture.table import read_runs
 
 table = read_runs(RUNS)
 CHANCE = {"code": 0.25, "prose": 0.25, "knowledge": 0.25, "math": 0.0}

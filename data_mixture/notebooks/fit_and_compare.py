@@ -19,17 +19,12 @@
 # your own table; the default is the moejax ladder committed in `data_mixture/results/`.
 
 # %%
-import sys
-from pathlib import Path
+from _common import LAWS, OUT, RUNS, STARTS
 
-sys.path.insert(0, str(Path.cwd()))  # run from the repository root (or a notebook server started there)
-sys.path.insert(0, str(Path(__file__).resolve().parent) if "__file__" in globals() else "data_mixture/notebooks")
-from _common import LAWS, OUT, RUNS, STARTS  # noqa: E402
-
-from data_mixture.evaluate import evaluate_laws, format_report  # noqa: E402
-from data_mixture.laws import LAWS as REGISTERED  # noqa: E402
-from data_mixture.plots import plot_pred_vs_obs  # noqa: E402
-from data_mixture.table import read_runs  # noqa: E402
+from data_mixture.evaluate import evaluate_laws, format_report
+from data_mixture.laws import LAWS as REGISTERED
+from data_mixture.plots import plot_pred_vs_obs
+from data_mixture.table import read_runs
 
 table = read_runs(RUNS)
 print(f"{RUNS}: {len(table)} rows, {len(set(table.run))} runs, sizes {sorted(set(table.params_total))}")

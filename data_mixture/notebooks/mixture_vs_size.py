@@ -21,19 +21,14 @@
 # bands; CAMEL may not.
 
 # %%
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path.cwd()))
-sys.path.insert(0, str(Path(__file__).resolve().parent) if "__file__" in globals() else "data_mixture/notebooks")
-from _common import LAW, OUT, RUNS, STARTS  # noqa: E402
+from _common import LAW, OUT, RUNS, STARTS
 
-from data_mixture.fit import fit_table  # noqa: E402
-from data_mixture.optimize import optimize_mixture  # noqa: E402
-from data_mixture.plots import plot_loss_vs_share, plot_optimal_vs_size  # noqa: E402
-from data_mixture.table import read_runs  # noqa: E402
+from data_mixture.fit import fit_table
+from data_mixture.optimize import optimize_mixture
+from data_mixture.plots import plot_loss_vs_share, plot_optimal_vs_size
+from data_mixture.table import read_runs
 
 table = read_runs(RUNS)
 fit = fit_table(table, LAW, bootstrap=0, starts=STARTS, progress=False)

@@ -45,7 +45,13 @@ class RayBackend:
 
     def __init__(self, *, address: str | None, cpus_per_run: float, gpus_per_run: float, parallel: int | None,
                  init_kwargs: dict[str, Any] | None = None):
-        import ray
+        try:
+            import ray
+        except ImportError:
+            from data_mixture.sweep.targets import SweepError
+
+            raise SweepError("--backend ray needs Ray, which the base install leaves out: pip install "
+                             "'moejax[sweep]' (or --backend local, the default, on this machine).") from None
 
         self.ray = ray
         kwargs = dict(init_kwargs or {})

@@ -258,8 +258,12 @@ def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str | None]:
 
 
 def _parquet_file(path: Path | str, text_field: str):
-    import pyarrow as pa  # Only Parquet sources need pyarrow.
-    import pyarrow.parquet as pq
+    try:  # Only Parquet sources need pyarrow (the parquet extra).
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow, which the base install leaves out: pip install "
+                        "'moejax[parquet]' (or give the text as JSONL or plain text files).") from None
 
     parquet = pq.ParquetFile(path)
     schema = parquet.schema_arrow

@@ -172,7 +172,7 @@ def _summary_writer():
     """tensorboardX's ``SummaryWriter``, imported without torch.
 
     tensorboardX imports torch whenever it is installed (only to accept torch tensors; it is in
-    requirements.txt for the PyTorch peer benchmark). The loop logs Python floats, so torch is
+    the hf extra for the PyTorch peer benchmark). The loop logs Python floats, so torch is
     hidden while tensorboardX loads: a training process starts 3.4 s sooner (import 3.6 s ->
     0.2 s on the 2-core machines), which every sweep run and test subprocess pays. A process that
     has already imported torch keeps it.
