@@ -118,11 +118,14 @@ def stage_ladder(out: Path, root: Path, parallel: int) -> None:
     if not (out / "runs.csv").exists():
         sweep(out / "plan.json", root / "ladder", parallel)
         shutil.copyfile(root / "ladder" / "runs.csv", out / "runs.csv")
+    if not (out / "sweep_ladder.log").exists():
+        shutil.copyfile(root / "ladder" / "sweep.log", out / "sweep_ladder.log")
     if not (out / "runs_logprob.csv").exists():
         dm("collect", str(root / "ladder"), "--out", str(out / "runs_logprob.csv"), "--bench-metric", "gold_logprob")
 
 
 LAWS = ("mixing_law", "additive", "regmix", "regmix_linear", "camel")
+SIZE_COLUMN = "params_active"  # the laws' N, as the plan sizes the ladder (target_point is in it too)
 FIT_BOOTSTRAP = 20
 
 
@@ -135,14 +138,16 @@ def target_point() -> tuple[float, float]:
 def stage_fit(out: Path) -> None:
     runs = str(out / "runs.csv")
     if not (out / "evaluate_ladder" / "evaluation.json").exists():
-        dm("evaluate", "--runs", runs, "--laws", ",".join(LAWS), "--out-dir", str(out / "evaluate_ladder"), "--force")
+        dm("evaluate", "--runs", runs, "--laws", ",".join(LAWS), "--size-column", SIZE_COLUMN,
+           "--out-dir", str(out / "evaluate_ladder"), "--force")
     n, d = target_point()
     for law in LAWS:
         fit, opt = out / "fits" / f"{law}.json", out / "optima" / f"{law}.json"
         fit.parent.mkdir(exist_ok=True)
         opt.parent.mkdir(exist_ok=True)
         if not fit.exists():
-            dm("fit", "--runs", runs, "--law", law, "--bootstrap", str(FIT_BOOTSTRAP), "--out", str(fit), "--no-progress")
+            dm("fit", "--runs", runs, "--law", law, "--size-column", SIZE_COLUMN, "--bootstrap", str(FIT_BOOTSTRAP),
+               "--out", str(fit), "--no-progress")
         if not opt.exists():
             dm("optimize", "--fit", str(fit), "--size", repr(n), "--tokens", repr(d), "--out", str(opt))
 
@@ -283,7 +288,7 @@ def stage_search(out: Path, root: Path, base: str, expert_tokens: float, fractio
         dest = out / "mergemix" / f"search_{name}"
         args = ["mergemix", "--base", base, "--domains", ",".join(DOMAINS), "--expert-tokens", repr(expert_tokens),
                 "--fractions", ",".join(map(str, FRACTIONS)), "--expert-fraction", str(fraction),
-                "--experts-dir", str(root / "experts_s0"), "--router", router, "--search", "both",
+                "--experts-dir", str(root / "experts_s0"), "--router", router, "--search", "mergemix",
                 "--budget", str(SEARCH_BUDGET), "--seeds", str(SEARCH_SEEDS), "--max-items", str(MERGE_MAX_ITEMS),
                 "--loss-batches", str(MERGE_LOSS_BATCHES), "--cache", str(root / f"cache_search_{name}.jsonl"),
                 "--out", str(dest), "--no-progress"]
@@ -354,12 +359,15 @@ def stage_target(out: Path, root: Path, parallel: int) -> None:
     runs = continuation_runs(spec, TARGET, mixtures, TARGET_SEEDS)
     plan_path = out / "target_plan.json"
     plan = {"version": 1, "decision_rule": json.loads((out / "plan.json").read_text())["decision_rule"],
-            "picks": chosen, "runs": runs,
-            "notes": "Target runs of the mid-training study: each pick continued from the target's base, 3 seeds."}
-    if not plan_path.exists() or json.loads(plan_path.read_text())["runs"] != runs:
+            "picks": chosen, "predicted": law_predictions(out, mixtures), "runs": runs,
+            "notes": "Target runs of the mid-training study: each pick continued from the target's base, 3 seeds. "
+                     "predicted: every law's mean target loss for each trained pick, from the fits on the whole "
+                     "ladder, written before the target runs."}
+    if not plan_path.exists() or json.loads(plan_path.read_text()) != json.loads(json.dumps(plan)):
         plan_path.write_text(json.dumps(plan, indent=1))
     sweep(plan_path, root / "target", parallel)
     shutil.copyfile(root / "target" / "runs.csv", out / "target_runs.csv")
+    shutil.copyfile(root / "target" / "sweep.log", out / "sweep_target.log")
 
 
 def target_cells(out: Path) -> dict[str, dict[int, dict[str, float]]]:
@@ -422,9 +430,9 @@ def report(out: Path) -> dict:
             if a < b or a == b:
                 continue
             pairs[f"{a} vs {b}"] = compare(cell[a], cell[b])
-    mixtures = {name: chosen[name]["weights"] for name in cell}
+    predicted = {law: {name: p[trained[name]] for name in cell} for law, p in tplan["predicted"].items()}
     result = {"decision_rule": plan["decision_rule"], "picks": chosen, "target": summary, "comparisons": pairs,
-              "predicted": law_predictions(out, mixtures)}
+              "predicted": predicted}
     for name in ("evaluate_ladder", "evaluate_target"):
         path = out / name / "evaluation.json"
         if path.exists():
@@ -443,10 +451,42 @@ def report(out: Path) -> dict:
                               "rank_by_weight": rank["rank_by_weight"]}
         if (out / "mergemix" / "summary.json").exists():
             result["mergemix"]["chosen"] = json.loads((out / "mergemix" / "summary.json").read_text())
+    result["costs"] = costs(out)
     (out / "report.json").write_text(json.dumps(result, indent=1, default=float))
     (out / "report.md").write_text(report_md(result))
     plot_target(out, cell, summary)
     return result
+
+
+def sweep_wall_seconds(log: Path) -> float | None:
+    """First to last timestamp of a sweep.log (HH:MM:SS lines; a run over midnight is not expected)."""
+    import re
+
+    if not log.exists():
+        return None
+    stamps = [sum(int(x) * f for x, f in zip(m.groups(), (3600, 60, 1)))
+              for m in re.finditer(r"^(\d\d):(\d\d):(\d\d) ", log.read_text(), re.M)]
+    return float(stamps[-1] - stamps[0]) if stamps else None
+
+
+def costs(out: Path) -> dict:
+    """FLOPs (6 N_active D, training only) of the ladder, MergeMix and brute force at the target."""
+    plan, tplan = json.loads((out / "plan.json").read_text()), json.loads((out / "target_plan.json").read_text())
+    bases = sum(r["flops"] for r in plan["runs"] if r["role"] == "base")
+    mids = sum(r["flops"] for r in plan["runs"] if r["role"] == "mid")
+    target_run = next(r["flops"] for r in tplan["runs"] if r["role"] == "mid")
+    target_base = next(r["flops"] for r in tplan["runs"] if r["role"] == "base")
+    got = {"ladder": {"bases": bases, "mid_runs": mids, "total": bases + mids,
+                      "wall_s": sweep_wall_seconds(out / "sweep_ladder.log")},
+           "target_base": target_base, "target_run": target_run,
+           "brute_force_target": {"runs": MIXTURES, "flops": MIXTURES * target_run},
+           "note": "Training FLOPs 6 x N_active x tokens; evaluations not counted except MergeMix's merges, whose "
+                   "evaluation is its whole search cost. Every method needs the target base (target_base)."}
+    for name in OBJECTIVES:
+        path = out / "mergemix" / f"search_{name}" / "summary.json"
+        if path.exists():
+            got[f"mergemix_{name}"] = json.loads(path.read_text())["flops"]
+    return got
 
 
 def _iv(x: dict) -> str:
@@ -500,6 +540,17 @@ def report_md(r: dict) -> str:
             c = m["chosen"]
             lines += ["", f"Chosen: expert budget {c['expert_share_of_base']:.0%} of the base's tokens, router "
                           f"{c['router']}."]
+    c = r["costs"]
+    lines += ["", "## Cost (training FLOPs, 6 N_active D)", "", "| what | FLOPs |", "|---|---|",
+              f"| ladder: 3 proxy bases | {c['ladder']['bases']:.3g} |",
+              f"| ladder: mid-training runs | {c['ladder']['mid_runs']:.3g} |",
+              f"| target base (every method needs it) | {c['target_base']:.3g} |",
+              f"| brute force: {c['brute_force_target']['runs']} mixtures at the target | {c['brute_force_target']['flops']:.3g} |"]
+    for name in OBJECTIVES:
+        if f"mergemix_{name}" in c:
+            f = c[f"mergemix_{name}"]
+            lines.append(f"| MergeMix ({name} objective): experts {f['experts']:.3g} + {f['merges_evaluated']} merge "
+                         f"evaluations {f['merges']:.3g} | {f['total']:.3g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -530,7 +581,7 @@ def stage_report(out: Path) -> None:
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in runs)).hexdigest()
         stamp = out / "evaluate_target" / "inputs.sha256"
         if not stamp.exists() or stamp.read_text().strip() != digest:
-            dm("evaluate", "--runs", *map(str, runs), "--laws", ",".join(LAWS), "--out-dir",
+            dm("evaluate", "--runs", *map(str, runs), "--laws", ",".join(LAWS), "--size-column", SIZE_COLUMN, "--out-dir",
                str(out / "evaluate_target"), "--force")
             stamp.write_text(digest + "\n")
         print(report_md(report(out)))

@@ -1,0 +1,42 @@
+"""The mid-training study's committed results rebuild its report (no training, no fitting)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import midtrain_study as study
+
+RESULTS = Path(__file__).resolve().parents[1] / "data_mixture" / "results" / "midtrain_v1"
+
+
+def test_committed_results_rebuild_the_report(tmp_path):
+    out = tmp_path / "midtrain_v1"
+    shutil.copytree(RESULTS, out, ignore=shutil.ignore_patterns("report.md", "report.json", "target.png"))
+    result = study.report(out)
+    assert (out / "report.md").read_text() == (RESULTS / "report.md").read_text()
+    assert (out / "target.png").stat().st_size > 0
+    committed = json.loads((RESULTS / "report.json").read_text())
+    assert result["comparisons"].keys() == committed["comparisons"].keys()
+    # The decision rule is the plan's, written before the target runs.
+    assert result["decision_rule"] == json.loads((RESULTS / "plan.json").read_text())["decision_rule"]
+
+
+def test_decision_rule_is_a_paired_interval_over_seeds():
+    a = {0: {"loss:mean": 1.00}, 1: {"loss:mean": 1.01}, 2: {"loss:mean": 1.02}}
+    b = {s: {"loss:mean": m["loss:mean"] + 0.05} for s, m in a.items()}  # worse by the same amount each seed
+    assert study.compare(a, b)["verdict"] == "wins" and study.compare(b, a)["verdict"] == "loses"
+    noisy = {0: {"loss:mean": 1.10}, 1: {"loss:mean": 0.95}, 2: {"loss:mean": 1.02}}
+    got = study.compare(noisy, a)
+    assert got["verdict"] == "tie" and got["lo"] < 0 < got["hi"] and got["method"] == "paired t over 3 seeds"
+
+
+def test_decision_scores_count_pairs_within_the_seed_noise_apart():
+    obs = [[1.00, 1.01], [1.002, 1.012], [1.50, 1.51]]  # mixtures 0 and 1 within the noise, 2 far
+    got = study.decision_scores(np.array([1.0, 1.1, 1.5]), obs)
+    assert got["pairs_within_noise"] == 1 and got["pairs_decided"] == 2 and got["accuracy"] == 1.0
+    assert got["seed_sd"] == pytest.approx(np.std([1.00, 1.01], ddof=1))
