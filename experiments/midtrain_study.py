@@ -49,6 +49,7 @@ LARGEST_PROXY = "s1b"
 MIXTURES = 12
 BASE_TOKENS_PER_PARAM, MID_TOKENS_PER_PARAM = 20.0, 4.0
 TARGET_SEEDS = (0, 1, 2)
+TARGET_LADDER_MIXTURES = ("m1", "m2")  # also trained at the target (not picks): more pairs to decide there
 EVAL_ARGS = "--max-items 128"
 DECISION_RULE = {
     "metric": "loss:mean at the final checkpoint (mean held-out loss over the validation domains)",
@@ -324,6 +325,9 @@ def picks(out: Path) -> dict[str, dict]:
     best = min(weights, key=lambda n: np.mean(values[n]["loss:mean"]))
     got["best_at_proxy"] = {"weights": weights[best], "why": f"{LARGEST_PROXY}_{best}: lowest mean loss at "
                                                              f"{LARGEST_PROXY} (seed mean)"}
+    for name in TARGET_LADDER_MIXTURES:
+        got[f"ladder_{name}"] = {"weights": weights[name], "why": f"ladder mixture {name}: more target mixtures for "
+                                                                  "the laws' decision accuracy at the target"}
     ev = out / "evaluate_ladder" / "evaluation.json"
     if (out / "optima" / "camel.json").exists() and ev.exists():
         laws = json.loads(ev.read_text())["laws"]
