@@ -98,12 +98,7 @@ def stage_plan(out: Path) -> Path:
 
 
 def sweep(plan: Path, root: Path, parallel: int) -> None:
-    cmd = [sys.executable, "-m", "data_mixture", "sweep", "--plan", str(plan), "--root", str(root),
-           "--parallel", str(parallel), "--eval-args", EVAL_ARGS]
-    print("+", " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        raise SystemExit(f"sweep of {plan} exited {rc}; rerun the stage to resume it")
+    dm("sweep", "--plan", str(plan), "--root", str(root), "--parallel", str(parallel), "--eval-args", EVAL_ARGS)
 
 
 def dm(*args: str) -> None:
@@ -132,7 +127,7 @@ FIT_BOOTSTRAP = 20
 
 def target_point() -> tuple[float, float]:
     """(active parameters, mid-training tokens) of a target run."""
-    n = preset_sizes({TARGET: PRESETS[TARGET]})[TARGET]["params_active"]
+    n = ladder_size(TARGET)
     return n, MID_TOKENS_PER_PARAM * n
 
 
@@ -230,8 +225,7 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
     path = out / "mergemix" / "rank.json"
     path.parent.mkdir(exist_ok=True)
     result = json.loads(path.read_text()) if path.exists() else {"rank": {}, "proxy": {}}
-    size = preset_sizes({LARGEST_PROXY: PRESETS[LARGEST_PROXY]})[LARGEST_PROXY]["params_active"]
-    weights, values, _ = final_cells(read_runs(out / "runs.csv"), size)
+    weights, values, _ = final_cells(read_runs(out / "runs.csv"), ladder_size(LARGEST_PROXY))
     names = sorted(weights)
     trained = {n: {k: float(np.mean(v)) for k, v in values[n].items()} for n in names}
     # rank by own weight, the trivial ranker of one domain's loss
