@@ -245,7 +245,7 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
             calib = calibration_batches(merge_set.erun, list(DOMAINS), batches_per_domain=2)
             for router, key in zip(ROUTERS, keys):
                 proxy = MergeProxy(merge_set, evaluator, router, calib_batches=calib)
-                got = {n: proxy(np.array([weights[n][d] for d in DOMAINS])) for n in names}
+                got = dict(zip(names, proxy.evaluate_many([np.array([weights[n][d] for d in DOMAINS]) for n in names])))
                 for n in names:
                     got[n]["loss:mean"] = float(np.mean([got[n][f"loss:{d}"] for d in DOMAINS]))
                 rank = rank_consistency(got, trained, seed=0)

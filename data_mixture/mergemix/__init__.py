@@ -6,6 +6,8 @@ One module per job (docs/mergemix.md):
   rate, short), through the sweep runner, keeping checkpoints at several budgets;
 - :mod:`.merge` builds ``theta(alpha) = theta_base + sum_k alpha_k (theta_k - theta_base)`` on
   device and evaluates it with the ``moejax.eval`` machinery, caching every evaluation;
+- :mod:`.batched` scores several merges per compiled call with the same numbers and fewer tokens
+  (each benchmark context run once), the merge evaluator's default;
 - :mod:`.search` chooses alpha: the paper's seed design -> per-task LightGBM regressors -> fine
   simplex search -> verification merges, and a direct CMA-ES search;
 - :mod:`.routing` measures routing breakdown under merging and calibrates the merged router

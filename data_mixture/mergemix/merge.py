@@ -32,14 +32,20 @@ parameter tree and shapes; the error names every differing key and parameter of 
 
 Evaluation. :class:`MergeEvaluator` evaluates merges under one set of :class:`Settings` and
 returns flat metrics ``loss:<domain>`` (held-out loss, nats/token), ``bench:<task>`` (the task's
-headline score, :func:`moejax.eval.evaluate.benchmark_score`) and ``seconds`` (merge + evaluation
-wall time of the computation that produced the entry). The merged model runs with the base's
+headline score, :func:`moejax.eval.evaluate.benchmark_score`), ``eval_tokens`` and ``seconds``
+(merge + evaluation wall time of the computation that produced the entry; a merge scored with
+others gets its share). By default (``merges_per_call`` >= 1) several merges are merged and scored
+per compiled call by :mod:`.batched`, which computes the same numbers with fewer tokens (equal up
+to float rounding); ``merges_per_call=0`` scores each merge with ``moejax.eval``'s Evaluator, exactly
+as ``python -m moejax.eval`` scores a saved checkpoint. :meth:`MergeEvaluator.evaluate_many` takes a
+list of alphas (what the searches ask for). The merged model runs with the base's
 balancing state (``Checkpoint(base_step, merged, base.balance)``): the balancing state is
 inference state of the base run (e.g. loss-free biases), not a parameter that is merged.
 Results are cached on (alpha rounded to 1e-9, router, key_extra), in memory and optionally in a
 JSONL file, one line per evaluation, so the same key is never computed twice, also across
 processes; each line records the merge set and settings it belongs to, and a file written for
-another merge set or other settings is refused.
+another merge set or other settings is refused. The two ways of scoring share one cache file (the
+same context): their entries agree up to float rounding, and a file written by either serves both.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.eval.evaluate import Evaluator, Settings, benchmark_score
 from moejax.eval.restore import Checkpoint, EvalRun, open_run
 from moejax.train.checkpoint import CheckpointMismatch, _flat_shapes, describe_mismatch
+
+from data_mixture.mergemix.batched import MERGES_PER_CALL, BatchedScorer, shared_scorer
 
 ROUTERS = ("linear", "base")
 
@@ -363,19 +371,26 @@ def flat_metrics(result: dict[str, Any]) -> dict[str, float]:
 class MergeEvaluator:
     """Evaluates merges of ``merge_set`` under ``settings``, caching every result (module docstring).
 
-    One :class:`Evaluator` of the base run is built once and reused, so no merge recompiles
-    (``evaluator=`` shares an existing one, e.g. between evaluators with different cache files).
-    ``cache_path``: a JSONL file read at start (entries of this merge set and settings) and
-    appended to after each new evaluation. Counters: ``merges_evaluated`` (computed here),
-    ``cache_hits`` (answered from the cache, file entries included).
+    One :class:`Evaluator` of the base run is built once and reused (``evaluator=`` shares an
+    existing one, e.g. between evaluators with different cache files). ``merges_per_call``: merges
+    merged and scored per compiled call by :class:`.batched.BatchedScorer` (built on first use, so
+    nothing recompiles across merges); 0 scores merge by merge with the Evaluator itself, exactly
+    as ``python -m moejax.eval`` scores a saved checkpoint (the reference the batched scores equal
+    up to float rounding, :mod:`.batched`). ``cache_path``: a JSONL file read at start (entries of
+    this merge set and settings, whichever way they were scored) and appended to after each new
+    evaluation. Counters: ``merges_evaluated`` (computed here), ``cache_hits`` (answered from the
+    cache, file entries included).
     """
 
     def __init__(self, merge_set: MergeSet, settings: Settings, *, cache_path: str | None = None,
-                 evaluator: Evaluator | None = None, progress: bool = False):
+                 evaluator: Evaluator | None = None, progress: bool = False, merges_per_call: int = MERGES_PER_CALL):
         self.merge_set, self.settings, self.cache_path = merge_set, settings, cache_path
         if evaluator is not None and (evaluator.erun is not merge_set.erun or evaluator.settings != settings):
             raise ConfigError("evaluator= must be an Evaluator of merge_set.erun with the same settings")
+        if not (isinstance(merges_per_call, int) and merges_per_call >= 0):
+            raise ConfigError(f"merges_per_call={merges_per_call!r}: a number of merges >= 1, or 0 for one at a time")
         self.evaluator = evaluator or Evaluator(merge_set.erun, settings, progress=progress)
+        self.merges_per_call = merges_per_call
         self.merges_evaluated, self.cache_hits = 0, 0
         self.context = json.loads(json.dumps({  # as a file holds it (tuples as lists)
             "merge_set": merge_set.fingerprint(), "settings": dataclasses.asdict(settings),
@@ -386,6 +401,12 @@ class MergeEvaluator:
         self._truncate_at: int | None = None
         if cache_path and os.path.exists(cache_path):
             self._read_cache(cache_path)
+
+    @property
+    def scorer(self) -> BatchedScorer:
+        """The batched scorer (built on first use and shared by the MergeEvaluators of one merge set,
+        Evaluator and ``merges_per_call``, so they compile once; needs ``merges_per_call`` >= 1)."""
+        return shared_scorer(self.merge_set, self.evaluator, self.merges_per_call)
 
     def key(self, alpha: Sequence[float] | np.ndarray, router: str = "linear", key_extra: str = "") -> tuple:
         """The cache key: (alpha rounded to 1e-9, router, key_extra)."""
@@ -403,31 +424,71 @@ class MergeEvaluator:
         (e.g. a calibrated router's) instead of ``merge(alpha, router)``; they need a non-empty
         ``key_extra`` naming the treatment, so they never share a cache entry with a plain merge
         (a ``key_extra`` without ``params`` only reads the cache)."""
-        if router not in ROUTERS:
-            raise ConfigError(f"router={router!r} is unknown; allowed: {', '.join(ROUTERS)}")
         if params is not None and not key_extra:
             raise ConfigError("evaluate(params=...) needs key_extra naming how the params were made (e.g. 'harc')")
+        if params is None:
+            return self.evaluate_many([alpha], router, key_extra=key_extra)[0]
+        self._check_router(router)
+        key = self.key(self._check(alpha), router, key_extra)
+        if key in self._cache:
+            self.cache_hits += 1
+            return dict(self._cache[key])
+        start = time.perf_counter()
+        if self.merges_per_call:
+            metrics = self.scorer.metrics(self.scorer.stack([params]), 1)[0]
+        else:
+            metrics = self._reference(params)
+        self._store(key, metrics, time.perf_counter() - start)
+        return dict(self._cache[key])
+
+    def evaluate_many(self, alphas: Sequence[Sequence[float]] | np.ndarray, router: str = "linear",
+                      key_extra: str = "") -> list[dict[str, float]]:
+        """:meth:`evaluate` of each alpha, in order. The keys not cached are computed
+        ``merges_per_call`` at a time (each distinct key once; a repeat counts as a cache hit, as
+        it would one at a time); ``seconds`` of each is its share of its call's wall time."""
+        self._check_router(router)
+        keys = [self.key(self._check(a), router, key_extra) for a in alphas]
+        todo = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        if todo and key_extra:
+            raise ConfigError(f"no cached evaluation of alpha {list(todo[0][0])} with key_extra={key_extra!r}: "
+                              "pass the params that key_extra names (evaluate(..., params=...))")
+        step = self.merges_per_call or 1
+        for start in range(0, len(todo), step):
+            chunk = todo[start:start + step]
+            began = time.perf_counter()
+            if self.merges_per_call:
+                alpha_nk = np.array([k[0] for k in chunk])
+                results = self.scorer.metrics(self.scorer.merge(alpha_nk, router), len(chunk))
+            else:
+                results = [self._reference(self.merge_set.merge(np.array(chunk[0][0]), router))]
+            seconds = (time.perf_counter() - began) / len(chunk)
+            for key, metrics in zip(chunk, results):
+                self._store(key, metrics, seconds)
+        self.cache_hits += len(keys) - len(todo)
+        return [dict(self._cache[k]) for k in keys]
+
+    def _reference(self, params: Any) -> dict[str, float]:
+        """One merge scored by the moejax.eval Evaluator (``merges_per_call=0``)."""
+        return flat_metrics(self.evaluator.evaluate(Checkpoint(self.merge_set.base.step, params,
+                                                               self.merge_set.base.balance)))
+
+    def _check_router(self, router: str) -> None:
+        if router not in ROUTERS:
+            raise ConfigError(f"router={router!r} is unknown; allowed: {', '.join(ROUTERS)}")
+
+    def _check(self, alpha) -> np.ndarray:
         alpha = np.asarray(alpha, dtype=np.float64)
         if alpha.shape != (self.merge_set.num_experts,) or not np.all(np.isfinite(alpha)):
             raise ConfigError(f"alpha {alpha.tolist()} must be {self.merge_set.num_experts} finite weights, "
                               f"one per domain {list(self.merge_set.domains)}")
-        key = self.key(alpha, router, key_extra)
-        if key in self._cache:
-            self.cache_hits += 1
-            return dict(self._cache[key])
-        if params is None and key_extra:
-            raise ConfigError(f"no cached evaluation of alpha {list(key[0])} with key_extra={key_extra!r}: "
-                              "pass the params that key_extra names (params=...)")
-        start = time.perf_counter()
-        merged = self.merge_set.merge(alpha, router) if params is None else params
-        ckpt = Checkpoint(self.merge_set.base.step, merged, self.merge_set.base.balance)
-        metrics = flat_metrics(self.evaluator.evaluate(ckpt))
-        metrics["seconds"] = time.perf_counter() - start
+        return alpha
+
+    def _store(self, key: tuple, metrics: dict[str, float], seconds: float) -> None:
+        metrics = {**metrics, "seconds": seconds}
         self.merges_evaluated += 1
         self._cache[key] = metrics
         if self.cache_path:
             self._append(key, metrics)
-        return dict(metrics)
 
     def _append(self, key: tuple, metrics: dict[str, float]) -> None:
         line = {"context_id": self._context_id, "alpha": list(key[0]), "router": key[1], "key_extra": key[2],

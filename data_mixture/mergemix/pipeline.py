@@ -60,6 +60,7 @@ class Options:
     parallel: int = 1
     max_items: int = 64
     loss_batches: int = 4
+    merges_per_call: int = 8  # merges scored per compiled call (merge.MergeEvaluator; 0: one at a time)
     calib_batches: int = 2  # harc: training-split batches per domain it calibrates on (routing.calibration_batches)
     damping: float = 0.1  # harc: pull towards the linearly merged router (routing.py)
     expert_eval_args: str = "--max-items 8 --loss-batches 1"  # moejax.eval flags for the experts' own checkpoints
@@ -118,10 +119,18 @@ class MergeProxy:
         self.calib_batches, self.damping = calib_batches, damping
 
     def __call__(self, alpha_k) -> dict[str, float]:
+        return self.evaluate_many([alpha_k])[0]
+
+    def evaluate_many(self, alpha_nk) -> list[dict[str, float]]:
+        """Metrics of each alpha; the linear and base treatments are scored together
+        (``MergeEvaluator.evaluate_many``), harc calibrates each alpha first."""
+        if self.router != "harc":
+            return self.evaluator.evaluate_many(alpha_nk, router=self.router)
+        return [self._harc(alpha_k) for alpha_k in alpha_nk]
+
+    def _harc(self, alpha_k) -> dict[str, float]:
         from data_mixture.mergemix.routing import treatment_params
 
-        if self.router != "harc":
-            return self.evaluator.evaluate(alpha_k, router=self.router)
         extra = f"harc:{self.damping:g}"
         if self.evaluator.is_cached(alpha_k, key_extra=extra):
             return self.evaluator.evaluate(alpha_k, key_extra=extra)
@@ -130,8 +139,23 @@ class MergeProxy:
         return self.evaluator.evaluate(alpha_k, params=params, key_extra=extra)
 
 
+class Floored:
+    """The search's evaluator over ``beta`` on the whole simplex: ``proxy(lo + free * beta)``
+    (:func:`lower_bounded`), one beta or many at once."""
+
+    def __init__(self, proxy: MergeProxy, lo_k: np.ndarray, free: float):
+        self.proxy, self.lo_k, self.free = proxy, lo_k, free
+
+    def __call__(self, beta_k) -> dict[str, float]:
+        return self.evaluate_many([beta_k])[0]
+
+    def evaluate_many(self, beta_nk) -> list[dict[str, float]]:
+        return self.proxy.evaluate_many([self.lo_k + self.free * np.asarray(b, np.float64) for b in beta_nk])
+
+
 def open_merge(base: str, step: int | None, experts_dir: str, domains, fraction: float, *, max_items: int,
-               loss_batches: int, cache_path: str | None = None, tasks: list[str] | None = None):
+               loss_batches: int, cache_path: str | None = None, tasks: list[str] | None = None,
+               merges_per_call: int = 8):
     """(merge set, cached evaluator) of the experts' checkpoint at ``fraction`` of their budget;
     ``tasks``: the benchmarks evaluated (default: the base run's built-in ones; [] for losses only)."""
     from data_mixture.mergemix import experts as experts_lib
@@ -142,7 +166,7 @@ def open_merge(base: str, step: int | None, experts_dir: str, domains, fraction:
     steps = {e["domain"]: fraction_step(e, fraction) for e in plan["runs"]}
     merge_set = MergeSet.open(base, step, {d: (experts_lib.expert_dir(experts_dir, d), steps[d]) for d in domains})
     settings = make_settings(merge_set.erun, tasks=tasks, max_items=max_items, loss_batches=loss_batches)
-    return merge_set, MergeEvaluator(merge_set, settings, cache_path=cache_path)
+    return merge_set, MergeEvaluator(merge_set, settings, cache_path=cache_path, merges_per_call=merges_per_call)
 
 
 def fraction_step(entry: dict[str, Any], fraction: float) -> int:
@@ -177,13 +201,12 @@ def run(o: Options) -> dict[str, Any]:
     merge_set, evaluator = open_merge(o.base, base_step, experts_dir, o.domains, o.expert_fraction,
                                       max_items=o.max_items, loss_batches=o.loss_batches,
                                       cache_path=o.cache or str(out / "cache.jsonl"),
-                                      tasks=[] if o.loss_weights and not o.task_weights else None)
+                                      tasks=[] if o.loss_weights and not o.task_weights else None,
+                                      merges_per_call=o.merges_per_call)
     calib = (calibration_batches(merge_set.erun, list(o.domains), batches_per_domain=o.calib_batches)
              if o.router == "harc" else None)
     proxy = MergeProxy(merge_set, evaluator, o.router, calib_batches=calib, damping=o.damping)
-
-    def evaluate(beta_k: np.ndarray) -> dict[str, float]:
-        return proxy(lo_k + free * np.asarray(beta_k, np.float64))
+    evaluate = Floored(proxy, lo_k, free)
 
     results = {}
     for method in (("mergemix", "cmaes") if o.search == "both" else (o.search,)):

@@ -5,7 +5,10 @@ weights ``alpha_k`` (on the simplex, in the order of ``domains``) and returns fl
 ``bench:<task>`` (higher is better) and ``loss:<domain>`` (lower is better); other keys (e.g.
 ``seconds``) are carried into the trace (numbers only) and otherwise ignored. ``MergeEvaluator.evaluate`` of
 :mod:`.merge` is one (it also caches: the same alpha is never recomputed); synthetic surfaces in
-the tests are others. Nothing here imports JAX.
+the tests are others. An evaluator that also has ``evaluate_many(alpha_nk) -> [metrics]`` is asked
+for every merge the algorithm has decided on at once (the seed design, each verification round,
+each CMA-ES generation), so it can score them together (:mod:`.batched`); the searches' results do
+not depend on how the evaluator groups them. Nothing here imports JAX.
 
 Objective (:class:`Objective`)
     A weighted mean of *terms*: benchmark scores ``bench:<task>`` count positively, held-out losses
@@ -523,10 +526,24 @@ def _result(method, domains, trace, objective, settings) -> SearchResult:
                         {**settings, "best_index": best})
 
 
-def _evaluate(evaluate: Evaluator, alpha: np.ndarray, objective: Objective) -> dict[str, float]:
-    metrics = dict(evaluate(alpha.copy()))
-    objective.check(metrics, alpha)
-    return metrics
+def _evaluate_all(evaluate: Evaluator, alpha_nk: Sequence[np.ndarray], objective: Objective) -> list[dict[str, float]]:
+    """Metrics of each alpha, in order, each checked for the objective's terms. An evaluator with an
+    ``evaluate_many(alpha_nk) -> [metrics]`` method gets all of them in one request (it may score
+    several merges per compiled call); any other is called alpha by alpha, so a missing term stops
+    the search at the first evaluation that lacks it."""
+    many = getattr(evaluate, "evaluate_many", None)
+    if many is None:
+        out = []
+        for a in alpha_nk:
+            out.append(dict(evaluate(a.copy())))
+            objective.check(out[-1], a)
+        return out
+    out = [dict(m) for m in many(np.array(alpha_nk, np.float64))]
+    if len(out) != len(alpha_nk):
+        raise SearchError(f"evaluate_many returned {len(out)} results for {len(alpha_nk)} alphas.")
+    for a, m in zip(alpha_nk, out):
+        objective.check(m, a)
+    return out
 
 
 def _preflight(domains, budget, objective, seed) -> tuple[tuple[str, ...], int, Objective, int]:
@@ -614,9 +631,7 @@ def mergemix_search(evaluate: Evaluator, domains: Sequence[str], *, budget: int,
             raise SearchError(f"seeds row {int(bad[0])} = {seed_nk[bad[0]].tolist()} is off the simplex (finite, >= 0, sum 1).")
     rng = np.random.default_rng(seed)
 
-    seed_metrics = []
-    for a in seed_nk:
-        seed_metrics.append(_evaluate(evaluate, _clean(a), objective))
+    seed_metrics = _evaluate_all(evaluate, [_clean(a) for a in seed_nk], objective)
     if not objective.calibrated:
         objective = objective.calibrate(seed_metrics)
     trace = [_entry(_clean(a), m, objective.score(m), "seed", None, 0) for a, m in zip(seed_nk, seed_metrics)]
@@ -641,9 +656,8 @@ def mergemix_search(evaluate: Evaluator, domains: Sequence[str], *, budget: int,
         if not len(picks):
             raise RuntimeError("internal error: no candidate is distinct from the evaluated points")
         picks_terms = {key: b.predict(picks, num_threads=1) for key, b in boosters.items()}
-        for i, (a, p) in enumerate(zip(picks, picks_pred)):
-            a = _clean(a)
-            m = _evaluate(evaluate, a, objective)
+        picks = [_clean(a) for a in picks]
+        for i, (a, p, m) in enumerate(zip(picks, picks_pred, _evaluate_all(evaluate, picks, objective))):
             trace.append(_entry(a, m, objective.score(m), "verify", p, rounds, {key: v[i] for key, v in picks_terms.items()}))
         spent += len(picks)
     settings = {"budget": budget, "seed": seed, "n_seeds": n_seeds, "n_verify": n_verify,
@@ -704,7 +718,8 @@ def cmaes_search(evaluate: Evaluator, domains: Sequence[str], *, budget: int, ob
         with _private_global_rng(box):
             zs = es.ask()
         take = zs[: budget - len(trace)]
-        evals = [(softmax(z), _evaluate(evaluate, softmax(z), objective)) for z in take]
+        alphas = [softmax(z) for z in take]
+        evals = list(zip(alphas, _evaluate_all(evaluate, alphas, objective)))
         if not objective.calibrated:  # the first generation plays the seed design's part
             objective = objective.calibrate([m for _, m in evals])
         scores = [objective.score(m) for _, m in evals]
