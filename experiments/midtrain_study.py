@@ -211,6 +211,8 @@ def stage_experts(out: Path, root: Path, parallel: int) -> tuple[str, float]:
                                     fractions=FRACTIONS, seed=seed)
         experts.train_experts(plan, root / f"experts_s{seed}", parallel=parallel, progress=False,
                               eval_args=["--max-items", "8", "--loss-batches", "1"])
+        (out / "mergemix").mkdir(exist_ok=True)
+        shutil.copyfile(root / f"experts_s{seed}" / "sweep.log", out / "mergemix" / f"sweep_experts_s{seed}.log")
     return base, EXPERT_SHARE * base_tokens
 
 
@@ -456,34 +458,47 @@ def report(out: Path) -> dict:
     return result
 
 
-def sweep_wall_seconds(log: Path) -> float | None:
-    """First to last timestamp of a sweep.log (HH:MM:SS lines; a run over midnight is not expected)."""
+def run_seconds(*logs: Path) -> dict[str, float]:
+    """Wall seconds of each run a sweep.log reports ``NAME: done in N s`` for (a later log wins)."""
     import re
 
-    if not log.exists():
-        return None
-    stamps = [sum(int(x) * f for x, f in zip(m.groups(), (3600, 60, 1)))
-              for m in re.finditer(r"^(\d\d):(\d\d):(\d\d) ", log.read_text(), re.M)]
-    return float(stamps[-1] - stamps[0]) if stamps else None
+    got = {}
+    for log in logs:
+        if log.exists():
+            got.update({m[1]: float(m[2]) for m in re.finditer(r"sweep: (\S+): done in (\d+) s", log.read_text())})
+    return got
 
 
 def costs(out: Path) -> dict:
-    """FLOPs (6 N_active D, training only) of the ladder, MergeMix and brute force at the target."""
+    """Training FLOPs (6 N_active D) and run wall seconds of the ladder, MergeMix and brute force at the
+    target. Wall seconds are the sum of the runs' own wall times (2 runs at a time on 2 cores); the
+    s1 base and the s2 base were trained in the pilot, so their times come from its logs."""
     plan, tplan = json.loads((out / "plan.json").read_text()), json.loads((out / "target_plan.json").read_text())
-    bases = sum(r["flops"] for r in plan["runs"] if r["role"] == "base")
-    mids = sum(r["flops"] for r in plan["runs"] if r["role"] == "mid")
-    target_run = next(r["flops"] for r in tplan["runs"] if r["role"] == "mid")
-    target_base = next(r["flops"] for r in tplan["runs"] if r["role"] == "base")
-    got = {"ladder": {"bases": bases, "mid_runs": mids, "total": bases + mids,
-                      "wall_s": sweep_wall_seconds(out / "sweep_ladder.log")},
-           "target_base": target_base, "target_run": target_run,
-           "brute_force_target": {"runs": MIXTURES, "flops": MIXTURES * target_run},
+    pilot = out.parent / "midtrain_pilot"
+    secs = run_seconds(pilot / "sweep.log", pilot / "sweep_s2.log", out / "sweep_ladder.log", out / "sweep_target.log")
+    ladder = [r for r in plan["runs"] if r["role"] in ("base", "mid")]
+    target_mid = [r for r in tplan["runs"] if r["role"] == "mid"]
+    target_base = next(r for r in tplan["runs"] if r["role"] == "base")
+
+    def wall(runs):
+        return float(sum(secs[r["name"]] for r in runs)) if all(r["name"] in secs for r in runs) else None
+
+    run_s = float(np.median([secs[r["name"]] for r in target_mid if r["name"] in secs]))
+    got = {"ladder": {role: {"flops": sum(r["flops"] for r in ladder if r["role"] == role),
+                             "run_s": wall([r for r in ladder if r["role"] == role])} for role in ("base", "mid")},
+           "target_base": {"flops": target_base["flops"], "run_s": secs.get(target_base["name"])},
+           "target_run": {"flops": target_mid[0]["flops"], "run_s": run_s},
+           "brute_force_target": {"runs": MIXTURES, "flops": MIXTURES * target_mid[0]["flops"], "run_s": MIXTURES * run_s},
            "note": "Training FLOPs 6 x N_active x tokens; evaluations not counted except MergeMix's merges, whose "
-                   "evaluation is its whole search cost. Every method needs the target base (target_base)."}
+                   "evaluation is its whole search cost. Every method needs the target base (target_base). run_s: "
+                   "the runs' own wall seconds, 2 at a time on 2 cores under the load of the day."}
+    experts = run_seconds(out / "mergemix" / "sweep_experts_s0.log")  # the searches merge the seed-0 experts
     for name in OBJECTIVES:
         path = out / "mergemix" / f"search_{name}" / "summary.json"
         if path.exists():
-            got[f"mergemix_{name}"] = json.loads(path.read_text())["flops"]
+            summary = json.loads(path.read_text())
+            got[f"mergemix_{name}"] = {**summary["flops"], "search_s": summary["seconds"].get("search_mergemix"),
+                                       "experts_run_s": float(sum(experts.values()))}
     return got
 
 
@@ -539,16 +554,21 @@ def report_md(r: dict) -> str:
             lines += ["", f"Chosen: expert budget {c['expert_share_of_base']:.0%} of the base's tokens, router "
                           f"{c['router']}."]
     c = r["costs"]
-    lines += ["", "## Cost (training FLOPs, 6 N_active D)", "", "| what | FLOPs |", "|---|---|",
-              f"| ladder: 3 proxy bases | {c['ladder']['bases']:.3g} |",
-              f"| ladder: mid-training runs | {c['ladder']['mid_runs']:.3g} |",
-              f"| target base (every method needs it) | {c['target_base']:.3g} |",
-              f"| brute force: {c['brute_force_target']['runs']} mixtures at the target | {c['brute_force_target']['flops']:.3g} |"]
+
+    def row(what, x):
+        return f"| {what} | {x['flops']:.3g} | {x['run_s'] / 60:.0f} |" if x.get("run_s") else f"| {what} | {x['flops']:.3g} | |"
+
+    lines += ["", "## Cost (training FLOPs 6 N_active D; run minutes: the runs' own wall time, 2 at a time on 2 cores)",
+              "", "| what | FLOPs | run minutes |", "|---|---|---|",
+              row("ladder: 3 proxy bases", c["ladder"]["base"]), row("ladder: mid-training runs", c["ladder"]["mid"]),
+              row("target base (every method needs it)", c["target_base"]),
+              row(f"brute force: {c['brute_force_target']['runs']} mixtures at the target", c["brute_force_target"])]
     for name in OBJECTIVES:
         if f"mergemix_{name}" in c:
             f = c[f"mergemix_{name}"]
             lines.append(f"| MergeMix ({name} objective): experts {f['experts']:.3g} + {f['merges_evaluated']} merge "
-                         f"evaluations {f['merges']:.3g} | {f['total']:.3g} |")
+                         f"evaluations {f['merges']:.3g} | {f['total']:.3g} | experts {f['experts_run_s'] / 60:.0f} + "
+                         f"search {f['search_s'] / 60:.0f} |")
     return "\n".join(lines) + "\n"
 
 
