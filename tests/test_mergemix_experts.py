@@ -90,11 +90,20 @@ def test_plan_reproduces_the_base_and_keeps_every_fraction(base):
     plan = ex.plan_experts(base, base_step=3, domains="math", expert_tokens=10 * TOKENS_PER_STEP + 1,
                            fractions=(0.5, 0.25, 1.0), lr=1e-3, warmup_steps=0, seed=7)
     (run,) = plan["runs"]
-    assert run["steps"] == 11 and run["overrides"]["checkpoint.init_step"] == 3
-    assert run["fraction_steps"] == {"0.25": 3, "0.5": 6, "1.0": 11}
-    assert run["overrides"]["checkpoint.every_steps"] == 3 and run["checkpoint_steps"] == [3, 6, 9, 11]
+    # 11 steps asked, rounded up to 12 (a multiple of 4, the fractions' denominator)
+    assert run["steps"] == 12 and run["overrides"]["checkpoint.init_step"] == 3
+    assert run["fraction_steps"] == {"0.25": 3, "0.5": 6, "1.0": 12}
+    assert run["overrides"]["checkpoint.every_steps"] == 3 and run["checkpoint_steps"] == [3, 6, 9, 12]
     assert run["overrides"]["optim.lr"] == 1e-3 and run["overrides"]["train.seed"] == 7
     assert ":3:" in run["config"]
+
+
+def test_aligned_steps_keep_the_checkpoint_cadence_coarse():
+    # 542 steps at the default fractions would save every step (fraction steps 68, 136, 271, 542)
+    assert ex.aligned_steps(542, ex.DEFAULT_FRACTIONS) == 544  # fraction steps 68, 136, 272, 544
+    assert ex.aligned_steps(544, ex.DEFAULT_FRACTIONS) == 544
+    assert ex.aligned_steps(10, (0.3, 1.0)) == 10 and ex.aligned_steps(11, (0.3, 1.0)) == 20
+    assert ex.aligned_steps(5, (0.125, 1.0)) == 5  # denominator 8 > 5 steps: unchanged
 
 
 # ------------------------------------------------------------------------------------ bad input

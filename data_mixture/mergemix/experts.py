@@ -26,7 +26,8 @@ each run's ``record.json``):
   avoids a first full-size Adam step; moejax's warmup starts at 0, so with the default the
   first step only fills the Adam moments; moejax caps any warmup at half the run);
 - ``train.steps = ceil(expert_tokens / tokens_per_step)`` with ``tokens_per_step =
-  train.global_batch_size * train.seq_len`` of the base; ``train.seed``;
+  train.global_batch_size * train.seq_len`` of the base, rounded up to a multiple of the
+  fractions' common denominator (8 for the default fractions; see below); ``train.seed``;
 - the checkpoint cadence (below).
 
 The file path is absolute so the plan works from any working directory (the runner starts every
@@ -39,7 +40,9 @@ at the multiples of ``checkpoint.every_steps`` and at the end, so ``every_steps`
 common divisor of the fraction steps, ``keep_period`` the same (orbax never deletes a multiple of
 it, not even after extra saves at a preemption), and ``max_to_keep`` the number of scheduled
 saves. Every fraction step is therefore on disk; when the fraction steps are not evenly spaced the
-multiples in between are saved too (e.g. 8 saves for the default fractions at steps = 8 n) and the
+multiples in between are saved too (8 saves for the default fractions: steps is rounded up to a
+multiple of 8 for them, at most 7 steps more than asked; without the rounding, 542 steps would give
+fraction steps 68, 136, 271, 542 and a save at every step) and the
 sweep runner evaluates them all (a run counts as done only when every checkpoint has its
 ``eval/step_N.json``; pass small ``eval_args``, e.g. ``["--max-items", "64", "--loss-batches",
 "2"]``, to keep that cheap: MergeMix evaluates merges, not the experts).
@@ -56,6 +59,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -112,6 +116,14 @@ def base_steps(workdir: str | os.PathLike) -> list[int]:
 # -------------------------------------------------------------------------------------- planning
 
 
+def aligned_steps(steps: int, fractions: Sequence[float]) -> int:
+    """``steps`` rounded up to a multiple of the fractions' common denominator (each fraction read as
+    p/q with q <= 64), so every fraction step is a multiple of ``steps / denominator`` and the
+    checkpoint cadence stays coarse; unchanged when that denominator exceeds ``steps``."""
+    lcm = reduce(math.lcm, (Fraction(f).limit_denominator(64).denominator for f in fractions), 1)
+    return steps if lcm > steps else math.ceil(steps / lcm) * lcm
+
+
 def plan_experts(base_workdir: str | os.PathLike, *, base_step: int | None = None, domains: Sequence[str] | str,
                  expert_tokens: float, fractions: Sequence[float] = DEFAULT_FRACTIONS, lr: float | None = None,
                  warmup_steps: int | None = None, seed: int = 0) -> dict[str, Any]:
@@ -138,7 +150,7 @@ def plan_experts(base_workdir: str | os.PathLike, *, base_step: int | None = Non
             f"train.global_batch_size {cfg['train']['global_batch_size']} x train.seq_len {cfg['train']['seq_len']}); "
             f"allowed: at least {tokens_per_step}.")
     dataset_domains = _check_domain_data(cfg, domain_list, workdir)
-    steps = math.ceil(expert_tokens / tokens_per_step - 1e-9)
+    steps = aligned_steps(math.ceil(expert_tokens / tokens_per_step - 1e-9), fraction_list)
     base_lr = float(cfg["optim"]["lr"])
     if lr is None:
         lr = base_lr
