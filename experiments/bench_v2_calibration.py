@@ -25,7 +25,7 @@ import time
 import numpy as np
 from absl import logging as absl_logging
 
-from moejax.data.benchmarks import VERSIONS, task_names
+from moejax.eval.benchmarks import VERSIONS, task_names
 from moejax.eval.evaluate import Evaluator, benchmark_score, make_settings
 from moejax.eval.restore import open_run
 from moejax.model.transformer import param_counts

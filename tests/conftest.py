@@ -102,8 +102,8 @@ def corpus_cache() -> str:
 
 @pytest.fixture(scope="session")
 def builtin_benchmarks(corpus_cache):
-    """The built-in benchmarks (moejax.data.benchmarks), built once per run into the corpus cache."""
-    from moejax.data.benchmarks import load_benchmarks
+    """The built-in benchmarks (moejax.eval.benchmarks), built once per run into the corpus cache."""
+    from moejax.eval.benchmarks import load_benchmarks
 
     with _run_lock("benchmarks"):
         return load_benchmarks(0, corpus_cache)

@@ -1,4 +1,4 @@
-"""benchmarks-v2 (moejax/data/benchmarks_v2.py): deterministic, graded, answerable from the train
+"""benchmarks-v2 (moejax/eval/benchmarks/v2.py): deterministic, graded, answerable from the train
 split, v1 unchanged, and scored by moejax.eval on a tiny model (default version from the config)."""
 import collections
 import hashlib
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from moejax.config import ConfigError, default_config, validate
-from moejax.data import benchmarks_v2 as v2
-from moejax.data.benchmarks import VERSIONS, load_benchmarks, task_names
 from moejax.data.corpus import load_tokenized_corpus
-from moejax.data.synthetic_knowledge import _TEMPLATES, build_world
+from moejax.data.synthetic_knowledge import TEMPLATES, build_world
+from moejax.eval.benchmarks import VERSIONS, load_benchmarks, task_names
+from moejax.eval.benchmarks import v2
 from moejax.eval.evaluate import Evaluator, make_settings
 from moejax.eval.tasks import resolve_tasks
 from tests.test_eval import ckpt, erun, workdir  # noqa: F401 (shared fixtures: the tiny eval run)
@@ -134,10 +134,10 @@ def test_know_type_asks_facts_stated_in_train_with_distractors_that_are_false(be
         entity = world[next(n for n in names if n in item["context"])]
         gold = item["choices"][item["gold"]].strip()
         attribute = next(a for a, v in entity.facts.items() if v == gold)
-        wordings = [t.format(name=entity.name, value=gold) for t in _TEMPLATES[entity.kind][attribute]]
+        wordings = [t.format(name=entity.name, value=gold) for t in TEMPLATES[entity.kind][attribute]]
         assert f"{item['context']} {gold}." in wordings
         assert sum(train.count(w) for w in wordings) >= item["mentions"] >= v2.MIN_MENTIONS, item["id"]
-        true = {t.format(name=entity.name, value=v) for a, v in entity.facts.items() for t in _TEMPLATES[entity.kind][a]}
+        true = {t.format(name=entity.name, value=v) for a, v in entity.facts.items() for t in TEMPLATES[entity.kind][a]}
         for i, choice in enumerate(item["choices"]):
             if i != item["gold"]:
                 assert f"{item['context']}{choice}." not in true, item  # no distractor states a fact

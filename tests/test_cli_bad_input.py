@@ -86,7 +86,7 @@ def _make_workdir(path: Path, user: Path) -> None:
     m.num_heads, m.num_kv_heads, m.head_dim = 2, 1, 16
     m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
     cfg.data.path, cfg.data.mixture = str(dataset), {"notes": 1.0}
-    cfg, run = hf._one_device_run(cfg)
+    cfg, run = hf.workdir._one_device_run(cfg)
     meta = {"config": config_lib.to_dict(cfg), "tokenizer": ByteTokenizer().name, "code_version": code_version()}
     checkpointer = Checkpointer(str(path / "checkpoints"), max_to_keep=2)
     checkpointer.save(0, init_state(cfg, run), {}, meta)
@@ -332,8 +332,8 @@ INTERRUPTS = [
     ("eval", "moejax.eval.__main__._evaluate", ["--workdir", "{user}/run"], "rerun the command"),
     ("generate", "moejax.generate._generate", ["--workdir", "{user}/run", "--prompt", "hi", "--max-new-tokens", "4"],
      "rerun the command"),
-    ("hf", "moejax.interop.hf.export_from_workdir", ["export", "--workdir", "{user}/run", "--hf-dir", "{out}/i2"],
-     "nothing was written"),
+    ("hf", "moejax.interop.hf.workdir.export_from_workdir",
+     ["export", "--workdir", "{user}/run", "--hf-dir", "{out}/i2"], "nothing was written"),
     ("train", "moejax.train.loop.train", ["--config", TINY, "--workdir", "{out}/i3"], "rerun the same command"),
     ("data_mixture", "data_mixture.fit.fit_table", [*FIT, "--runs", "{user}/runs.csv", "--out", "{out}/i4.json"],
      "nothing was written"),

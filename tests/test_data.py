@@ -1,4 +1,4 @@
-"""Tests for moejax.data on the built-in corpus: tokenizer, corpus and cache, benchmarks, packing,
+"""Tests for moejax.data on the built-in corpus: tokenizer, corpus and cache, packing,
 grain pipeline (mixtures, schedules, resumption, per-process rows), and make_data from a config.
 
 Prepared (user) datasets and BPE are tested in test_data_prepare.py."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 import warnings
 
@@ -17,7 +16,6 @@ import pytest
 
 from moejax.config import ConfigError, default_config
 from moejax.data import corpus as corpus_lib
-from moejax.data.benchmarks import ITEMS_PER_DOMAIN, build_benchmarks, load_benchmarks
 from moejax.data.corpus import DOMAINS, build_corpus, build_domain, load_tokenized_corpus
 from moejax.data.errors import DataError
 from moejax.data.from_config import make_data
@@ -25,7 +23,7 @@ from moejax.data.mixture import MixtureWarning, Stage, normalize_mixture
 from moejax.data.packing import FIELDS, WindowPacker, num_windows, pack_window
 from moejax.data.pipeline import DataStateWarning, make_eval_batches, make_train_iterator
 from moejax.data.streams import tokenize_documents
-from moejax.data.synthetic_knowledge import _TEMPLATES, build_world
+from moejax.data.synthetic_knowledge import build_world
 from moejax.data.tokenizer import ByteTokenizer, get_tokenizer
 
 TOK = ByteTokenizer()
@@ -484,67 +482,6 @@ def test_eval_batches_reject_bad_input(cache_dir):
     with pytest.raises(DataError, match="batches_per_domain must be a positive int"):
         make_eval_batches(["code"], seq_len=8, batch_size=2, batches_per_domain=0,
                           cache_dir=cache_dir)
-
-
-# --- benchmarks ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def benchmarks(builtin_benchmarks):
-    """The run's shared benchmarks (tests/conftest.py), built from the shared corpus cache."""
-    return builtin_benchmarks
-
-
-def test_benchmarks_have_the_documented_sizes_formats_and_hash(benchmarks, tokenized, cache_dir):
-    manifest = benchmarks.manifest
-    assert set(benchmarks.items) == set(DOMAINS)
-    for domain, items in benchmarks.items.items():
-        assert len(items) == ITEMS_PER_DOMAIN == manifest["domains"][domain]["items"]
-        assert [item["id"] for item in items] == [f"{domain}/{i}" for i in range(len(items))]
-        data = benchmarks.path(domain).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == manifest["domains"][domain]["sha256"]
-        if manifest["domains"][domain]["kind"] == "exact_match":
-            assert all(set(item) == {"id", "prompt", "answer"} for item in items)
-        else:
-            for item in items:
-                assert set(item) == {"id", "context", "choices", "gold"}
-                assert len(item["choices"]) == 4 == len(set(item["choices"]))
-                assert 0 <= item["gold"] < 4
-            golds = np.bincount([item["gold"] for item in items], minlength=4)
-            assert golds.min() > 60, golds  # The right answer is not always in one place.
-        assert len({json.dumps(item, sort_keys=True) for item in items}) == len(items)
-    corpus_hash = tokenized.manifest["domains"]["knowledge"]["train"]["sha256"]
-    assert manifest["corpus"]["knowledge"]["train"] == corpus_hash
-    rebuilt = build_benchmarks(load_tokenized_corpus(0, cache_dir), 0)
-    assert rebuilt == benchmarks.items  # Deterministic.
-
-
-def test_math_benchmark_answers_are_correct(benchmarks):
-    for item in benchmarks.items["math"]:
-        expression = re.fullmatch(r"Q: (?:What is (.+)\?|Calculate (\d+) times (\d+)\.)\nA:", item["prompt"])
-        assert expression, item
-        a = expression.group(1) or f"{expression.group(2)} * {expression.group(3)}"
-        assert item["answer"] == f" {int(eval(a.replace('/', '//')))}"  # noqa: S307 - digits only
-
-
-def test_knowledge_benchmark_asks_facts_seen_in_training(benchmarks, tokenized):
-    train = "\n".join(tokenized.documents("knowledge", "train"))
-    world = build_world(0)
-    for item in benchmarks.items["knowledge"]:
-        gold = item["choices"][item["gold"]].strip()
-        entity = max((e for e in world if e.name in item["context"]), key=lambda e: len(e.name))
-        attribute = next(a for a, v in entity.facts.items() if v == gold)
-        wordings = [t.format(name=entity.name, value=gold) for t in _TEMPLATES[entity.kind][attribute]]
-        assert f"{item['context']} {gold}." in wordings
-        assert any(w in train for w in wordings), item["id"]
-        assert all(c.strip() != gold for i, c in enumerate(item["choices"]) if i != item["gold"])
-
-
-def test_code_and_prose_benchmarks_come_from_heldout_documents(benchmarks, tokenized):
-    for domain in ("code", "prose"):
-        heldout = "\x00".join(tokenized.documents(domain, "heldout"))
-        for item in benchmarks.items[domain]:
-            assert item["context"] + item["choices"][item["gold"]] in heldout, item["id"]
 
 
 # --- make_data from a config --------------------------------------------------------------------

@@ -71,25 +71,6 @@ def cm():
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_seed_design_priors_and_determinism():
-    x = S.seed_design(DOMAINS, 40, seed=0)
-    assert x.shape == (40, 4)
-    assert np.allclose(x.sum(1), 1) and (x >= 0).all()
-    assert len({tuple(np.round(r, 9)) for r in x}) == 40  # distinct
-    np.testing.assert_allclose(x[0], 0.25)
-    np.testing.assert_allclose(x[1:5], np.eye(4))
-    np.testing.assert_allclose(x[5:9], (1 - np.eye(4)) / 3)
-    mids = {tuple(np.round((np.eye(4)[i] + np.eye(4)[j]) / 2, 9)) for i in range(4) for j in range(i + 1, 4)}
-    assert mids <= {tuple(np.round(r, 9)) for r in x}
-    np.testing.assert_array_equal(x, S.seed_design(DOMAINS, 40, seed=0))
-    assert not np.array_equal(S.seed_design(DOMAINS, 60, seed=0), S.seed_design(DOMAINS, 60, seed=1))
-    # small n: the priority order (uniform, vertices, then the most spread of the next group)
-    small = S.seed_design(("a", "b", "c"), 5)
-    np.testing.assert_allclose(small[:4], np.concatenate([np.full((1, 3), 1 / 3), np.eye(3)]))
-    with pytest.raises(S.SearchError, match="n=0"):
-        S.seed_design(DOMAINS, 0)
-
-
 def test_mergemix_finds_the_known_optimum(mm):
     res, ev = mm
     a_star, s_star, span = truth(res.objective)
@@ -147,28 +128,6 @@ def test_trace_json_round_trip_and_rescoring(mm):
         assert back.objective.score(t["metrics"]) == pytest.approx(t["score"], abs=1e-12)
         assert t["metrics"]["seconds"] == 0.01
     assert back.best_so_far() == res.best_so_far()
-
-
-def test_objective_weighted_terms_and_normalisation():
-    m_lo = {"bench:t0": 0.5, "bench:t1": 0.2, "loss:code": 2.0, "seconds": 3.0}
-    m_hi = {"bench:t0": 0.5, "bench:t1": 0.2, "loss:code": 3.0, "seconds": 3.0}
-    obj = S.Objective(tasks={"t0": 3.0, "bench:t1": 1.0}, losses={"loss:code": 4.0}, normalise="none").calibrate([m_lo])
-    assert obj.terms() == {"bench:t0": 0.375, "bench:t1": 0.125, "loss:code": 0.5}
-    assert obj.score(m_lo) == pytest.approx(0.375 * 0.5 + 0.125 * 0.2 - 0.5 * 2.0)
-    assert obj.score(m_hi) < obj.score(m_lo)  # a loss counts negatively
-    # default: macro-average of every bench:* key; z-scores over the seeds average to 0 with unit spread
-    seeds = [{"bench:a": a, "bench:b": 10 * b, "loss:x": 1.0} for a, b in [(0.1, 0.3), (0.2, 0.1), (0.3, 0.2)]]
-    z = S.Objective().calibrate(seeds)
-    assert set(z.terms()) == {"bench:a", "bench:b"}
-    for key in ("bench:a", "bench:b"):
-        vals = [z.normalised_terms(m)[key] for m in seeds]
-        assert np.mean(vals) == pytest.approx(0) and np.std(vals) == pytest.approx(1)
-    mm = S.Objective(normalise="seed_minmax").calibrate(seeds)
-    assert [mm.normalised_terms(m)["bench:a"] for m in seeds] == pytest.approx([0, 0.5, 1])
-    flat = S.Objective().calibrate([{"bench:a": 0.1, "bench:em": 0.0}, {"bench:a": 0.2, "bench:em": 0.0}])
-    assert flat.flat_terms == ("bench:em",) and flat.stats["bench:em"] == (0.0, 1.0)
-    with pytest.raises(S.SearchError, match="not calibrated"):
-        S.Objective().score(seeds[0])
 
 
 def test_weighted_objective_moves_the_optimum():

@@ -9,7 +9,9 @@ One module per job (docs/mergemix.md):
 - :mod:`.batched` scores several merges per compiled call with the same numbers and fewer tokens
   (each benchmark context run once), the merge evaluator's default;
 - :mod:`.search` chooses alpha: the paper's seed design -> per-task LightGBM regressors -> fine
-  simplex search -> verification merges, and a direct CMA-ES search;
+  simplex search -> verification merges, and a direct CMA-ES search; :mod:`.objective` turns an
+  evaluation's metrics into the score it maximises, :mod:`.design` places the seed mixtures and
+  the candidates on the simplex;
 - :mod:`.routing` measures routing breakdown under merging and calibrates the merged router
   (HARC-style);
 - :mod:`.rank` measures rank consistency (Spearman with bootstrap intervals) against trained

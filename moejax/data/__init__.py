@@ -1,4 +1,4 @@
-"""Data for moejax: tokenizers, the built-in corpus and benchmarks, prepared datasets, grain pipeline.
+"""Data for moejax: tokenizers, the built-in corpus, prepared datasets, grain pipeline.
 
 Modules, in the order data flows through them:
 
@@ -6,8 +6,9 @@ Modules, in the order data flows through them:
   ``check_tokenizer_matches``; ``bpe``: the byte-level BPE trained on the user's corpus.
 - ``stdlib_text``, ``synthetic_math``, ``synthetic_knowledge``: the built-in domains' documents.
 - ``corpus``: ``DOMAINS``, ``build_corpus`` (split + manifest of content hashes) and
-  ``load_tokenized_corpus`` (atomic on-disk ``.npy`` cache); ``benchmarks``: the built-in
-  downstream benchmarks (JSONL); ``export``: the built-in corpus as text files.
+  ``load_tokenized_corpus`` (atomic on-disk ``.npy`` cache); ``export``: the built-in corpus as
+  text files. The built-in benchmarks derived from it are evaluation tasks:
+  :mod:`moejax.eval.benchmarks` (``benchmarks`` and ``benchmarks_v2`` here only re-export it).
 - ``sources`` (which files a ``DOMAIN=PATH`` names, and their documents), ``layout`` (where a
   prepared dataset keeps its files) and ``prepare`` (``python -m moejax.data.prepare``).
 - ``dataset``: ``open_dataset(path)``, one view of the built-in corpus or a prepared dataset.

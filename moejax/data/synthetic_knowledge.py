@@ -42,7 +42,9 @@ _OCCUPATIONS: Final = (
 _COLOURS: Final = ("silver", "pale green", "deep blue", "golden", "violet", "black", "white", "red")
 _STATES: Final = ("solid", "liquid", "gas")
 
-_TEMPLATES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
+# kind -> attribute -> the sentences that state it ({name}, {value}); the built-in benchmarks ask
+# facts with the same wordings (moejax.eval.benchmarks).
+TEMPLATES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
     "person": {
         "birthplace": (
             "{name} was born in {value}.",
@@ -213,7 +215,7 @@ def describe(entity: Entity, rng: np.random.Generator) -> str:
     sentences = []
     for a in rng.permutation(len(attributes))[:count]:
         attribute = attributes[a]
-        templates = _TEMPLATES[entity.kind][attribute]
+        templates = TEMPLATES[entity.kind][attribute]
         template = templates[rng.integers(len(templates))]
         sentences.append(template.format(name=entity.name, value=entity.facts[attribute]))
     return " ".join(sentences)

@@ -3,6 +3,7 @@
 Modules, in the order the data flows:
 
 ==============  ==================================================================================
+``benchmarks``  the built-in benchmarks (a package: one module per version, a registry, a cache)
 ``restore``     a run's config, a mesh from the local devices, parameters and balancing state
 ``tasks``       benchmark JSONL files (built-in or the user's), validated line by line
 ``forward``     the jitted scoring forward: per-row log-likelihoods, each MoE layer's routing

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from moejax.config import BENCHMARK_VERSIONS, ConfigError
-from moejax.data.benchmarks import task_names
 from moejax.data.pipeline import make_eval_batches
 from moejax.eval import harness, losses, routing
+from moejax.eval.benchmarks import task_names
 from moejax.eval.forward import Scorer
 from moejax.eval.restore import Checkpoint, EvalRun
 from moejax.eval.tasks import EXACT_MATCH, Task, resolve_tasks

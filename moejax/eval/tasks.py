@@ -9,9 +9,9 @@ One JSON object per line (blank lines are skipped), one kind per file:
   up to its first newline, must equal ``answer`` (both stripped of surrounding whitespace).
 
 Other fields (e.g. ``id``) are kept and ignored. The built-in corpus ships its benchmarks in this
-format (:mod:`moejax.data.benchmarks`): ``benchmarks-v1`` one file per domain (tasks ``code``,
+format (:mod:`moejax.eval.benchmarks`): ``benchmarks-v1`` one file per domain (tasks ``code``,
 ``prose``, ``math``, ``knowledge``), ``benchmarks-v2`` graded tasks (``code_chars``, ...,
-``know_type``, ``math_copy``; :mod:`moejax.data.benchmarks_v2`). The names of the two versions
+``know_type``, ``math_copy``). The names of the two versions
 differ, so any built-in name of either version resolves; a user file works the same way and its
 task name is the file's stem. A bad file fails before anything runs, naming the file, the line and the field.
 """
@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from moejax.data.benchmarks import VERSIONS, load_benchmarks, task_names
 from moejax.data.dataset import BUILTIN_CORPUS_SEED
+from moejax.eval.benchmarks import VERSIONS, load_benchmarks, task_names
 
 MULTIPLE_CHOICE, EXACT_MATCH = "multiple_choice", "exact_match"
 FIELDS = {MULTIPLE_CHOICE: ("context", "choices", "gold"), EXACT_MATCH: ("prompt", "answer")}

@@ -1,0 +1,61 @@
+"""The command line: ``python -m moejax.interop.hf import|export`` (``moejax hf``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from absl import logging as absl_logging
+
+from moejax import paths
+from moejax.config import ConfigError
+from moejax.interop.hf import workdir  # called as workdir.<name>, so a patched function is the one run
+from moejax.interop.hf.configs import SUPPORTED
+from moejax.interop.hf.errors import InteropError
+from moejax.model.transformer import DTYPES
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m moejax.interop.hf",
+        description="Import Hugging Face MoE checkpoints into moejax workdirs, or export them back.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser("import", help="HF directory (config.json + safetensors) -> moejax workdir")
+    imp.add_argument("--hf-dir", required=True, help="directory written by save_pretrained")
+    imp.add_argument("--workdir", required=True, help="new moejax workdir to write")
+    imp.add_argument("--force", action="store_true", help="replace an existing non-empty --workdir (as a whole)")
+    exp = sub.add_parser("export", help="moejax workdir checkpoint -> HF directory")
+    exp.add_argument("--workdir", required=True, help="moejax workdir with checkpoints/")
+    exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    exp.add_argument("--hf-dir", required=True, help="output directory (config.json, model.safetensors)")
+    exp.add_argument("--arch", choices=SUPPORTED, default=None, help="target model_type (default: chosen)")
+    exp.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="tensor dtype written")
+    exp.add_argument("--force", action="store_true",
+                     help="replace an existing non-empty --hf-dir (as a whole), even the run's import source")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    args.hf_dir, args.workdir = paths.user_path(args.hf_dir), paths.user_path(args.workdir)
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on items a restore skips
+    try:
+        if args.command == "import":
+            cfg = workdir.import_to_workdir(args.hf_dir, args.workdir, force=args.force)
+            print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
+                  f"./launch.sh {os.path.join(args.workdir, workdir.EXPERIMENT_FILE)} --workdir runs/NAME"
+                  f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
+        else:
+            arch = workdir.export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch,
+                                               dtype=args.dtype, force=args.force)
+            print(f"exported {args.workdir} as {arch} to {args.hf_dir}")
+    except (InteropError, ConfigError) as e:
+        sys.stderr.write(f"moejax: error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        target = args.workdir if args.command == "import" else args.hf_dir
+        sys.stderr.write(f"moejax: interrupted; nothing was written to {target} (it is renamed into place "
+                         "only when complete). Rerun the command.\n")
+        sys.exit(130)

@@ -1,0 +1,5 @@
+"""The error every part of the Hugging Face interop raises for what it cannot convert exactly."""
+
+
+class InteropError(ValueError):
+    """A checkpoint or config that cannot be converted exactly; the message says what and why."""
