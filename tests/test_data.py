@@ -17,7 +17,7 @@ import pytest
 
 from moejax.config import ConfigError, default_config
 from moejax.data import corpus as corpus_lib
-from moejax.data.benchmarks import ITEMS_PER_DOMAIN, build_benchmarks, load_benchmarks
+from moejax.data.benchmarks import ITEMS_PER_DOMAIN, build_benchmarks
 from moejax.data.corpus import DOMAINS, build_corpus, build_domain, load_tokenized_corpus
 from moejax.data.errors import DataError
 from moejax.data.from_config import make_data

@@ -123,7 +123,7 @@ def test_failing_run_is_retried_then_reported_with_its_log(sweep):
     assert [h["state"] for h in status["history"]] == ["failed", "failed"]
     log = root / "bad_m0" / "train.log"
     assert status["log"] == str(log) and log.read_text().count("=== attempt") == 2 and "nope" in log.read_text()
-    assert f"failed: bad_m0 after 2 attempt(s) in this sweep: training exited with code" in proc.stderr
+    assert "failed: bad_m0 after 2 attempt(s) in this sweep: training exited with code" in proc.stderr
     assert f"log: {log}" in proc.stderr
     assert "4 done" in proc.stderr and "1 failed" in proc.stderr
 
