@@ -120,7 +120,8 @@ def cmd_collect(args) -> None:
     write_columns(got.columns, args.out)
     table = read_runs(args.out)  # the written table passes the same validation every reader applies
     mid = table.mid_training()
-    kind = (f" ({len(set(table.run[mid]))} mid-training runs of {len(set(table.base[mid]))} base(s))" if mid.any() else "")
+    kind = (f" ({len(set(table.run[mid]))} mid-training runs of {len(set(table.base[mid]))} base(s))"
+            if mid.any() and table.base is not None else "")
     print(f"wrote {args.out}: {n_rows} rows, {len(set(table.run))} runs{kind}, mix domains {', '.join(table.mix_domains)}, "
           f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
 
@@ -270,10 +271,8 @@ def cmd_optimize(args) -> None:
     print(f"wrote {args.out}; train with: ./launch.sh experiments/tiny_moe.py --config.data.mixture_file={args.out}")
 
 
-def _numbers(text: str | None, flag: str) -> list[float] | None:
-    """``'20,40'`` -> [20.0, 40.0] (None stays None); errors name the flag."""
-    if text is None:
-        return None
+def _numbers(text: str, flag: str) -> list[float]:
+    """``'20,40'`` -> [20.0, 40.0]; errors name the flag."""
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -297,7 +296,8 @@ def cmd_plan(args) -> None:
         config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
         min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
         mid_training=args.mid_training, base_tokens_per_param=args.base_tokens_per_param, base_tokens=args.base_tokens,
-        mid_tokens_per_param=_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param"), mid_tokens=args.mid_tokens,
+        mid_tokens_per_param=(_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param")
+                              if args.mid_tokens_per_param is not None else None), mid_tokens=args.mid_tokens,
         base_mixture=_parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None,
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,

@@ -14,9 +14,7 @@ import math
 import sys
 from typing import Any
 
-import ml_collections
-
-ConfigDict = ml_collections.ConfigDict
+from ml_collections import ConfigDict
 
 
 class ConfigError(ValueError):

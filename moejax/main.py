@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import warnings
+from typing import Any, NoReturn
 
 from absl import flags
 from ml_collections import config_flags
@@ -53,7 +54,7 @@ _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
 _MIXTURE = "data.mixture"
 
 
-def _die(message: str) -> None:
+def _die(message: str) -> NoReturn:
     sys.stderr.write(f"moejax: error: {message}\n")
     sys.exit(2)
 
@@ -161,8 +162,8 @@ def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, a
         except KeyError:
             default = None
         if default is not None:
-            given = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
-            value = f"={given[-1]}" if given else ""
+            typed = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
+            value = f"={typed[-1]}" if typed else ""
             return f"flag --config.{path}{value}: {config_lib.describe_expected(path, default)}"
     return f"{text}. {USAGE}"
 
@@ -255,7 +256,7 @@ def maybe_initialize_distributed() -> None:
     address = os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not (address or os.environ.get("MOEJAX_DISTRIBUTED")):
         return
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if address:
         count = _env_int("JAX_NUM_PROCESSES", 1)
         kwargs = dict(
@@ -293,8 +294,9 @@ def run_local_processes(count: int, args: list[str]) -> int:
         env = {key: v for key, v in os.environ.items() if key != "MOEJAX_LOCAL_PROCESSES"}
         env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES=str(count),
                    JAX_PROCESS_ID=str(index))
-        if paths.caller_cwd():  # the children resolve the user's relative paths as this process did
-            env[paths.CALLER_CWD_ENV] = paths.caller_cwd()
+        caller_cwd = paths.caller_cwd()
+        if caller_cwd:  # the children resolve the user's relative paths as this process did
+            env[paths.CALLER_CWD_ENV] = caller_cwd
         env.setdefault("JAX_PLATFORMS", "cpu")
         children.append(subprocess.Popen([sys.executable, "-m", "moejax.main", *args], env=env))
 
