@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import textwrap
 from pathlib import Path
+
+from moejax.log import add_verbosity_flags, setup_logging
+
+log = logging.getLogger(__name__)
 
 PROG = "python -m data_mixture"
 
@@ -106,13 +111,12 @@ def cmd_collect(args) -> None:
                   losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto",
                   bench_metric=args.bench_metric)
     for note in got.skipped:
-        print(f"collect: skipped {note}", file=sys.stderr)
+        log.warning(f"collect: skipped {note}")
     if got.unevaluated:
         listed = ", ".join(f"{w} step {s}" for w, s in got.unevaluated[:8])
         more = f" and {len(got.unevaluated) - 8} more" if len(got.unevaluated) > 8 else ""
-        print(f"collect: {len(got.unevaluated)} checkpoint(s) have no evaluation and were left out: {listed}{more}. "
-              f"Evaluate them with `python -m moejax.eval --workdir W --all` or rerun collect with --evaluate.",
-              file=sys.stderr)
+        log.warning(f"collect: {len(got.unevaluated)} checkpoint(s) have no evaluation and were left out: {listed}{more}. "
+                    f"Evaluate them with `python -m moejax.eval --workdir W --all` or rerun collect with --evaluate.")
     n_rows = len(got.columns.get("run", []))
     if not n_rows:
         raise UsageError(f"no evaluated checkpoint found in {', '.join(args.workdirs)}; evaluate the runs "
@@ -314,8 +318,7 @@ def cmd_plan(args) -> None:
           f"(best of {len(plan['candidates'])} allocations)")
     left_out = [p for p in protocol["seed_sizes_requested"] or [] if p not in protocol["seed_sizes"]]
     if protocol["seeds"] > 1 and left_out:
-        print(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there",
-              file=sys.stderr)
+        log.warning(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there")
     print(f"wrote {args.out}")
 
 
@@ -370,8 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, description=help_, epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=help_, description=help_, epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_verbosity_flags(p)
+        return p
 
     p = add("collect", "moejax workdirs -> runs table CSV (one row per evaluated checkpoint).")
     p.add_argument("workdirs", nargs="+", help="training workdirs, or a directory whose sub-directories are workdirs")
@@ -592,6 +597,7 @@ def _errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    setup_logging(args.verbosity)
     os.environ.setdefault("MPLBACKEND", "Agg")
     try:
         from data_mixture.user_files import check_inputs, check_outputs, resolve_paths

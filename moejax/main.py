@@ -41,13 +41,15 @@ from moejax import config as config_lib
 from moejax import configs as builtin_configs
 from moejax import paths
 from moejax.config import ConfigError
+from moejax.log import setup_logging
 
 USAGE = (
     "usage: python -m moejax.main --config FILE --workdir DIR [--config.KEY=VALUE ...] "
     "(or ./launch.sh [FILE] [--workdir DIR] [--config.KEY=VALUE ...], or, installed, moejax train [FILE|NAME] "
     "[--workdir DIR] [--config.KEY=VALUE ...]). Every KEY and its meaning is in "
     "moejax/config.py; data.mixture takes one --config.data.mixture.DOMAIN=WEIGHT per domain or JSON "
-    "text, --config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'."
+    "text, --config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'. -q/--quiet shows only warnings and errors "
+    "(and the final line), -v/--verbose debug messages too."
 )
 # A config override: --config.a.b=v, --config.a.b v, --noconfig.a.b (absl's false for booleans).
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
@@ -66,6 +68,7 @@ class CommandLine:
     config: config_lib.ConfigDict
     workdir: str
     changed: tuple[str, ...]  # config keys set by --config.* overrides, e.g. "model.num_heads"
+    verbosity: int = 0  # -1 --quiet, 1 --verbose (moejax.log.setup_logging)
 
 
 def _split_mixture(args: list[str]) -> tuple[list[str], list[tuple[str | None, str]]]:
@@ -151,7 +154,7 @@ def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, a
         return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
     if isinstance(error, flags.UnrecognizedFlagError):
         name = getattr(error, "flagname", "") or text
-        near = difflib.get_close_matches(name, ["config", "workdir", "help"], n=1)
+        near = difflib.get_close_matches(name, ["config", "workdir", "help", "verbose", "quiet"], n=1)
         hint = f" Did you mean --{near[0]}?" if near else ""
         return f"unknown option --{name}.{hint} {USAGE}"
     match = re.match(r"flag --config\.([A-Za-z0-9_.]+)", text)
@@ -209,6 +212,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         "config", None, "Experiment file with get_config().", flag_values=values, sys_argv=argv)
     workdir = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and config.json.",
                                   flag_values=values)
+    verbose = flags.DEFINE_boolean("verbose", False, "Also show debug messages.", short_name="v", flag_values=values)
+    quiet = flags.DEFINE_boolean("quiet", False, "Show only warnings and errors.", short_name="q", flag_values=values)
     try:
         positional = values(argv)[1:]
     except flags.Error as e:  # a bad override value, an unknown option, overrides in a bad order
@@ -222,6 +227,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"unexpected argument {positional[0]!r}. {USAGE}")
     if workdir.value is None:
         _die("--workdir is required, e.g. --workdir runs/tiny.")
+    if verbose.value and quiet.value:
+        _die("--verbose and --quiet ask for opposite things; give one of them.")
     cfg = config.value
     try:
         cfg = config_lib.apply_mixture_overrides(cfg, mixture)
@@ -229,7 +236,7 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"{e}")
     _resolve_config_paths(cfg, changed)
     changed += [_MIXTURE + (f".{domain}" if domain else "") for domain, _ in mixture]
-    return CommandLine(cfg, paths.user_path(workdir.value), tuple(changed))
+    return CommandLine(cfg, paths.user_path(workdir.value), tuple(changed), int(verbose.value) - int(quiet.value))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:
@@ -353,6 +360,7 @@ def summary_line(summary: dict, workdir: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv if argv is None else argv
     command = parse_command_line(argv)
+    setup_logging(command.verbosity)
     if "MOEJAX_LOCAL_PROCESSES" in os.environ:
         sys.exit(run_local_processes(_env_int("MOEJAX_LOCAL_PROCESSES", 1), argv[1:]))
     maybe_initialize_distributed()
