@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # moejax entry point.
 #
-#   ./launch.sh [CONFIG_FILE] [--workdir DIR] [--config.key=value ...]
-#       Train. With no arguments: experiments/tiny_moe.py into runs/tiny_moe.
+#   ./launch.sh [CONFIG_FILE] [--workdir DIR] [--config.key=value ...] [-q | -v]
+#       Train. With no arguments: experiments/tiny_moe.py into runs/tiny_moe. -q/--quiet: only
+#       warnings, errors and the final line; -v/--verbose: debug messages too.
 #       Rerunning the same command resumes from the latest checkpoint in DIR.
 #   ./launch.sh test [pytest arguments]
 #       Run the test suite (CPU, 8 fake devices, 2 pytest-xdist workers; MOEJAX_TEST_WORKERS=0
@@ -159,7 +160,7 @@ if [[ "${1:-}" == "test" ]]; then
 fi
 
 config=experiments/tiny_moe.py
-if [[ $# -gt 0 && "$1" != --* ]]; then
+if [[ $# -gt 0 && "$1" != -* ]]; then  # -q, -v and --options go to moejax.main
   config=$1
   shift
 fi

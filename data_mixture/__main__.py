@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import textwrap
 from pathlib import Path
+
+from moejax.log import add_verbosity_flags, setup_logging
+
+log = logging.getLogger(__name__)
 
 PROG = "python -m data_mixture"
 
@@ -106,13 +111,12 @@ def cmd_collect(args) -> None:
                   losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto",
                   bench_metric=args.bench_metric)
     for note in got.skipped:
-        print(f"collect: skipped {note}", file=sys.stderr)
+        log.warning(f"collect: skipped {note}")
     if got.unevaluated:
         listed = ", ".join(f"{w} step {s}" for w, s in got.unevaluated[:8])
         more = f" and {len(got.unevaluated) - 8} more" if len(got.unevaluated) > 8 else ""
-        print(f"collect: {len(got.unevaluated)} checkpoint(s) have no evaluation and were left out: {listed}{more}. "
-              f"Evaluate them with `python -m moejax.eval --workdir W --all` or rerun collect with --evaluate.",
-              file=sys.stderr)
+        log.warning(f"collect: {len(got.unevaluated)} checkpoint(s) have no evaluation and were left out: {listed}{more}. "
+                    f"Evaluate them with `python -m moejax.eval --workdir W --all` or rerun collect with --evaluate.")
     n_rows = len(got.columns.get("run", []))
     if not n_rows:
         raise UsageError(f"no evaluated checkpoint found in {', '.join(args.workdirs)}; evaluate the runs "
@@ -120,7 +124,8 @@ def cmd_collect(args) -> None:
     write_columns(got.columns, args.out)
     table = read_runs(args.out)  # the written table passes the same validation every reader applies
     mid = table.mid_training()
-    kind = (f" ({len(set(table.run[mid]))} mid-training runs of {len(set(table.base[mid]))} base(s))" if mid.any() else "")
+    kind = (f" ({len(set(table.run[mid]))} mid-training runs of {len(set(table.base[mid]))} base(s))"
+            if mid.any() and table.base is not None else "")
     print(f"wrote {args.out}: {n_rows} rows, {len(set(table.run))} runs{kind}, mix domains {', '.join(table.mix_domains)}, "
           f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
 
@@ -270,10 +275,8 @@ def cmd_optimize(args) -> None:
     print(f"wrote {args.out}; train with: ./launch.sh experiments/tiny_moe.py --config.data.mixture_file={args.out}")
 
 
-def _numbers(text: str | None, flag: str) -> list[float] | None:
-    """``'20,40'`` -> [20.0, 40.0] (None stays None); errors name the flag."""
-    if text is None:
-        return None
+def _numbers(text: str, flag: str) -> list[float]:
+    """``'20,40'`` -> [20.0, 40.0]; errors name the flag."""
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -297,7 +300,8 @@ def cmd_plan(args) -> None:
         config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
         min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
         mid_training=args.mid_training, base_tokens_per_param=args.base_tokens_per_param, base_tokens=args.base_tokens,
-        mid_tokens_per_param=_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param"), mid_tokens=args.mid_tokens,
+        mid_tokens_per_param=(_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param")
+                              if args.mid_tokens_per_param is not None else None), mid_tokens=args.mid_tokens,
         base_mixture=_parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None,
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
@@ -314,8 +318,7 @@ def cmd_plan(args) -> None:
           f"(best of {len(plan['candidates'])} allocations)")
     left_out = [p for p in protocol["seed_sizes_requested"] or [] if p not in protocol["seed_sizes"]]
     if protocol["seeds"] > 1 and left_out:
-        print(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there",
-              file=sys.stderr)
+        log.warning(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there")
     print(f"wrote {args.out}")
 
 
@@ -370,8 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, description=help_, epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=help_, description=help_, epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_verbosity_flags(p)
+        return p
 
     p = add("collect", "moejax workdirs -> runs table CSV (one row per evaluated checkpoint).")
     p.add_argument("workdirs", nargs="+", help="training workdirs, or a directory whose sub-directories are workdirs")
@@ -592,6 +597,7 @@ def _errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    setup_logging(args.verbosity)
     os.environ.setdefault("MPLBACKEND", "Agg")
     try:
         from data_mixture.user_files import check_inputs, check_outputs, resolve_paths

@@ -315,8 +315,8 @@ def fit_table(
     if unknown:
         raise TableError(f"chance level given for task(s) {', '.join(unknown)} not in the table; its tasks: {', '.join(table.bench_tasks) or 'none'}.")
     tasks, skipped = [], {}
-    for j, t in enumerate(table.bench_tasks):
-        n = int(np.isfinite(table.bench_rt[:, j]).sum())
+    for j, t in enumerate(table.bench_tasks):  # a table with tasks has their scores
+        n = int(np.isfinite(table.bench_rt[:, j]).sum()) if table.bench_rt is not None else 0
         if n >= MIN_SCORES:
             tasks.append(t)
         else:

@@ -157,17 +157,17 @@ def feasible_bounds(domains: Sequence[str], constraints: Constraints, tokens: fl
             raise OptimizeError(f"--max-weight {d}={b:g}: allowed: a share in [0, 1].")
     cap = np.ones(len(domains))
     caps: dict[str, float] = {}
-    if c.available_tokens is not None:
-        for j, d in enumerate(domains):
-            if d in c.available_tokens:
-                cap[j] = min(1.0, c.available_tokens[d] * c.max_epochs / tokens)
-                caps[d] = float(cap[j])
+    available = c.available_tokens or {}
+    for j, d in enumerate(domains):
+        if d in available:
+            cap[j] = min(1.0, available[d] * c.max_epochs / tokens)
+            caps[d] = float(cap[j])
     limit = np.minimum(hi, cap)
     why = {d: ("repetition cap" if cap[j] < hi[j] else "max weight") for j, d in enumerate(domains)}
     for j, d in enumerate(domains):
         if lo[j] > limit[j] + 1e-12:
             if cap[j] < hi[j]:
-                detail = (f"its repetition cap {cap[j]:.4g} = {c.available_tokens[d]:.4g} available tokens x "
+                detail = (f"its repetition cap {cap[j]:.4g} = {available[d]:.4g} available tokens x "
                           f"{c.max_epochs:g} epochs / {tokens:.4g} target tokens")
             else:
                 detail = f"its max weight {hi[j]:g}"
@@ -345,8 +345,9 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     predicted: dict[str, Any] = {}
     for j, d in enumerate(fit.loss_domains):
         predicted["loss:" + d] = summary(loss_point[j], np.array([m[j] for m in at_star_loss]))
-    for j, t in enumerate(tasks):
-        predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
+    if bench_point is not None:  # None without tasks
+        for j, t in enumerate(tasks):
+            predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
     value = float(v_star) if objective == "loss" else float(-v_star)
     boot: dict[str, Any] = {"members": len(members_w)}
     if members_w:

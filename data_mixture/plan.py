@@ -130,7 +130,7 @@ class Protocol:
     """The checked protocol of a plan: how runs are trained (see the module docstring)."""
 
     mid: bool
-    ratios: tuple[float, ...]  # candidate tokens-per-parameter ratios of the law's runs (scratch or mid)
+    ratios: tuple[float | None, ...]  # candidate tokens-per-parameter ratios of the law's runs (scratch or mid)
     fixed_tokens: float | None  # mid_tokens: the law's runs' tokens at every size (ratios unused)
     base_ratio: float | None
     base_tokens: float | None
@@ -140,13 +140,19 @@ class Protocol:
 
     def run_tokens(self, n: float, ratio: float | None) -> float:
         """Tokens of a law run (scratch or mid-training) at size n (in the planning size column)."""
-        return self.fixed_tokens if self.fixed_tokens is not None else ratio * n
+        if self.fixed_tokens is not None:
+            return self.fixed_tokens
+        assert ratio is not None, "the ratios are None only where fixed_tokens is set"
+        return ratio * n
 
     def base_goal(self, n: float) -> float:
         """Tokens of the base at size n (0 for a from-scratch plan)."""
         if not self.mid:
             return 0.0
-        return self.base_tokens if self.base_tokens is not None else self.base_ratio * n
+        if self.base_tokens is not None:
+            return self.base_tokens
+        assert self.base_ratio is not None, "a mid-training protocol has base_tokens or base_ratio"
+        return self.base_ratio * n
 
     def seeds_at(self, preset: str) -> int:
         return self.seeds if self.seed_sizes is None or preset in self.seed_sizes else 1
@@ -198,10 +204,13 @@ def space_filling_mixtures(n: int, m: int, lo_m: np.ndarray, hi_m: np.ndarray, s
     return project(np.concatenate(pts), lo_m, hi_m)
 
 
+DEFAULT_PRIOR_FORMULA = "L_v = 1.0 + 40 / N^0.3 + 300 / D^0.3 + 0.8 exp(-3 w_v)(1 + 5e3 / N^0.5)"
+
+
 def default_prior(domains: Sequence[str]) -> Callable:
     """A weakly informative prior when no fit is given: per validation domain v (one per training
-    domain) ``L_v = 1.0 + 40 / N^0.3 + 300 / D^0.3 + 0.8 exp(-3 w_v)(1 + 5e3 / N^0.5)``: a Chinchilla-like
-    scaling in N and D plus a mixture term whose weight shrinks with size, so the optimum moves."""
+    domain) ``DEFAULT_PRIOR_FORMULA``: a Chinchilla-like scaling in N and D plus a mixture term
+    whose weight shrinks with size, so the optimum moves."""
     def loss_fn(v, n_r, d_r, mix_rm):
         return 1.0 + 40.0 / n_r ** 0.3 + 300.0 / d_r ** 0.3 + 0.8 * np.exp(-3.0 * mix_rm[:, v]) * (1 + 5e3 / n_r ** 0.5)
     return loss_fn
@@ -259,7 +268,7 @@ def _candidate(proto: Protocol, window: list[str], ratio: float | None, runs: in
 
 def _tokens_text(proto: Protocol) -> str:
     runs = (f"{proto.fixed_tokens:g} tokens per run" if proto.fixed_tokens is not None
-            else f"{min(proto.ratios):g} tokens/param")
+            else f"{min(r for r in proto.ratios if r is not None):g} tokens/param")
     if not proto.mid:
         return f"at {runs}"
     base = f"{proto.base_tokens:g} tokens" if proto.base_tokens is not None else f"{proto.base_ratio:g} tokens/param"
@@ -362,7 +371,7 @@ def _protocol(spec: PlanSpec, mix_domains: Sequence[str], presets: Mapping[str, 
                                 ("--base-mixture", spec.base_mixture)) if v is not None]
     if spec.mid_lr_scale != 1.0:
         mid_flags.append("--mid-lr-scale")
-    seeds = dict(seeds=spec.seeds, seed_sizes=tuple(spec.seed_sizes) if spec.seed_sizes is not None else None)
+    seeds: dict[str, Any] = dict(seeds=spec.seeds, seed_sizes=tuple(spec.seed_sizes) if spec.seed_sizes is not None else None)
     if not spec.mid_training:
         if mid_flags:
             raise PlanError(f"{', '.join(mid_flags)} describe(s) a mid-training plan; add --mid-training (or leave "
@@ -380,9 +389,7 @@ def _protocol(spec: PlanSpec, mix_domains: Sequence[str], presets: Mapping[str, 
     if not ratios or any(not (math.isfinite(r) and r > 0) for r in ratios):
         raise PlanError(f"--mid-tokens-per-param {list(ratios)}: allowed: numbers > 0.")
     base_ratio = None if spec.base_tokens is not None else (spec.base_tokens_per_param or DEFAULT_BASE_TOKENS_PER_PARAM)
-    if spec.mid_tokens is not None:
-        ratios = (None,)
-    return Protocol(True, ratios, spec.mid_tokens, base_ratio, spec.base_tokens,
+    return Protocol(True, (None,) if spec.mid_tokens is not None else ratios, spec.mid_tokens, base_ratio, spec.base_tokens,
                     _base_mixture(spec.base_mixture, mix_domains), **seeds)
 
 
@@ -437,13 +444,13 @@ def _steps(tokens_goal: float, per_step: int) -> int:
 
 
 def _run(spec: PlanSpec, name: str, preset: str, presets, sizes, steps: int, seed: int, mixture: dict[str, float],
-         role: str, extra: Mapping[str, Any] = (), **fields: Any) -> dict[str, Any]:
+         role: str, extra: Mapping[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
     """One plan entry: the preset's model keys, the run length and cadence, seed, mixture, ``extra``."""
     every = math.ceil(steps / spec.checkpoints)  # the last checkpoint is the final step
     overrides = {**presets[preset], "train.steps": steps, "train.global_batch_size": spec.batch,
                  "train.seq_len": spec.seq_len, "checkpoint.every_steps": every,
                  "train.eval_every": every, "train.seed": seed,
-                 "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture, **dict(extra)}
+                 "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture, **(extra or {})}
     tokens = float(steps * spec.batch * spec.seq_len)
     return {"name": name, "role": role, "preset": preset, "config": spec.config, "overrides": overrides,
             "mixture": mixture, "tokens": tokens, "steps": steps, "seed": seed, **fields,
@@ -563,7 +570,7 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         mix_domains = tuple(x.strip() for x in spec.domains.split(",") if x.strip())
         loss_domains, size_column = mix_domains, "params_active"
         truth, law = default_prior(mix_domains), spec.law or "camel"
-        prior_desc = {"kind": "default", "formula": default_prior.__doc__.split("``")[1]}
+        prior_desc = {"kind": "default", "formula": DEFAULT_PRIOR_FORMULA}
     from data_mixture.laws import get_law
 
     law_obj = get_law(law)

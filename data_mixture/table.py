@@ -36,7 +36,7 @@ import dataclasses
 import io
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +55,17 @@ class TableError(ValueError):
     values at fault and what is allowed."""
 
 
-def _rows(idx: Sequence[int] | np.ndarray, runs: Sequence[str] | np.ndarray, values: Sequence[Any] | None = None) -> str:
+def _rows(idx: Iterable[Any], runs: Sequence[str] | np.ndarray, values: Sequence[Any] | None = None) -> str:
     """'rows 3 (run 'a', value 'x'), 7 (run 'b') and 2 more' for 0-based indices."""
-    idx = [int(i) for i in idx]
+    rows = [int(i) for i in idx]
     parts = []
-    for n, i in enumerate(idx[:MAX_LISTED]):
+    for n, i in enumerate(rows[:MAX_LISTED]):
         detail = f"run {str(runs[i])!r}"
         if values is not None:
             detail += f", value {values[n]!r}"
         parts.append(f"{i + 1} ({detail})")
-    more = f" and {len(idx) - MAX_LISTED} more" if len(idx) > MAX_LISTED else ""
-    return ("row " if len(idx) == 1 else "rows ") + ", ".join(parts) + more
+    more = f" and {len(rows) - MAX_LISTED} more" if len(rows) > MAX_LISTED else ""
+    return ("row " if len(rows) == 1 else "rows ") + ", ".join(parts) + more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,7 +429,7 @@ def to_columns(table: RunsTable) -> dict[str, list[str]]:
             cols[BENCH + t] = [_fmt(x) for x in table.bench_rt[:, j]]
     if table.seed is not None:
         cols["seed"] = [str(int(x)) for x in table.seed]
-    if table.base is not None:
+    if table.base is not None and table.base_tokens is not None:  # both or neither (from_columns)
         cols["base"] = [str(x) for x in table.base]
         cols["base_tokens"] = [_fmt(x) if b else "" for x, b in zip(table.base_tokens, table.base)]
     for k, v in table.extra.items():

@@ -43,6 +43,7 @@ import os
 import numpy as np
 
 from moejax.config import default_config
+from moejax.log import add_verbosity_flags, setup_logging
 
 Z = ("z_loss", {"weight": 1e-3})
 RUNS = {  # name -> balancing objectives
@@ -421,7 +422,9 @@ def main() -> None:
     p.add_argument("--shard", default="0/1", type=shard_arg,
                    help="--front: train only runs i, i+n, i+2n, ... of the list (i/n), so that n processes "
                         "(one per core) share the work; each tabulates every finished run")
+    add_verbosity_flags(p)
     args = p.parse_args()
+    setup_logging(args.verbosity)
     if args.quick and not args.front:
         p.error("--quick goes with --front")
     if args.front:

@@ -34,6 +34,7 @@ import sys
 import numpy as np
 
 from moejax.config import default_config
+from moejax.log import add_verbosity_flags, setup_logging
 from moejax.model.transformer import flops_per_token, param_counts
 
 RUNS = ("dense", "l3", "moe", "l3_uniform", "l3_residual")
@@ -166,7 +167,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--out", default="results/l3_study")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the table from finished runs")
+    add_verbosity_flags(parser)
     args = parser.parse_args()
+    setup_logging(args.verbosity)
     names = [n for n in args.runs.split(",") if n]
     unknown = sorted(set(names) - set(RUNS))
     if unknown:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from experiments import mixture_sweep as sweep_study
+from moejax.log import add_verbosity_flags, setup_logging
 
 DOMAINS = sweep_study.DOMAINS
 BASE_RUN = "s1_m0"  # the sweep's uniform mixture at the largest proxy size
@@ -279,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="data_mixture/results/mergemix_v1", help="small results (committed)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--stop-after", choices=("experts", "rank", "search"), default=None)
+    add_verbosity_flags(parser)
     args = parser.parse_args(argv)
+    setup_logging(args.verbosity)
     out, root, sweep_out = Path(args.out), Path(args.root), Path(args.sweep_out)
     out.mkdir(parents=True, exist_ok=True)
     trained, mixtures, base = trained_metrics(sweep_out)

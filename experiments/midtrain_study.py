@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from data_mixture.plan import PlanSpec, make_plan, preset_sizes
+from moejax.log import add_verbosity_flags, setup_logging
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 HEADS = {"model.num_kv_heads": 1}
@@ -614,7 +615,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="data_mixture/results/midtrain_v1", help="committed results")
     ap.add_argument("--root", default="runs/midtrain_v1", help="run directories (not committed)")
     ap.add_argument("--parallel", type=int, default=2)
+    add_verbosity_flags(ap)
     args = ap.parse_args(argv)
+    setup_logging(args.verbosity)
     out, root = Path(args.out), Path(args.root)
     out.mkdir(parents=True, exist_ok=True)
     todo = STAGES if args.stage == "all" else (args.stage,)

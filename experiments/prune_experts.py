@@ -32,6 +32,7 @@ from absl import logging as absl_logging  # noqa: E402
 from moejax.eval.evaluate import Evaluator, benchmark_score, make_settings, mean_score  # noqa: E402
 from moejax.eval.masking import least_used, mask_state, masked_balancer  # noqa: E402
 from moejax.eval.restore import open_run  # noqa: E402
+from moejax.log import add_verbosity_flags, setup_logging  # noqa: E402
 from moejax.model.balancing import RoutingSetup  # noqa: E402
 
 DEFAULT_FRACTIONS = (0.0, 0.125, 0.25, 0.5)
@@ -120,7 +121,9 @@ def main() -> None:
     parser.add_argument("--max-items", type=int, default=50, help="items per task (0: all)")
     parser.add_argument("--tasks", nargs="*", default=None)
     parser.add_argument("--no-progress", action="store_true")
+    add_verbosity_flags(parser)
     args = parser.parse_args()
+    setup_logging(args.verbosity)
     fractions = args.fractions
     if sorted(fractions) != fractions or fractions[0] != 0 or not all(0 <= f < 1 for f in fractions):
         parser.error("--fractions must be increasing, in [0, 1), and start at 0 (the unpruned baseline)")

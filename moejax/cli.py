@@ -17,6 +17,9 @@ command        same as                            does
 ``configs``                                       list the built-in configs
 =============  =================================  ==========================================
 
+Every command but ``configs`` takes ``-q/--quiet`` (warnings, errors and its result only) and
+``-v/--verbose`` (debug messages too): :mod:`moejax.log`.
+
 ``moejax train [CONFIG] [--workdir DIR] [--config.KEY=VALUE ...]`` reads like ``./launch.sh``:
 CONFIG is a file, or the name of a built-in config (``moejax/configs``; default ``tiny_moe``),
 and the workdir defaults to ``runs/<config name>`` under the current directory.
@@ -58,6 +61,8 @@ def _usage() -> str:
     lines = [f"usage: {PROG} COMMAND [arguments]   ({PROG} COMMAND --help for a command's options)", "",
              "commands:"]
     lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    lines += ["", "every command but configs takes -q/--quiet (warnings, errors and its result only) and "
+              "-v/--verbose (debug messages too)"]
     lines += ["", f"built-in configs: {', '.join(builtin_configs.BUILTIN)} (moejax train NAME); the mixture "
               "laws: data-mixture --help"]
     return "\n".join(lines)

@@ -10,13 +10,13 @@ is allowed and how to fix it.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
-import sys
 from typing import Any
 
-import ml_collections
+from ml_collections import ConfigDict
 
-ConfigDict = ml_collections.ConfigDict
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -511,8 +511,8 @@ def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes: boo
     _check_groups(moe)
     warmup = effective_warmup_steps(cfg.optim.warmup_steps, t.steps)
     if warmup != cfg.optim.warmup_steps and notes:
-        print(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
-              f"train.steps={t.steps}; warming up over {warmup} steps instead.", file=sys.stderr)
+        log.warning(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
+                    f"train.steps={t.steps}; warming up over {warmup} steps instead.")
 
     if cfg.data.benchmarks not in BENCHMARK_VERSIONS:
         _fail("data.benchmarks", cfg.data.benchmarks, " or ".join(map(repr, BENCHMARK_VERSIONS)))

@@ -24,11 +24,13 @@ environment made for an accelerator (``jax[cuda12]``) may hold other versions of
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import json
 import os
 import re
 import sys
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYPROJECT = os.path.join(ROOT, "pyproject.toml")
@@ -48,18 +50,22 @@ def public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def _packaging(module: str) -> Any:
+    """``packaging.<module>``, else pip's vendored copy, else None (the standard library alone)."""
+    for name in (f"packaging.{module}", f"pip._vendor.packaging.{module}"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
 def _marker_holds(marker: str | None) -> bool:
     if not marker:
         return True
-    try:
-        from packaging.markers import Marker
-    except ImportError:
-        try:
-            from pip._vendor.packaging.markers import Marker
-        except ImportError:
-            Marker = None
-    if Marker is not None:
-        return Marker(marker).evaluate()
+    markers = _packaging("markers")
+    if markers is not None:
+        return markers.Marker(marker).evaluate()
     match = re.fullmatch(r"\s*sys_platform\s*(==|!=)\s*['\"]([^'\"]+)['\"]\s*", marker)
     if match:  # the only marker pyproject.toml uses; without packaging, others count as true
         return (sys.platform == match.group(2)) == (match.group(1) == "==")
@@ -118,14 +124,10 @@ def pins(path: str = CONSTRAINTS) -> dict[str, str]:
 
 def _satisfies(version: str, requirement: str) -> bool:
     """Does ``version`` meet the range in ``requirement`` (True when packaging is unavailable)."""
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:
-        try:
-            from pip._vendor.packaging.requirements import Requirement
-        except ImportError:
-            return True
-    return Requirement(requirement).specifier.contains(version, prereleases=True)
+    parsing = _packaging("requirements")
+    if parsing is None:
+        return True
+    return parsing.Requirement(requirement).specifier.contains(version, prereleases=True)
 
 
 def problems(extras: list[str]) -> tuple[list[str], list[str]]:

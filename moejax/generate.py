@@ -28,6 +28,7 @@ import numpy as np
 import tqdm
 from flax import nnx
 
+from moejax.log import add_verbosity_flags, setup_logging
 from moejax.model.balancing import Balancer
 from moejax.model.decode import KVCache, init_cache, next_token
 from moejax.model.transformer import DTYPES
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--beyond-context", action="store_true",
                         help="generate past the context the model was trained on (train.seq_len); refused "
                              "by default, as positions past it were never trained")
+    add_verbosity_flags(parser)
     args = parser.parse_args(argv)
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     from moejax.config import ConfigError
     from moejax.eval.restore import open_run
 
+    setup_logging(args.verbosity)
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on the items a params-only read skips
     try:
         erun = open_run(paths.user_path(args.workdir))

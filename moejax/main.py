@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import warnings
+from typing import Any, NoReturn
 
 from absl import flags
 from ml_collections import config_flags
@@ -40,20 +41,22 @@ from moejax import config as config_lib
 from moejax import configs as builtin_configs
 from moejax import paths
 from moejax.config import ConfigError
+from moejax.log import setup_logging
 
 USAGE = (
     "usage: python -m moejax.main --config FILE --workdir DIR [--config.KEY=VALUE ...] "
     "(or ./launch.sh [FILE] [--workdir DIR] [--config.KEY=VALUE ...], or, installed, moejax train [FILE|NAME] "
     "[--workdir DIR] [--config.KEY=VALUE ...]). Every KEY and its meaning is in "
     "moejax/config.py; data.mixture takes one --config.data.mixture.DOMAIN=WEIGHT per domain or JSON "
-    "text, --config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'."
+    "text, --config.data.mixture='{\"code\": 0.5, \"math\": 0.5}'. -q/--quiet shows only warnings and errors "
+    "(and the final line), -v/--verbose debug messages too."
 )
 # A config override: --config.a.b=v, --config.a.b v, --noconfig.a.b (absl's false for booleans).
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
 _MIXTURE = "data.mixture"
 
 
-def _die(message: str) -> None:
+def _die(message: str) -> NoReturn:
     sys.stderr.write(f"moejax: error: {message}\n")
     sys.exit(2)
 
@@ -65,6 +68,7 @@ class CommandLine:
     config: config_lib.ConfigDict
     workdir: str
     changed: tuple[str, ...]  # config keys set by --config.* overrides, e.g. "model.num_heads"
+    verbosity: int = 0  # -1 --quiet, 1 --verbose (moejax.log.setup_logging)
 
 
 def _split_mixture(args: list[str]) -> tuple[list[str], list[tuple[str | None, str]]]:
@@ -150,7 +154,7 @@ def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, a
         return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
     if isinstance(error, flags.UnrecognizedFlagError):
         name = getattr(error, "flagname", "") or text
-        near = difflib.get_close_matches(name, ["config", "workdir", "help"], n=1)
+        near = difflib.get_close_matches(name, ["config", "workdir", "help", "verbose", "quiet"], n=1)
         hint = f" Did you mean --{near[0]}?" if near else ""
         return f"unknown option --{name}.{hint} {USAGE}"
     match = re.match(r"flag --config\.([A-Za-z0-9_.]+)", text)
@@ -161,8 +165,8 @@ def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, a
         except KeyError:
             default = None
         if default is not None:
-            given = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
-            value = f"={given[-1]}" if given else ""
+            typed = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
+            value = f"={typed[-1]}" if typed else ""
             return f"flag --config.{path}{value}: {config_lib.describe_expected(path, default)}"
     return f"{text}. {USAGE}"
 
@@ -208,6 +212,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         "config", None, "Experiment file with get_config().", flag_values=values, sys_argv=argv)
     workdir = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and config.json.",
                                   flag_values=values)
+    verbose = flags.DEFINE_boolean("verbose", False, "Also show debug messages.", short_name="v", flag_values=values)
+    quiet = flags.DEFINE_boolean("quiet", False, "Show only warnings and errors.", short_name="q", flag_values=values)
     try:
         positional = values(argv)[1:]
     except flags.Error as e:  # a bad override value, an unknown option, overrides in a bad order
@@ -221,6 +227,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"unexpected argument {positional[0]!r}. {USAGE}")
     if workdir.value is None:
         _die("--workdir is required, e.g. --workdir runs/tiny.")
+    if verbose.value and quiet.value:
+        _die("--verbose and --quiet ask for opposite things; give one of them.")
     cfg = config.value
     try:
         cfg = config_lib.apply_mixture_overrides(cfg, mixture)
@@ -228,7 +236,7 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"{e}")
     _resolve_config_paths(cfg, changed)
     changed += [_MIXTURE + (f".{domain}" if domain else "") for domain, _ in mixture]
-    return CommandLine(cfg, paths.user_path(workdir.value), tuple(changed))
+    return CommandLine(cfg, paths.user_path(workdir.value), tuple(changed), int(verbose.value) - int(quiet.value))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:
@@ -255,7 +263,7 @@ def maybe_initialize_distributed() -> None:
     address = os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not (address or os.environ.get("MOEJAX_DISTRIBUTED")):
         return
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if address:
         count = _env_int("JAX_NUM_PROCESSES", 1)
         kwargs = dict(
@@ -293,8 +301,9 @@ def run_local_processes(count: int, args: list[str]) -> int:
         env = {key: v for key, v in os.environ.items() if key != "MOEJAX_LOCAL_PROCESSES"}
         env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES=str(count),
                    JAX_PROCESS_ID=str(index))
-        if paths.caller_cwd():  # the children resolve the user's relative paths as this process did
-            env[paths.CALLER_CWD_ENV] = paths.caller_cwd()
+        caller_cwd = paths.caller_cwd()
+        if caller_cwd:  # the children resolve the user's relative paths as this process did
+            env[paths.CALLER_CWD_ENV] = caller_cwd
         env.setdefault("JAX_PLATFORMS", "cpu")
         children.append(subprocess.Popen([sys.executable, "-m", "moejax.main", *args], env=env))
 
@@ -351,6 +360,7 @@ def summary_line(summary: dict, workdir: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv if argv is None else argv
     command = parse_command_line(argv)
+    setup_logging(command.verbosity)
     if "MOEJAX_LOCAL_PROCESSES" in os.environ:
         sys.exit(run_local_processes(_env_int("MOEJAX_LOCAL_PROCESSES", 1), argv[1:]))
     maybe_initialize_distributed()

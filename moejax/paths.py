@@ -169,7 +169,7 @@ def plain_mode(path: str, default: int) -> int:
     return default & ~umask
 
 
-def write_file(path: str, write: Callable[[IO], None], *, mode: str = "w") -> None:
+def write_file(path: str, write: Callable[[IO], object], *, mode: str = "w") -> None:
     """Writes ``path`` through ``write(file)`` under a temporary name, then renames it into place.
 
     ``mode``: "w" (text) or "wb" (bytes)."""
@@ -177,7 +177,8 @@ def write_file(path: str, write: Callable[[IO], None], *, mode: str = "w") -> No
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         os.fchmod(fd, plain_mode(path, 0o666))
-        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if "b" not in mode else {})) as f:
+        text = "b" not in mode
+        with os.fdopen(fd, mode, encoding="utf-8" if text else None, newline="" if text else None) as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:

@@ -25,6 +25,11 @@ Fixtures for every test module (use them rather than building a corpus or a run 
 - ``run_once``: ``run_once(name, build)`` returns ``<run dir>/shared/<name>``, made by
   ``build(path)`` the first time any test of the run (on any xdist worker) asks for ``name``.
   Tests must only read what it returns; copy it (``shutil.copytree``) to change it.
+
+Every test starts with the logging the command lines set up by default (``moejax.log.setup_logging()``:
+INFO to stdout, warnings to stderr), so a test that calls library code directly sees its messages
+where a user of the commands does, and a command run with ``--quiet`` in one test does not silence
+the next.
 """
 import atexit
 import contextlib
@@ -113,3 +118,10 @@ def builtin_benchmarks(corpus_cache):
 def run_once(corpus_cache) -> Callable[[str, Callable[[str], None]], str]:
     """``run_once(name, build)``: a directory made once per test run by ``build(path)``; read it only."""
     return build_once
+
+
+@pytest.fixture(autouse=True)
+def _command_line_logging() -> None:
+    from moejax.log import setup_logging
+
+    setup_logging()

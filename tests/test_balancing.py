@@ -1,6 +1,5 @@
 """Balancing objectives: each formula against numpy, composition, state in training, errors, metrics."""
 
-import glob
 import os
 import shutil
 

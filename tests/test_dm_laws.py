@@ -11,8 +11,6 @@ its mixture term 1 / sum C_i r_i^gamma_i (with only central mixtures that term i
 constant and absorbs E).
 """
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

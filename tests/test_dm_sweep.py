@@ -123,7 +123,7 @@ def test_failing_run_is_retried_then_reported_with_its_log(sweep):
     assert [h["state"] for h in status["history"]] == ["failed", "failed"]
     log = root / "bad_m0" / "train.log"
     assert status["log"] == str(log) and log.read_text().count("=== attempt") == 2 and "nope" in log.read_text()
-    assert f"failed: bad_m0 after 2 attempt(s) in this sweep: training exited with code" in proc.stderr
+    assert "failed: bad_m0 after 2 attempt(s) in this sweep: training exited with code" in proc.stderr
     assert f"log: {log}" in proc.stderr
     assert "4 done" in proc.stderr and "1 failed" in proc.stderr
 
@@ -150,7 +150,7 @@ def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
     assert status["history"][-1]["resumed_from"] == 2 and status["history"][-1]["trained"]
     last_attempt = (victim / "train.log").read_text().split("=== attempt")[-1]
     assert "resuming from step 2" in last_attempt and "fresh start" not in last_attempt
-    assert f"a_m1: start (attempt {status['attempts']}, resume from step 2)" in proc.stderr
+    assert f"a_m1: start (attempt {status['attempts']}, resume from step 2)" in proc.stdout
     _, rows = read_csv(root / "runs.csv")
     assert [r["run"] for r in rows] == [n for n in GOOD for _ in (2, 4)]
     # and once more: everything is done, nothing runs, the table is rewritten the same
@@ -217,7 +217,7 @@ def test_second_runner_does_not_start_a_run_with_a_fresh_lease(tmp_path, capsys)
     assert not (root / GOOD[0] / "train.log").exists() and not (root / GOOD[0] / "status.json").exists()
     assert record.holds(root / GOOD[0], other)
     captured = capsys.readouterr()
-    assert f"{GOOD[0]}: leased by node7:4242" in captured.err and "elsewhere: a_m0 leased by node7:4242" in captured.out
+    assert f"{GOOD[0]}: leased by node7:4242" in captured.out and "elsewhere: a_m0 leased by node7:4242" in captured.out
 
 
 # -------------------------------------------------------------------------------------- bad input
@@ -306,7 +306,7 @@ def test_ray_micro_sweep_gives_the_same_table(tmp_path, corpus_cache):
                      "--cpus-per-run", "1", "--eval-args", EVAL_ARGS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "b_m0: taking over the stale lease of node9:99" in proc.stderr
-    assert "ray, 2 at a time, 1 CPU + 0 GPU per run" in proc.stderr
+    assert "ray, 2 at a time, 1 CPU + 0 GPU per run" in proc.stdout
     header, rows = read_csv(root / "runs.csv")
     assert header == HEADER
     assert [r["run"] for r in rows] == ["a_m0", "a_m0", "b_m0", "b_m0"]
@@ -316,7 +316,7 @@ def test_ray_micro_sweep_gives_the_same_table(tmp_path, corpus_cache):
         assert not (root / name / record.LEASE).exists()
     again = sweep_cli("--plan", str(plan), "--root", str(root), "--backend", "ray", "--ray-num-cpus", "2")
     assert again.returncode == 0 and "2 done (2 skipped as already done, 0 run now)" in again.stdout
-    assert "nothing to launch" in again.stderr  # no Ray cluster started for a finished sweep
+    assert "nothing to launch" in again.stdout  # no Ray cluster started for a finished sweep
 
 
 def test_sweep_help_shows_every_flag_and_an_example(capsys):

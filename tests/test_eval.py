@@ -132,7 +132,7 @@ def test_eval_cli_writes_documented_json_and_curves(workdir, tmp_path, capsys):
     assert bench["math"]["gold_logprob"] < 0
 
     layers = result["routing"]["layers"]
-    assert [l["layer"] for l in layers] == [1]  # small_run_cfg: layer 0 dense, layer 1 MoE
+    assert [layer["layer"] for layer in layers] == [1]  # small_run_cfg: layer 0 dense, layer 1 MoE
     load = np.array(layers[0]["load"])
     cooc = np.array(layers[0]["cooccurrence"])
     assert load.shape == (4,) and load.sum() == pytest.approx(1.0)

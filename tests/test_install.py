@@ -212,7 +212,7 @@ def test_launch_sh_names_what_a_moejax_python_environment_lacks(tmp_path):
     assert {"jax", "jaxlib", "optax", "orbax-checkpoint"} <= set(missing) and "flax" not in missing
     assert f"at the wrong version: numpy 1.26.4 (pinned {pins['numpy']})" in message
     assert "flax " not in message.split("wrong version")[1]
-    assert f"-m pip install -c constraints.txt -e '.'" in message and "MOEJAX_CHECK_PINS=warn" in message
+    assert "-m pip install -c constraints.txt -e '.'" in message and "MOEJAX_CHECK_PINS=warn" in message
 
     # The test suite needs the dev extra: torch at the pinned release, whatever its build.
     done = subprocess.run(["bash", str(launch), "test"], capture_output=True, text=True, env=env, timeout=60)

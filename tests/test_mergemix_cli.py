@@ -74,7 +74,7 @@ def test_end_to_end_writes_a_mixture_launch_accepts(mergemix_runs, mergemix_expe
     assert again["mixture"] == summary["mixture"]
     assert again["cache_hits"] >= 12 and again["flops"]["merges_evaluated"] == summary["flops"]["merges_evaluated"]
     lines = (out / "cache.jsonl").read_text().splitlines()
-    assert len(lines) == len({(tuple(np.round(json.loads(l)["alpha"], 9)), json.loads(l)["router"]) for l in lines})
+    assert len(lines) == len({(tuple(np.round(json.loads(line)["alpha"], 9)), json.loads(line)["router"]) for line in lines})
 
 
 def test_harc_proxy_is_cached_with_its_calibration(mergemix_runs, mergemix_experts, tmp_path):

@@ -225,7 +225,7 @@ class Law(abc.ABC):
                     fixed: dict | None = None) -> dict[str, LawFit]:
         """Point fits of several validation domains ({domain: LawFit}). Parametric laws solve
         them together (one work queue for all starts); this default loops over :meth:`fit`."""
-        kw = {"fixed": fixed} if fixed else {}
+        kw: dict[str, Any] = {"fixed": fixed} if fixed else {}
         return {d: self.fit(table, d, size_column=size_column, seed=seed, starts=starts, progress=progress, **kw) for d in domains}
 
     def fit_bootstrap_domains(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,7 @@ from data_mixture.fitting import FTOL, HUBER_DELTA, Fitter, ParamSpec, _as_jax, 
 from data_mixture.laws.base import Law, LawFit, token_design
 from data_mixture.table import RunsTable, TableError
 
-_FITTERS: dict[tuple[str, int], Fitter] = {}
+_FITTERS: dict[tuple[str, tuple], Fitter] = {}
 BOOT_STARTS = 2  # starts per bootstrap resample: the point fit + 1 perturbed copy (``bootstrap_starts``)
 BOOT_JITTER = 0.05  # sd of a perturbed bootstrap start, as a fraction of each parameter's start range
 _PREDICT: dict[str, Any] = {}
@@ -64,7 +64,7 @@ class ParametricLaw(Law):
     polish: int = 2           # best starts polished with scipy L-BFGS-B (point fit)
     boot_refine: int = 100    # Levenberg-Marquardt iterations (Fitter.refine) after a resample's stage 1
     delta: float = HUBER_DELTA
-    token_params: tuple[str, ...] = ("B", "beta")  # the token term's parameters (subclasses with other names override)
+    token_params: ClassVar[tuple[str, ...]] = ("B", "beta")  # the token term's parameters (subclasses with other names override)
     token_exponent: str | None = "beta"           # fixed at token_exponent_default on one-budget tables (None: never)
     token_exponent_default: float = TOKEN_EXPONENT_DEFAULT
 

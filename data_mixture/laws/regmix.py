@@ -29,6 +29,7 @@ so it cannot fix any.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import lightgbm as lgb
 import numpy as np
@@ -36,7 +37,7 @@ import numpy as np
 from data_mixture.fitting import Param, ParamSpec
 from data_mixture.laws.base import Law, LawFit, token_design
 
-LGBM_PARAMS = {
+LGBM_PARAMS: dict[str, Any] = {
     "objective": "regression",
     "learning_rate": 0.1,
     "num_leaves": 8,

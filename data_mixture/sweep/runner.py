@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import shlex
 import signal
@@ -52,6 +53,8 @@ from typing import Any
 
 from data_mixture.sweep import record
 from data_mixture.sweep.targets import RunTarget, SweepError, load_plan, targets_from_plan
+
+log = logging.getLogger(__name__)
 
 # Environment variables handed to every run explicitly (Ray workers do not inherit the driver's
 # environment); the local backend's children inherit the whole environment anyway. LD_PRELOAD
@@ -141,7 +144,8 @@ def _job_env(root: Path) -> dict[str, str]:
 
 
 class _Display:
-    """tqdm bar (done/total) with running/failed/elsewhere counts and an ETA, plus ROOT/sweep.log."""
+    """tqdm bar (done/total) with running/failed/elsewhere counts and an ETA; each message to ROOT/sweep.log
+    and the log (INFO, or WARNING for what went wrong)."""
 
     def __init__(self, total: int, initial: int, log_path: Path, enabled: bool, slots: int):
         from tqdm import tqdm
@@ -149,16 +153,12 @@ class _Display:
         self.log_path, self.slots = log_path, slots
         self.bar = tqdm(total=total, initial=initial, desc="sweep", unit="run", disable=not enabled, file=sys.stderr,
                         bar_format="{desc}: {n_fmt}/{total_fmt} done |{bar}| {elapsed}{postfix}", dynamic_ncols=True)
-        self.enabled = enabled
 
-    def say(self, message: str) -> None:
+    def say(self, message: str, level: int = logging.INFO) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
-        if self.enabled:
-            self.bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        log.log(level, line)
 
     def update(self, done: int, running: dict[str, float], failed: int, elsewhere: int, waiting: int,
                durations: list[float]) -> None:
@@ -260,7 +260,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
             if stop["count"] and not stop_sent:
                 stop_sent = True
                 display.say(f"sweep: {signal.Signals(stop['signum']).name}: stopping {len(running)} running run(s) "
-                            "(each saves a checkpoint; press Ctrl-C again to kill them)")
+                            "(each saves a checkpoint; press Ctrl-C again to kill them)", logging.WARNING)
                 for name in running:
                     _write_stop(by_name[name], 1)
                 backend.stop()
@@ -287,7 +287,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                     t = by_name[name]
                     if not record.heartbeat(t.run_dir, owner):
                         display.say(f"sweep: {name}: lease lost to another runner (heartbeat too late?); stopping "
-                                    "this runner's attempt")
+                                    "this runner's attempt", logging.WARNING)
                         backend.stop(name)
                         continue
                     worker = record.read_json(t.run_dir / record.WORKER) or {}
@@ -317,7 +317,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                    f"{len(interrupted)} interrupted ({', '.join(interrupted) or 'none'}), {len(failed)} failed, "
                    f"{len(targets) - len(succeeded) - len(interrupted) - len(failed)} not started; rerun the same "
                    "command to resume.")
-        print(summary, file=sys.stderr, flush=True)
+        log.warning(summary)
         return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0, summary,
                            gates["blocked"], gates["waiting"])
     blocked, waiting = gates["blocked"], {k: v for k, v in gates["waiting"].items() if k not in succeeded}
@@ -345,7 +345,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     summary = "\n".join(lines)
     with open(root / "sweep.log", "a", encoding="utf-8") as f:
         f.writelines(f"{time.strftime('%H:%M:%S')} {line}\n" for line in lines)
-    print(summary, file=sys.stderr if failed or collect_error else sys.stdout, flush=True)
+    log.log(logging.WARNING if failed or collect_error else logging.INFO, summary)
     code = 1 if failed or blocked or collect_error else 0
     return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, runs_csv, rows, summary,
                        blocked, waiting)
@@ -412,7 +412,7 @@ def _fill(queue, by_name, running, backend, owner, options, version, eval_args, 
             continue
         if gate == "blocked":
             gates["blocked"][name] = f"base {t.base} failed"
-            display.say(f"sweep: {name}: not launched: its base {t.base} failed")
+            display.say(f"sweep: {name}: not launched: its base {t.base} failed", logging.WARNING)
             continue
         if gate == "waiting":
             gates["waiting"][name] = t.base
@@ -421,7 +421,7 @@ def _fill(queue, by_name, running, backend, owner, options, version, eval_args, 
         if age is not None and age > options.lease_timeout:
             stale = record.read_json(t.run_dir / record.LEASE) or {}
             display.say(f"sweep: {name}: taking over the stale lease of {stale.get('host')}:{stale.get('pid')} "
-                        f"(no heartbeat for {age:.0f} s > --lease-timeout {options.lease_timeout:g})")
+                        f"(no heartbeat for {age:.0f} s > --lease-timeout {options.lease_timeout:g})", logging.WARNING)
         got, holder = record.try_acquire(t.run_dir, owner, options.lease_timeout)
         if not got:
             if name not in elsewhere:
@@ -498,14 +498,14 @@ def _finish(t: RunTarget, result, owner, stopping, retries, tries, queue, succee
         record.write_status(t.run_dir, state="interrupted", history=history, message=result.get("message"),
                             log=result.get("log"), returncode=result.get("returncode"))
         interrupted.append(t.name)
-        display.say(f"sweep: {t.name}: interrupted ({result.get('message')})")
+        display.say(f"sweep: {t.name}: interrupted ({result.get('message')})", logging.WARNING)
     else:
         again = tries[t.name] <= retries
         record.write_status(t.run_dir, state="failed", history=history, message=result.get("message"),
                             log=result.get("log"), returncode=result.get("returncode"), retrying=again)
         display.say(f"sweep: {t.name}: failed ({result.get('message')}); log: {result.get('log')}"
                     + (f"; retrying ({tries[t.name]}/{retries} retries used)" if again else
-                       f"; giving up after {tries[t.name]} attempt(s)"))
+                       f"; giving up after {tries[t.name]} attempt(s)"), logging.WARNING)
         if again:
             queue.append(t.name)
         else:

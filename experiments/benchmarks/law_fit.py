@@ -22,8 +22,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
-
 from data_mixture.fit import fit_table
 from data_mixture.laws import LAWS, LawFit
 from data_mixture.synthetic import draw_design, synthetic_table

@@ -40,6 +40,8 @@ import time
 
 import numpy as np
 
+from moejax.log import add_verbosity_flags, setup_logging
+
 DOMAINS = ("code", "prose", "math", "knowledge")
 LOSS_RTOL = 1e-5
 
@@ -112,7 +114,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--loss-batches", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/mergemix_speed.json")
+    add_verbosity_flags(ap)
     args = ap.parse_args(argv)
+    setup_logging(args.verbosity)
     if args.rounds < 2 or args.merges_per_call < 1:
         ap.error("--rounds must be >= 2 (the first compiles) and --merges-per-call >= 1")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from moejax import paths
 from moejax.config import ConfigError
 from moejax.data.corpus import DOMAINS, build_domain
+from moejax.log import add_verbosity_flags, setup_logging
 
 FORMATS = ("txt", "jsonl")
 
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", choices=("train", "heldout", "all"), default="train")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing non-empty --out (as a whole)")
+    add_verbosity_flags(parser)
     args = parser.parse_args(argv)
+    setup_logging(args.verbosity)
     out = paths.user_path(args.out)
     try:
         paths.check_new_output(out, "--out", force=args.force)

@@ -44,6 +44,7 @@ import numpy.typing as npt
 from moejax import paths
 from moejax.config import ConfigError
 from moejax.data.errors import DataError
+from moejax.log import add_verbosity_flags, setup_logging
 
 FORMAT: Final = "moejax-l3-allocation-v1"
 METHODS: Final = ("lzw", "uniform")
@@ -504,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="output JSON (default: l3_allocation_<method>_v<budget>_k<k>.json in "
                              "the dataset directory, or the built-in corpus cache directory)")
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
+    add_verbosity_flags(parser)
     args = parser.parse_args(argv)
+    setup_logging(args.verbosity)
     args.data_path = paths.user_path(args.data_path)
     args.out = paths.user_path(args.out) if args.out else None
     try:

@@ -54,6 +54,7 @@ from moejax.data.errors import DataError, user_stacklevel
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
+from moejax.log import add_verbosity_flags, setup_logging
 
 DEFAULT_HELDOUT_FRACTION: Final = 0.01
 DEFAULT_SEQ_LEN: Final = default_config().train.seq_len
@@ -576,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
                              "one window of it")
     parser.add_argument("--verify", action="store_true",
                         help="only check every file of --out against its manifest checksums")
+    add_verbosity_flags(parser)
     args = parser.parse_args(argv)
+    setup_logging(args.verbosity)
     out = paths.user_path(args.out)
     try:
         if args.verify:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 
@@ -27,7 +28,10 @@ from moejax.eval.plots import plot_curves
 from moejax.eval.report import format_result
 from moejax.eval.restore import open_run
 from moejax.eval.tasks import TaskFileError
+from moejax.log import add_verbosity_flags, setup_logging
 from moejax.train.precompile import use_persistent_cache
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--force", action="store_true",
                         help="replace an eval/step_N.json made with other settings (default: refuse)")
+    add_verbosity_flags(parser)
     args = parser.parse_args(argv)
     args.workdir = paths.user_path(args.workdir)
     if args.tasks:  # task files (names of built-in tasks have no suffix)
@@ -68,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    setup_logging(args.verbosity)
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax notes on the items a params-only read skips
     use_persistent_cache()  # evaluating again (or the next checkpoint of the shape) skips the compiles
     try:
@@ -106,7 +112,7 @@ def _evaluate(args: argparse.Namespace) -> None:
             paths.write_file(path, lambda f: json.dump(result, f, indent=1))
             print(format_result(result) + f"\n\nwrote {path}\n")
         else:
-            print(f"step {step}: reusing {path} (same settings)")
+            log.info(f"step {step}: reusing {path} (same settings)")
         results.append(result)
     if args.all:
         print(f"wrote {plot_curves(results, os.path.join(out_dir, 'curves.png'))}")

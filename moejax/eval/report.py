@@ -42,8 +42,8 @@ def format_result(result: dict[str, Any]) -> str:
         out.append("")
         out += _rows(
             ["routing", "max_vio", "gini", "entropy", "load min..max"],
-            [[f"layer {l['layer']}", f"{l['max_vio']:.3f}", f"{l['gini']:.3f}", f"{l['entropy']:.3f}",
-              f"{min(l['load']):.3f}..{max(l['load']):.3f}"] for l in layers],
+            [[f"layer {layer['layer']}", f"{layer['max_vio']:.3f}", f"{layer['gini']:.3f}", f"{layer['entropy']:.3f}",
+              f"{min(layer['load']):.3f}..{max(layer['load']):.3f}"] for layer in layers],
         )
     out.append("")
     out += _rows(

@@ -27,9 +27,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -40,6 +40,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from moejax.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointMismatch(ConfigError):
@@ -112,6 +114,7 @@ class Checkpointer:
             meta=ocp.args.JsonSave(meta),
         )
         self.manager.save(step, args=args, force=True)
+        log.debug(f"moejax: saving checkpoint {step} to {self.directory} (in the background)")
 
     def check_compatible(self, step: int, abstract_state: Any) -> None:
         """Raises CheckpointMismatch naming every parameter whose shape or presence differs."""
@@ -165,11 +168,8 @@ class Checkpointer:
         if jax.process_index() == 0:
             os.makedirs(self.corrupt_dir, exist_ok=True)
             shutil.move(source, target)
-            print(
-                f"moejax: checkpoint {source} is unreadable ({reason}); moved it to {target} and "
-                "falling back to the previous checkpoint.",
-                file=sys.stderr,
-            )
+            log.warning(f"moejax: checkpoint {source} is unreadable ({reason}); moved it to {target} and "
+                        "falling back to the previous checkpoint.")
         if jax.process_count() > 1:  # nobody lists the steps again before process 0 has moved it
             multihost_utils.sync_global_devices(f"moejax_quarantine_{step}")
         self.manager.reload()

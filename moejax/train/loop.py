@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import signal
 import time
@@ -36,6 +37,9 @@ from moejax.train.state import (
     Run, abstract_batch, check_l3_allocation_matches, init_state, make_init, process_rows, setup, to_global,
 )
 from moejax.train.step import make_eval_step, make_train_step
+
+log = logging.getLogger(__name__)
+
 
 def check_config(cfg, changed=(), workdir: str | None = None) -> tuple[dict[str, int], DatasetInfo]:
     """Everything that can be checked before compiling; returns the resolved mesh shape and what
@@ -135,7 +139,7 @@ def fresh_state(cfg, run: Run, init=None) -> dict[str, Any]:
         init_step = None if cfg.checkpoint.init_step < 0 else cfg.checkpoint.init_step
         state["params"], step = load_params(cfg.checkpoint.init_from, run.abstract_state["params"], init_step)
         if jax.process_index() == 0:
-            print(f"moejax: parameters from {cfg.checkpoint.init_from} (step {step}); fresh optimizer and data")
+            log.info(f"moejax: parameters from {cfg.checkpoint.init_from} (step {step}); fresh optimizer and data")
     return state
 
 
@@ -211,7 +215,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
         truncate_metrics(workdir, step)  # records past the checkpoint are redone after a resume
     logger = MetricsLogger(workdir, total_steps=t.steps, start_step=step, enabled=is_main)
     if is_main:
-        logger.bar.write(
+        log.info(
             f"moejax: {counts['total'] / 1e6:.2f}M params ({counts['active'] / 1e6:.2f}M active), "
             f"mesh {mesh_shape}, {jax.device_count()} {jax.default_backend()} device(s), "
             f"{'resuming from step ' + str(step) if resumed else 'fresh start'}"
@@ -231,7 +235,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
     try:
         with jax.set_mesh(mesh), PreemptionGuard(c.grace_seconds) as preemption:
             if step < t.steps and is_main:  # from here a SIGTERM stops the run after its next step
-                logger.bar.write(f"moejax: training (the steps compiled in {compile_s:.1f} s, while the data loaded)")
+                log.info(f"moejax: training (the steps compiled in {compile_s:.1f} s, while the data loaded)")
             if step == 0:
                 first_eval = evaluate(eval_step, state, eval_batches, eval_sharding, t.global_batch_size)
                 logger.log(0, first_eval)
@@ -239,7 +243,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
             interval_start, interval_steps = time.perf_counter(), 0
             stage = stage_index(train_data.schedule, step)
             if len(train_data.schedule) > 1 and is_main:
-                logger.bar.write(_stage_line(train_data.schedule, stage, step))
+                log.info(_stage_line(train_data.schedule, stage, step))
             while step < t.steps:
                 stage_now = stage_index(train_data.schedule, step)  # the stage of the batch drawn next
                 stage_switched, stage = stage_now != stage, stage_now
@@ -255,7 +259,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
                     summary["compile_and_first_step_s"] = time.perf_counter() - interval_start
                     interval_start, interval_steps = time.perf_counter(), 0
                     if is_main:
-                        logger.bar.write(f"moejax: first step took {summary['compile_and_first_step_s']:.1f} s")
+                        log.info(f"moejax: first step took {summary['compile_and_first_step_s']:.1f} s")
                 # A skipped (non-finite) step left the state unchanged; too many in a row end the run.
                 if bool(metrics["skipped"]):
                     bad_streak, skipped_steps = bad_streak + 1, skipped_steps + 1
@@ -267,7 +271,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
                     _restart_eta(logger.bar, step)  # the rate and ETA from here on are of steps alone
                 record = {}
                 if stage_switched and is_main:
-                    logger.bar.write(_stage_line(train_data.schedule, stage, step - 1))
+                    log.info(_stage_line(train_data.schedule, stage, step - 1))
                 if step % t.log_every == 0 or step == t.steps or diverged or stage_switched:
                     step_time = (  # right after the first step, its time (with compilation) is all there is
                         (time.perf_counter() - interval_start) / interval_steps if interval_steps

@@ -1,8 +1,10 @@
-"""Where metrics go: a progress bar and lines on stdout, WORKDIR/metrics.jsonl, TensorBoard."""
+"""Where metrics go: a progress bar, a line per logged step (logged at INFO: on stdout from the
+command line, hidden by --quiet), WORKDIR/metrics.jsonl, TensorBoard."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -12,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
+
+log = logging.getLogger(__name__)
 
 
 # Routing health. "Global" routing metrics use the expert loads averaged over about the last
@@ -129,7 +133,7 @@ class MetricsLogger:
         shown = [f"{k}={_fmt(v)}" for k, v in record.items() if isinstance(v, (int, float, str)) and "/" not in k]
         if self.bar.disable:
             shown.insert(0, f"[{step}/{self.total_steps}]")
-        self.bar.write(" ".join(shown))
+        log.info(" ".join(shown))
 
     def close(self) -> None:
         if self.enabled:

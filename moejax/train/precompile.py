@@ -15,14 +15,16 @@ exiting with its error. So a Ctrl-C during the data load takes effect when the c
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
 import time
 from typing import Callable
 
 import jax
 from jax.sharding import Mesh
+
+log = logging.getLogger(__name__)
 
 
 class Precompile:
@@ -59,7 +61,7 @@ class Precompile:
                 self._done.wait()
             except KeyboardInterrupt as e:  # exiting under the compile would abort: finish it first
                 if interrupted is None:
-                    print("moejax: interrupted; stopping when the compile in progress ends", file=sys.stderr)
+                    log.warning("moejax: interrupted; stopping when the compile in progress ends")
                 interrupted = e
         if interrupted is not None:
             raise interrupted
@@ -79,4 +81,6 @@ def use_persistent_cache() -> str | None:
 
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ and not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.join(default_cache_dir(), "xla"))
-    return jax.config.jax_compilation_cache_dir or None
+    directory = jax.config.jax_compilation_cache_dir or None
+    log.debug(f"moejax: compilation cache {directory or 'off'}")
+    return directory

@@ -13,6 +13,7 @@ from moejax.config import ConfigError
 from moejax.interop.hf import workdir  # called as workdir.<name>, so a patched function is the one run
 from moejax.interop.hf.configs import SUPPORTED
 from moejax.interop.hf.errors import InteropError
+from moejax.log import add_verbosity_flags, setup_logging
 from moejax.model.transformer import DTYPES
 
 
@@ -34,12 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="tensor dtype written")
     exp.add_argument("--force", action="store_true",
                      help="replace an existing non-empty --hf-dir (as a whole), even the run's import source")
+    for command in (imp, exp):
+        add_verbosity_flags(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     args.hf_dir, args.workdir = paths.user_path(args.hf_dir), paths.user_path(args.workdir)
+    setup_logging(args.verbosity)
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on items a restore skips
     try:
         if args.command == "import":
