@@ -2,7 +2,7 @@
 # moejax entry point.
 #
 #   ./launch.sh [CONFIG_FILE] [--workdir DIR] [--config.key=value ...]
-#       Train. With no arguments: experiments/tiny_moe.py into runs/tiny_moe.
+#       Train. With no arguments: experiments/configs/tiny_moe.py into runs/tiny_moe.
 #       Rerunning the same command resumes from the latest checkpoint in DIR.
 #   ./launch.sh test [pytest arguments]
 #       Run the test suite (CPU, 8 fake devices, 2 pytest-xdist workers; MOEJAX_TEST_WORKERS=0
@@ -36,7 +36,9 @@
 # Paths: every command runs from this repository (its .venv, experiments/ and the default runs/
 # live here), and relative paths given to it mean what they mean where you ran it:
 # MOEJAX_CALLER_CWD tells the Python side (moejax/paths.py) where that was. A config file is
-# looked up there first, then in the repository (experiments/tiny_moe.py works from anywhere).
+# looked up there first, then in the repository (experiments/configs/tiny_moe.py works from
+# anywhere). The configs' old paths (experiments/tiny_moe.py, before they moved to
+# experiments/configs/) still work, with a one-line note naming the new path.
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")"
@@ -158,7 +160,7 @@ if [[ "${1:-}" == "test" ]]; then
   exec "$PY" -m pytest -q ${workers[@]+"${workers[@]}"} "$@"
 fi
 
-config=experiments/tiny_moe.py
+config=experiments/configs/tiny_moe.py
 if [[ $# -gt 0 && "$1" != --* ]]; then
   config=$1
   shift
@@ -167,8 +169,12 @@ here=$PWD
 if [[ "$caller" != "$here" && "$config" != /* && -f "$caller/$config" ]]; then
   config="$caller/$config"
 fi
+if [[ ! -f "$config" && "$config" =~ ^(\./)?experiments/([a-z0-9_]+\.py)$ && -f "experiments/configs/${BASH_REMATCH[2]}" ]]; then
+  echo "launch.sh: note: $config is now experiments/configs/${BASH_REMATCH[2]} (the old path still works)" >&2
+  config="experiments/configs/${BASH_REMATCH[2]}"
+fi
 if [[ ! -f "$config" ]]; then
-  echo "launch.sh: error: config file '$config' not found (looked in $caller and in $here); experiments/ has: $(ls experiments/*.py | tr '\n' ' ')" >&2
+  echo "launch.sh: error: config file '$config' not found (looked in $caller and in $here); experiments/configs/ has: $(ls experiments/configs/[!_]*.py | tr '\n' ' ')" >&2
   exit 2
 fi
 workdir_given=0

@@ -104,7 +104,7 @@ class PlanSpec:
     simulations: int = 3
     sim_starts: int = 16
     seed: int = 0
-    config: str = "experiments/tiny_moe.py"
+    config: str = "experiments/configs/tiny_moe.py"
     batch: int = 16
     seq_len: int = 256
     domains: str | None = None  # comma-separated training domains (default: the prior's)

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             }
             if not bench:  # the training log's held-out losses are the evaluation (same batches)
                 overrides["train.eval_batches"] = args.loss_batches
-            cmd = [py, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", str(wd),
+            cmd = [py, "-m", "moejax.main", "--config", "experiments/configs/tiny_moe.py", "--workdir", str(wd),
                    f"--config.data.mixture={json.dumps(mixture)}"]
             cmd += [f"--config.{key}={value}" for key, value in overrides.items()]
             log(ladder_log, f"train {name} {mixture}")

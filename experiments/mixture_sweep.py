@@ -227,7 +227,7 @@ def target_plan(out: Path, mixtures: dict[str, dict[str, float]], seeds: int) ->
                          "train.seq_len": SEQ_LEN, "checkpoint.every_steps": every, "train.eval_every": every,
                          "train.seed": seed, "optim.warmup_steps": max(1, steps // 10), "data.mixture": mix}
             tokens = float(steps * BATCH * SEQ_LEN)
-            runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET, "config": "experiments/tiny_moe.py",
+            runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET, "config": "experiments/configs/tiny_moe.py",
                          "overrides": overrides, "mixture": mix, "tokens": tokens, "steps": steps, **size,
                          "flops": 6.0 * size["params_active"] * tokens})
     plan = {"version": 1, "target": {"size": size["params_active"], "size_column": "params_active",
