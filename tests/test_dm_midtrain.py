@@ -353,7 +353,7 @@ def test_collect_names_the_missing_base(mid_plan, tmp_path, fake_python, capsys)
 @pytest.mark.slow  # two real training runs, their evaluations and a resume (a few minutes on 2 cores)
 def test_real_mid_training_run_counts_its_own_tokens_and_resumes_from_itself(mid_plan, tmp_path, corpus_cache,
                                                                              monkeypatch):
-    from experiments.fault_drill import child_xla_flags
+    from experiments.tools.fault_drill import child_xla_flags
 
     monkeypatch.setenv("XLA_FLAGS", child_xla_flags(None))
     path = small_plan(mid_plan, ["a_base", "a_m1"], tmp_path / "plan.json")

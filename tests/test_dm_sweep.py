@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from data_mixture.sweep import SweepOptions, record, run_sweep
-from experiments.fault_drill import child_xla_flags
+from experiments.tools.fault_drill import child_xla_flags
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 TINY = {"model.d_model": 16, "model.num_layers": 1, "model.num_heads": 1, "model.num_kv_heads": 1,

@@ -1,6 +1,6 @@
 """Compile-only memory check: will this config fit on this mesh? Nothing is allocated.
 
-    python -m experiments.compile_check --config experiments/configs/deepseek_16b.py --devices 64 \\
+    python -m experiments.tools.compile_check --config experiments/configs/deepseek_16b.py --devices 64 \\
         --budget_gib 80 [--config.train.remat=full] [--config.mesh.fsdp=8] [--json out.json]
 
 Lowers and compiles the real train step (the one ``launch.sh`` runs) for ``--devices`` fake CPU
