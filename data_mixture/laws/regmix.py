@@ -33,8 +33,8 @@ import time
 import lightgbm as lgb
 import numpy as np
 
-from data_mixture.fitting import Param, ParamSpec
 from data_mixture.laws.base import Law, LawFit, token_design
+from data_mixture.solver import Param, ParamSpec
 
 LGBM_PARAMS = {
     "objective": "regression",
