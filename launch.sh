@@ -12,7 +12,8 @@
 #
 # Every process started here runs with mimalloc preloaded (LD_PRELOAD): XLA:CPU takes a fresh
 # buffer for each step's temporaries, which glibc's malloc maps and unmaps every step, so the step
-# page-faults it all back in; mimalloc reuses it (CPU steps 1.2-1.3x faster; moejax/allocator.py).
+# page-faults it all back in; mimalloc reuses it (faster CPU steps, same numbers; moejax/allocator.py,
+# measured in experiments/benchmarks/LOG.md, change 6).
 # MOEJAX_ALLOCATOR=system keeps the system allocator.
 #
 # Python: $MOEJAX_PYTHON if set (e.g. an environment with jax[cuda] or jax[tpu]), checked before
@@ -137,7 +138,8 @@ use_mimalloc() {
     export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"
   fi
   # Keep freed memory for good: with mimalloc's default 10 ms purge delay the host work between
-  # two steps of the loop was enough to give the buffer back (loop steps x1.08 without purging).
+  # two steps of the loop was enough to give the buffer back (slower loop steps; measured in
+  # experiments/benchmarks/LOG.md, change 6).
   [[ -n "$lib" ]] && export MIMALLOC_PURGE_DELAY="${MIMALLOC_PURGE_DELAY:--1}"
   return 0
 }
