@@ -37,7 +37,13 @@ jax.config.update("jax_num_cpu_devices", 8)  # before any device is touched; CPU
 
 import numpy as np  # noqa: E402
 
-from experiments.studies.which_balancing_objective import FRONT_BATCH, front_config, front_objectives, front_summary, held_out  # noqa: E402
+from experiments.studies.which_balancing_objective import (  # noqa: E402
+    FRONT_BATCH,
+    front_config,
+    front_objectives,
+    front_summary,
+    held_out,
+)
 
 DEVICES = 8
 
@@ -100,7 +106,8 @@ def main() -> None:
     front_dir = os.path.join(args.out, "front")
     path = os.path.join(front_dir, "front.json")
     if not os.path.exists(path):
-        p.error(f"{path} not found: run python -m experiments.studies.which_balancing_objective --front --out {args.out} first")
+        p.error(f"{path} not found: run python -m experiments.studies.which_balancing_objective --front "
+                f"--out {args.out} first")
     try:
         factors = [float(x) for x in args.factors.split(",") if x]
     except ValueError:
