@@ -267,7 +267,8 @@ def cmd_optimize(args) -> None:
     if boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
-    print(f"wrote {args.out}; train with: ./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file={args.out}")
+    print(f"wrote {args.out}; train with: ./launch.sh experiments/configs/tiny_moe.py "
+          f"--config.data.mixture_file={args.out}")
 
 
 def _numbers(text: str | None, flag: str) -> list[float] | None:
@@ -483,7 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewest size presets in a candidate ladder (default 0: the planned law's own minimum)")
     p.add_argument("--checkpoints", type=int, default=2,
                    help="evaluated checkpoints per run, evenly spaced (default 2: at half and at the end)")
-    p.add_argument("--config", default="experiments/configs/tiny_moe.py", help="config file each planned run starts from")
+    p.add_argument("--config", default="experiments/configs/tiny_moe.py",
+                   help="config file each planned run starts from")
     p.add_argument("--batch", type=int, default=16, help="global batch size of the planned runs")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="simulation seed and the runs' train.seed (default 0)")

@@ -131,8 +131,8 @@ def check_inputs(args) -> None:
     config = getattr(args, "config", None)
     if config and not os.path.isfile(config) and not builtin_configs.find(config):
         raise ConfigError(f"--config {config} does not exist{relative_to_note(config)}, nor in the repository; "
-                          "give a moejax experiment file, e.g. --config experiments/configs/tiny_moe.py, or a built-in config "
-                          f"name ({', '.join(builtin_configs.BUILTIN)}).")
+                          "give a moejax experiment file, e.g. --config experiments/configs/tiny_moe.py, or a "
+                          f"built-in config name ({', '.join(builtin_configs.BUILTIN)}).")
 
 
 def check_csv(path: str, flag: str) -> None:

@@ -227,7 +227,8 @@ def target_plan(out: Path, mixtures: dict[str, dict[str, float]], seeds: int) ->
                          "train.seq_len": SEQ_LEN, "checkpoint.every_steps": every, "train.eval_every": every,
                          "train.seed": seed, "optim.warmup_steps": max(1, steps // 10), "data.mixture": mix}
             tokens = float(steps * BATCH * SEQ_LEN)
-            runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET, "config": "experiments/configs/tiny_moe.py",
+            runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET,
+                         "config": "experiments/configs/tiny_moe.py",
                          "overrides": overrides, "mixture": mix, "tokens": tokens, "steps": steps, **size,
                          "flops": 6.0 * size["params_active"] * tokens})
     plan = {"version": 1, "target": {"size": size["params_active"], "size_column": "params_active",
@@ -274,7 +275,8 @@ def write_report(out: Path, laws: dict[str, Any], mixtures: dict[str, dict[str, 
     times = json.loads((out / "timings.json").read_text())
     table = read_runs(out / "runs.csv")
     lines = ["# The built-in mixture sweep (builtin_v1)", "",
-             f"Reproduce: `python -m experiments.studies.do_law_mixtures_win_at_scale --root sweeps/builtin_v1 --out {out}`.", "",
+             "Reproduce: `python -m experiments.studies.do_law_mixtures_win_at_scale --root sweeps/builtin_v1 "
+             f"--out {out}`.", "",
              "## Setup", "",
              f"- proxies: {', '.join(PROXIES)} x {plan['chosen']['runs_per_size']} mixtures, "
              f"{len(plan['runs'])} runs, {len(table)} rows (evaluated checkpoints per run: "

@@ -200,8 +200,8 @@ def write_report(out: Path, sweep_out: Path, rank: dict[str, Any], default: tupl
 
     fmt = lambda r: f"{r['rho']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]" if np.isfinite(r["rho"]) else "n/a (saturated)"
     lines = ["# MergeMix on the built-in corpus (mergemix_v1)", "",
-             "Reproduce: `python -m experiments.studies.does_mergemix_beat_the_laws --sweep-root sweeps/builtin_v1 --root sweeps/mergemix_v1 "
-             f"--out {out}`.", "",
+             "Reproduce: `python -m experiments.studies.does_mergemix_beat_the_laws --sweep-root sweeps/builtin_v1 "
+             f"--root sweeps/mergemix_v1 --out {out}`.", "",
              f"Base: the sweep's `{BASE_RUN}` (uniform mixture, {PROXY}: 191k active parameters, 571k tokens). Experts: "
              f"one per domain, constant learning rate, checkpoints at {', '.join(f'{f * EXPERT_SHARE:.0%}' for f in FRACTIONS)}"
              " of the base's tokens. Trained mixtures: the sweep's 12 `s1` runs (from scratch, same size, 571k tokens).", "",
