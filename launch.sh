@@ -2,7 +2,7 @@
 # moejax entry point.
 #
 #   ./launch.sh [CONFIG_FILE] [--workdir DIR] [--config.key=value ...] [-q | -v]
-#       Train. With no arguments: experiments/tiny_moe.py into runs/tiny_moe. -q/--quiet: only
+#       Train. With no arguments: experiments/configs/tiny_moe.py into runs/tiny_moe. -q/--quiet: only
 #       warnings, errors and the final line; -v/--verbose: debug messages too.
 #       Rerunning the same command resumes from the latest checkpoint in DIR.
 #   ./launch.sh test [pytest arguments]
@@ -13,7 +13,8 @@
 #
 # Every process started here runs with mimalloc preloaded (LD_PRELOAD): XLA:CPU takes a fresh
 # buffer for each step's temporaries, which glibc's malloc maps and unmaps every step, so the step
-# page-faults it all back in; mimalloc reuses it (CPU steps 1.2-1.3x faster; moejax/allocator.py).
+# page-faults it all back in; mimalloc reuses it (faster CPU steps, same numbers; moejax/allocator.py,
+# measured in experiments/benchmarks/LOG.md, change 6).
 # MOEJAX_ALLOCATOR=system keeps the system allocator.
 #
 # Python: $MOEJAX_PYTHON if set (e.g. an environment with jax[cuda] or jax[tpu]), checked before
@@ -37,7 +38,9 @@
 # Paths: every command runs from this repository (its .venv, experiments/ and the default runs/
 # live here), and relative paths given to it mean what they mean where you ran it:
 # MOEJAX_CALLER_CWD tells the Python side (moejax/paths.py) where that was. A config file is
-# looked up there first, then in the repository (experiments/tiny_moe.py works from anywhere).
+# looked up there first, then in the repository (experiments/configs/tiny_moe.py works from
+# anywhere). The configs' old paths (experiments/tiny_moe.py, before they moved to
+# experiments/configs/) still work, with a one-line note naming the new path.
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")"
@@ -136,7 +139,8 @@ use_mimalloc() {
     export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"
   fi
   # Keep freed memory for good: with mimalloc's default 10 ms purge delay the host work between
-  # two steps of the loop was enough to give the buffer back (loop steps x1.08 without purging).
+  # two steps of the loop was enough to give the buffer back (slower loop steps; measured in
+  # experiments/benchmarks/LOG.md, change 6).
   [[ -n "$lib" ]] && export MIMALLOC_PURGE_DELAY="${MIMALLOC_PURGE_DELAY:--1}"
   return 0
 }
@@ -159,7 +163,7 @@ if [[ "${1:-}" == "test" ]]; then
   exec "$PY" -m pytest -q ${workers[@]+"${workers[@]}"} "$@"
 fi
 
-config=experiments/tiny_moe.py
+config=experiments/configs/tiny_moe.py
 if [[ $# -gt 0 && "$1" != -* ]]; then  # -q, -v and --options go to moejax.main
   config=$1
   shift
@@ -168,8 +172,12 @@ here=$PWD
 if [[ "$caller" != "$here" && "$config" != /* && -f "$caller/$config" ]]; then
   config="$caller/$config"
 fi
+if [[ ! -f "$config" && "$config" =~ ^(\./)?experiments/([a-z0-9_]+\.py)$ && -f "experiments/configs/${BASH_REMATCH[2]}" ]]; then
+  echo "launch.sh: note: $config is now experiments/configs/${BASH_REMATCH[2]} (the old path still works)" >&2
+  config="experiments/configs/${BASH_REMATCH[2]}"
+fi
 if [[ ! -f "$config" ]]; then
-  echo "launch.sh: error: config file '$config' not found (looked in $caller and in $here); experiments/ has: $(ls experiments/*.py | tr '\n' ' ')" >&2
+  echo "launch.sh: error: config file '$config' not found (looked in $caller and in $here); experiments/configs/ has: $(ls experiments/configs/[!_]*.py | tr '\n' ' ')" >&2
   exit 2
 fi
 workdir_given=0

@@ -5,8 +5,9 @@ Pipeline (``docs/data_mixture.md``)::
     plan.json --sweep--> workdirs --collect--> runs.csv --fit--> fit.json --predict--> pred.csv
                                                                   \\--optimize--> mixture.json --> launch.sh
 
-CORE modules: ``table`` (runs table), ``laws/`` (one file per law, registry), ``fitting``
-(robust multi-start fitting), ``bench_law`` (loss -> benchmark), ``fit`` (the Fit bundle).
+CORE modules: ``table`` (runs table), ``laws/`` (one file per law, registry), ``solver``
+(the robust multi-start solver every parametric law is fitted with), ``bench_law`` (loss ->
+benchmark), ``fit`` (the Fit bundle: a law fitted to every validation domain, its bootstrap).
 """
 
 from data_mixture.bench_law import BenchFit, fit_bench

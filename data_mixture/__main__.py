@@ -36,7 +36,7 @@ EXAMPLES = {
                 f"{PROG} evaluate --runs runs.csv --laws camel,regmix_linear --holdout each --starts 16 --out-dir results/eval_each",
     "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
-                "./launch.sh experiments/tiny_moe.py --config.data.mixture_file=mixture.json",
+                "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json",
     "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json\n"
             f"{PROG} plan --budget-flops 2e16 --domains code,prose,math,knowledge --target-size 2e7 --target-tokens 4e8 "
             "--mid-training --base-tokens-per-param 20 --mid-tokens-per-param 4 --seeds 3 --seed-sizes s3 --out plan.json",
@@ -45,7 +45,7 @@ EXAMPLES = {
              "--cpus-per-run 4 --gpus-per-run 1",
     "mergemix": f"{PROG} mergemix --base runs/base --domains code,prose,math,knowledge --expert-tokens 2e5 "
                 "--out results/mergemix --budget 60\n"
-                "./launch.sh experiments/tiny_moe.py --config.data.mixture_file=results/mergemix/mixture.json",
+                "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=results/mergemix/mixture.json",
 }
 
 
@@ -272,7 +272,8 @@ def cmd_optimize(args) -> None:
     if boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
-    print(f"wrote {args.out}; train with: ./launch.sh experiments/tiny_moe.py --config.data.mixture_file={args.out}")
+    print(f"wrote {args.out}; train with: ./launch.sh experiments/configs/tiny_moe.py "
+          f"--config.data.mixture_file={args.out}")
 
 
 def _numbers(text: str, flag: str) -> list[float]:
@@ -488,7 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewest size presets in a candidate ladder (default 0: the planned law's own minimum)")
     p.add_argument("--checkpoints", type=int, default=2,
                    help="evaluated checkpoints per run, evenly spaced (default 2: at half and at the end)")
-    p.add_argument("--config", default="experiments/tiny_moe.py", help="config file each planned run starts from")
+    p.add_argument("--config", default="experiments/configs/tiny_moe.py",
+                   help="config file each planned run starts from")
     p.add_argument("--batch", type=int, default=16, help="global batch size of the planned runs")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="simulation seed and the runs' train.seed (default 0)")

@@ -12,7 +12,7 @@
 
 Scores must be fractions in [0, 1]. The fit minimises squared error of accuracy (Huber with
 delta = 1, which is quadratic for every possible residual) with the same vmapped multi-start
-L-BFGS + L-BFGS-B polish as the loss laws (``fitting.py``). Internally losses are standardised
+L-BFGS + L-BFGS-B polish as the loss laws (``solver.py``). Internally losses are standardised
 (pooled mean and std over the used domains, stored in ``info``); ``params`` are in loss units.
 """
 
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_mixture.fitting import Fitter, Param, ParamSpec, starts_rng
+from data_mixture.solver import Fitter, Param, ParamSpec, starts_rng
 from data_mixture.table import RunsTable, TableError
 
 MIN_SCORES = 5

@@ -25,10 +25,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from data_mixture.bench_law import MIN_SCORES, BenchFit, fit_bench, fit_bench_bootstrap
-from data_mixture.fitting import resample_weights
 from data_mixture.laws import LawFit, get_law
 from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
+from data_mixture.solver import resample_weights
 from data_mixture.table import RunsTable, TableError, to_columns
 
 FORMAT = "moejax.data_mixture.fit/1"

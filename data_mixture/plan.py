@@ -63,7 +63,7 @@ MID_WARMUP_FRACTION = 0.05  # of a mid-training run's steps (as MergeMix's exper
 DEFAULT_BASE_TOKENS_PER_PARAM = 20.0
 DEFAULT_MID_TOKENS_PER_PARAM = (4.0,)
 
-# Default size presets: the ladder's four (experiments/mixture_ladder.py) and four larger ones,
+# Default size presets: the ladder's four (experiments/studies/do_laws_predict_larger_sizes.py) and four larger ones,
 # all MoE with the tiny default's 8 experts top-2 plus one shared expert.
 DEFAULT_PRESETS: dict[str, dict[str, Any]] = {
     "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, "model.num_kv_heads": 1,
@@ -104,7 +104,7 @@ class PlanSpec:
     simulations: int = 3
     sim_starts: int = 16
     seed: int = 0
-    config: str = "experiments/tiny_moe.py"
+    config: str = "experiments/configs/tiny_moe.py"
     batch: int = 16
     seq_len: int = 256
     domains: str | None = None  # comma-separated training domains (default: the prior's)

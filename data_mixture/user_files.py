@@ -6,7 +6,7 @@ The rules are moejax's own (:mod:`moejax.paths`):
 - **Paths**: ``~`` expands, and a relative path is relative to the directory the user ran
   ``launch.sh`` from (:func:`resolve_paths` applies :func:`moejax.paths.user_path` to every path
   flag). A ``--config`` is looked up there first, then in the repository, so the default
-  ``experiments/tiny_moe.py`` is found from anywhere.
+  ``experiments/configs/tiny_moe.py`` is found from anywhere.
 - **Outputs**: a command that writes refuses an existing output unless the user passes
   ``--force`` (:func:`check_out_file`, :func:`check_out_dir`), and checks that it can create the
   output's directory, creating nothing yet: a refused or failed command leaves no empty
@@ -131,8 +131,8 @@ def check_inputs(args) -> None:
     config = getattr(args, "config", None)
     if config and not os.path.isfile(config) and not builtin_configs.find(config):
         raise ConfigError(f"--config {config} does not exist{relative_to_note(config)}, nor in the repository; "
-                          "give a moejax experiment file, e.g. --config experiments/tiny_moe.py, or a built-in config "
-                          f"name ({', '.join(builtin_configs.BUILTIN)}).")
+                          "give a moejax experiment file, e.g. --config experiments/configs/tiny_moe.py, or a "
+                          f"built-in config name ({', '.join(builtin_configs.BUILTIN)}).")
 
 
 def check_csv(path: str, flag: str) -> None:

@@ -40,7 +40,7 @@ def default_config() -> ConfigDict:
     c.train.param_dtype = "float32"  # stored parameters and optimizer moments: float32 | bfloat16
     # Activation rematerialisation per transformer block: none | full (recompute each block in the
     # backward pass; least memory) | save_dots (keep weight-matmul outputs, recompute the rest).
-    # Same numbers either way; trades step time for activation memory (see experiments/compile_check.py).
+    # Same numbers either way; trades step time for activation memory (see experiments/tools/compile_check.py).
     c.train.remat = "none"
     # Apply each run of stacked layers with a scan: compile time independent of depth, and needed
     # for remat to save memory. False unrolls it: same numbers, ~10% faster steps on CPU at 4 layers.

@@ -376,7 +376,7 @@ def test_spec_forms_normalise():
 
 
 def test_command_line_override_of_the_objectives_list():
-    argv = ["prog", "--config=experiments/tiny_moe.py",
+    argv = ["prog", "--config=experiments/configs/tiny_moe.py",
             "--config.model.moe.balancing=(('phi', {'alpha': 0.01, 'potential': 'tsallis'}), ('z_loss', {'weight': 1e-3}))"]
     fv = flags.FlagValues()
     holder = config_flags.DEFINE_config_file("config", None, "config", flag_values=fv, sys_argv=argv)

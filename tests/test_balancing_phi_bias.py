@@ -39,7 +39,7 @@ def test_default_is_the_priced_loss_with_no_bias_and_the_same_state():
     assert obj.apply == "loss" and obj.tracks == "probs"
     assert set(obj.init_state()) == {"m_e"} and obj.selection_bias(obj.init_state()) is None
     r, m = random_routing(1), skewed_m(1)
-    q = jax.lax.stop_gradient(price("neg_entropy", m))  # the pre-issue-17 formula, op for op
+    q = jax.lax.stop_gradient(price("neg_entropy", m))  # the formula before the phi variants existed, op for op
     old = 0.1 * jnp.sum((q - jnp.mean(q)) * jnp.mean(r.probs_bte, axis=(0, 1)))
     np.testing.assert_array_equal(obj.loss(r, {"m_e": m}), old)
     stats = StepStats(jnp.asarray(np.full(E, 1 / E) + 0.01 * np.arange(E), jnp.float32), jnp.zeros(E))

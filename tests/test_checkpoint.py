@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import fault_drill
+from experiments.tools import fault_drill
 from moejax import sharding
 from moejax.train.checkpoint import Checkpointer, CheckpointMismatch
 from moejax.train.loop import Diverged, train

@@ -148,7 +148,7 @@ ENTRY = {
     "export": corpus_export.main,
     "data_mixture": dm_cli.main,
 }
-TINY = "experiments/tiny_moe.py"
+TINY = "experiments/configs/tiny_moe.py"
 FIT = ["fit", "--law", "regmix_linear", "--bootstrap", "0", "--no-progress"]
 PREDICT = ["predict", "--fit", "{user}/fit.json", "--runs", "{user}/runs.csv"]
 OPTIMIZE = ["optimize", "--fit", "{user}/fit.json", "--size", "3e6", "--tokens", "5e8", "--no-bootstrap"]

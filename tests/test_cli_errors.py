@@ -12,7 +12,7 @@ import pytest
 
 from moejax.main import main
 
-CONFIG = "experiments/tiny_moe.py"
+CONFIG = "experiments/configs/tiny_moe.py"
 MIXTURE_FIX = "--config.data.mixture.code=0.25"  # the per-domain form, spelled with the dataset's domains
 
 CASES = {
@@ -52,7 +52,7 @@ CASES = {
     "missing dataset": (["--config.data.path=/nonexistent/ds"], ["data.path '/nonexistent/ds' does not exist",
                                                                  "python -m moejax.data.prepare"]),
     "missing config file": (None, ["config file 'nope.py' not found", "experiments/tiny_moe.py"]),
-    "argument to a config without one": ("tiny_moe.py:foo", ["config file 'experiments/tiny_moe.py:foo' could not be "
+    "argument to a config without one": ("tiny_moe.py:foo", ["config file 'experiments/configs/tiny_moe.py:foo' could not be "
                                                              "loaded", "get_config() takes 0 positional arguments",
                                                              "the ':argument' after the file name"]),
     # impossible values and combinations, reported against the key the user changed
@@ -76,7 +76,7 @@ def _argv(extra, workdir):
     if extra is None:  # the config file itself is wrong
         return ["moejax.main", "--config", "nope.py", "--workdir", workdir]
     if isinstance(extra, str):  # a config file with an argument
-        return ["moejax.main", "--config", f"experiments/{extra}", "--workdir", workdir]
+        return ["moejax.main", "--config", f"experiments/configs/{extra}", "--workdir", workdir]
     # A short run, in case a mistake were ever accepted (given last: the rows' own values come first).
     return ["moejax.main", "--config", CONFIG, "--workdir", workdir, *extra, "--config.train.steps=2",
             "--config.optim.warmup_steps=1"]

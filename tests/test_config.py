@@ -69,7 +69,7 @@ def test_mixture_weights_checked():
 
 def _launch(*args):
     return subprocess.run(
-        [sys.executable, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", "/tmp/unused", *args],
+        [sys.executable, "-m", "moejax.main", "--config", "experiments/configs/tiny_moe.py", "--workdir", "/tmp/unused", *args],
         capture_output=True, text=True, timeout=120,
     )
 

@@ -7,7 +7,7 @@ import pytest
 
 from data_mixture.bench_law import BenchFit, fit_bench, fit_bench_bootstrap
 from data_mixture.fit import fit_table
-from data_mixture.fitting import resample_weights
+from data_mixture.solver import resample_weights
 from data_mixture.table import TableError, from_columns
 
 

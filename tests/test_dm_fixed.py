@@ -22,9 +22,9 @@ import scipy.stats
 
 from data_mixture.__main__ import main
 from data_mixture.fit import Fit, fit_table
-from data_mixture.fitting import FixedError, Param, ParamSpec
 from data_mixture.laws import get_law
 from data_mixture.laws.base import TokenExtrapolationWarning, at_bounds_lines, token_design
+from data_mixture.solver import FixedError, Param, ParamSpec
 from data_mixture.synthetic import draw_design, synthetic_table
 from data_mixture.table import TableError, write_runs
 

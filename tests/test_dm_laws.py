@@ -292,7 +292,7 @@ def test_levenberg_marquardt_refine_reaches_the_polished_optimum():
     """``Fitter.refine`` (the bootstrap's last stage) ends where a tight scipy L-BFGS-B polish
     ends, never above where it began, with bounds held: on a flat valley (small b: a and c trade
     off) with one outlier row (Huber's linear regime)."""
-    from data_mixture.fitting import Fitter, Param, ParamSpec
+    from data_mixture.solver import Fitter, Param, ParamSpec
 
     spec = ParamSpec([Param("a", lo=0.0, hi=10.0, init=(0.5, 2.0)), Param("b", lo=0.0, init=(0.01, 0.5)),
                       Param("c", init=(-1.0, 1.0))])

@@ -353,7 +353,7 @@ def test_collect_names_the_missing_base(mid_plan, tmp_path, fake_python, capsys)
 @pytest.mark.slow  # two real training runs, their evaluations and a resume (a few minutes on 2 cores)
 def test_real_mid_training_run_counts_its_own_tokens_and_resumes_from_itself(mid_plan, tmp_path, corpus_cache,
                                                                              monkeypatch):
-    from experiments.fault_drill import child_xla_flags
+    from experiments.tools.fault_drill import child_xla_flags
 
     monkeypatch.setenv("XLA_FLAGS", child_xla_flags(None))
     path = small_plan(mid_plan, ["a_base", "a_m1"], tmp_path / "plan.json")
@@ -376,9 +376,9 @@ def test_real_mid_training_run_counts_its_own_tokens_and_resumes_from_itself(mid
 
 
 def test_pilot_compares_mixture_spread_with_seed_noise(tmp_path):
-    """experiments.midtrain_pilot on a hand-made table: 2 mixtures x 2 seeds from one base."""
+    """experiments.studies.is_mixture_effect_above_seed_noise on a hand-made table: 2 mixtures x 2 seeds from one base."""
     from data_mixture.table import from_columns, write_runs
-    from experiments.midtrain_pilot import analyse
+    from experiments.studies.is_mixture_effect_above_seed_noise import analyse
 
     cols = {"run": ["b", "m0", "m0s1", "m1", "m1s1"], "params_total": [1e6] * 5, "params_active": [1e6] * 5,
             "tokens": [2e7, 1e6, 1e6, 1e6, 1e6], "mix:a": [0.5, 0.2, 0.2, 0.8, 0.8], "mix:b": [0.5, 0.8, 0.8, 0.2, 0.2],

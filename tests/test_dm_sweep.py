@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from data_mixture.sweep import SweepOptions, record, run_sweep
-from experiments.fault_drill import child_xla_flags
+from experiments.tools.fault_drill import child_xla_flags
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 TINY = {"model.d_model": 16, "model.num_layers": 1, "model.num_heads": 1, "model.num_kv_heads": 1,
@@ -42,7 +42,7 @@ HEADER = (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{
 
 
 def entry(name: str, size: str, mixture: dict, **extra) -> dict:
-    return {"name": name, "preset": size, "config": "experiments/tiny_moe.py",
+    return {"name": name, "preset": size, "config": "experiments/configs/tiny_moe.py",
             "overrides": {**SIZES[size], **COMMON, "data.mixture": mixture, **extra}, "mixture": mixture, "steps": 4}
 
 
@@ -110,7 +110,7 @@ def test_each_run_records_what_produced_it(sweep):
     (launch,) = rec["launches"]
     version = launch["code_version"]
     assert len(version["commit"]) == 40 and isinstance(version["dirty"], bool)
-    assert f"-m moejax.main --config experiments/tiny_moe.py --workdir {root / 'b_m1'}" in launch["train_command"]
+    assert f"-m moejax.main --config experiments/configs/tiny_moe.py --workdir {root / 'b_m1'}" in launch["train_command"]
     assert launch["eval_command"].endswith("--all --no-progress --tasks --loss-batches 1")
     status = json.loads((root / "b_m1" / "status.json").read_text())
     assert status["host"] and status["pid"] and status["heartbeat"] > 0 and status["history"][0]["trained"]
@@ -275,12 +275,21 @@ def test_a_run_dir_from_another_plan_entry_is_refused(tmp_path, capsys):
     root = tmp_path / "root"
     (root / "a_m0").mkdir(parents=True)
     record.write_json_atomic(root / "a_m0" / "record.json",
-                             {"config_file": "experiments/tiny_moe.py", "overrides": {**good_entries()[0]["overrides"],
-                                                                                       "train.steps": 8}})
+                             {"config_file": "experiments/configs/tiny_moe.py",
+                              "overrides": {**good_entries()[0]["overrides"], "train.steps": 8}})
     with pytest.raises(SystemExit) as exc:
         main(["sweep", "--plan", str(write_plan(tmp_path / "plan.json", good_entries()[:1])), "--root", str(root)])
     assert exc.value.code == 2
     assert "override 'train.steps' was 8, the plan now says 4" in capsys.readouterr().err
+
+
+def test_a_builtin_config_by_its_old_path_is_the_same_plan_entry():
+    """Plans written before the configs moved to experiments/configs/ name experiments/tiny_moe.py:
+    their run directories resume under a plan that names the new path, and the other way round."""
+    overrides = good_entries()[0]["overrides"]
+    assert record.record_key("experiments/tiny_moe.py", overrides) == record.record_key(
+        "experiments/configs/tiny_moe.py", overrides)
+    assert record.record_key("experiments/tiny_moe.py", overrides) != record.record_key("my_tiny_moe.py", overrides)
 
 
 def test_ray_is_not_imported_on_the_local_path():

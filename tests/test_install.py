@@ -112,10 +112,11 @@ def test_every_command_module_is_in_the_wheel(installed, tmp_path):
 
 
 def test_moejax_train_finds_a_builtin_config_by_name_anywhere(installed, tmp_path):
-    """From a directory that is not the repository: ``tiny_moe`` and ``experiments/tiny_moe.py``
-    both load the packaged config (the override's bad value is then reported against it, before
-    anything is compiled), and ``tiny_moe:arg`` calls its get_config."""
-    for config in ("tiny_moe", "experiments/tiny_moe.py"):
+    """From a directory that is not the repository: ``tiny_moe``, ``experiments/configs/tiny_moe.py``
+    and the old ``experiments/tiny_moe.py`` all load the packaged config (the override's bad value
+    is then reported against it, before anything is compiled), and ``tiny_moe:arg`` calls its
+    get_config."""
+    for config in ("tiny_moe", "experiments/configs/tiny_moe.py", "experiments/tiny_moe.py"):
         done = _run(installed, "moejax", "train", config, "--config.train.steps=abc", cwd=tmp_path)
         assert done.returncode == 2, done.stderr
         assert "'train.steps' takes an integer" in done.stderr and "Traceback" not in done.stderr

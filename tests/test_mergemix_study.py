@@ -1,4 +1,4 @@
-"""experiments/mergemix_study.py: the parts of the committed MergeMix study that run without training."""
+"""experiments/studies/does_mergemix_beat_the_laws.py: the parts of the committed MergeMix study that run without training."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from experiments import mergemix_study as mm
+from experiments.studies import does_mergemix_beat_the_laws as mm
 
 ROOT = Path(__file__).resolve().parents[1] / "data_mixture" / "results"
 RESULTS, SWEEP = ROOT / "mergemix_v1", ROOT / "builtin_v1"

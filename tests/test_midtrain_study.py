@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import midtrain_study as study
+from experiments.studies import do_laws_pick_midtrain_mixtures as study
 
 RESULTS = Path(__file__).resolve().parents[1] / "data_mixture" / "results" / "midtrain_v1"
 

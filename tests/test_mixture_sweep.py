@@ -1,4 +1,4 @@
-"""experiments/mixture_sweep.py: the pieces of the real sweep's study that run without training."""
+"""experiments/studies/do_law_mixtures_win_at_scale.py: the pieces of the real sweep's study that run without training."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from data_mixture.sweep.targets import load_plan, targets_from_plan
 from data_mixture.table import read_runs
-from experiments import mixture_sweep as ms
+from experiments.studies import do_law_mixtures_win_at_scale as ms
 
 RESULTS = Path(__file__).resolve().parents[1] / "data_mixture" / "results" / "builtin_v1"
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from experiments.fault_drill import child_xla_flags
+from experiments.tools.fault_drill import child_xla_flags
 from moejax.data.dataset import open_dataset
 from moejax.data.errors import DataError
 from moejax.data.from_config import make_data

@@ -17,10 +17,10 @@ def test_relative_paths_resolve_where_the_user_ran_launch_sh(tmp_path, monkeypat
     assert paths.user_path("~/ds") == os.path.expanduser("~/ds")
     assert paths.user_path("") == ""
     # an input the repository holds is found there when the user's directory lacks it
-    assert paths.user_input_path("experiments/tiny_moe.py") == "experiments/tiny_moe.py"
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "tiny_moe.py").write_text("")
-    assert paths.user_input_path("experiments/tiny_moe.py") == str(tmp_path / "experiments" / "tiny_moe.py")
+    assert paths.user_input_path("experiments/configs/tiny_moe.py") == "experiments/configs/tiny_moe.py"
+    (tmp_path / "experiments" / "configs").mkdir(parents=True)
+    (tmp_path / "experiments" / "configs" / "tiny_moe.py").write_text("")
+    assert paths.user_input_path("experiments/configs/tiny_moe.py") == str(tmp_path / "experiments" / "configs" / "tiny_moe.py")
     monkeypatch.setattr(moejax, "CALLER_CWD", os.getcwd())  # launched from the repository itself
     assert paths.user_path("logs.jsonl") == "logs.jsonl"
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import compile_check, tiny_moe
+from experiments.configs import tiny_moe
+from experiments.tools import compile_check
 from moejax.model.transformer import Transformer, param_counts
 from tests.test_model import small_model_cfg
 
@@ -59,7 +60,7 @@ def test_compile_report_is_exact_for_state_and_remat_cuts_activations():
 @pytest.mark.parametrize("budget, code", [("0.001", 1), ("4", 0)])
 def test_compile_check_exits_non_zero_over_budget(budget, code):
     out = subprocess.run(
-        [sys.executable, "-m", "experiments.compile_check", "--config", "experiments/tiny_moe.py",
+        [sys.executable, "-m", "experiments.tools.compile_check", "--config", "experiments/configs/tiny_moe.py",
          "--devices", "8", "--budget_gib", budget, "--config.model.num_layers=2"],
         capture_output=True, text=True, timeout=300,
     )
@@ -73,7 +74,7 @@ def test_compile_check_exits_non_zero_over_budget(budget, code):
 def test_large_config_fits_an_80_gib_device_on_64_devices(tmp_path):
     """CI's compile-only check of the shipped large config (nothing is allocated)."""
     out = subprocess.run(
-        [sys.executable, "-m", "experiments.compile_check", "--config", "experiments/deepseek_16b.py",
+        [sys.executable, "-m", "experiments.tools.compile_check", "--config", "experiments/configs/deepseek_16b.py",
          "--devices", "64", "--budget_gib", "80", "--json", str(tmp_path / "report.json")],
         capture_output=True, text=True, timeout=900,
     )

@@ -48,7 +48,7 @@ def dataset(tmp_path_factory):
 
 
 def _command(workdir, dataset):
-    return [sys.executable, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", workdir,
+    return [sys.executable, "-m", "moejax.main", "--config", "experiments/configs/tiny_moe.py", "--workdir", workdir,
             f"--config.data.path={dataset}", "--config.data.mixture.recipes=0.7", "--config.data.mixture.logs=0.3",
             *TINY]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from data_mixture.fitting import Param, ParamSpec
 from data_mixture.laws.parametric import ParametricLaw, safe_pow
+from data_mixture.solver import Param, ParamSpec
 
 
 class AdditiveLaw(ParametricLaw):

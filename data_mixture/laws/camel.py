@@ -44,8 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from data_mixture.fitting import Param, ParamSpec, starts_rng
 from data_mixture.laws.parametric import ParametricLaw, safe_pow
+from data_mixture.solver import Param, ParamSpec, starts_rng
 
 CORNER_STARTS = 8  # extra starts: half in the additive corner (S = 1), half in the first camel's (floor off)
 FLOOR_OFF = 1e4  # C_j of a start whose floor term 1 / F is negligible (<= 1e-4 / (min_j r_j^gamma_j))

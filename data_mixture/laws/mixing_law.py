@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_mixture.fitting import Fitter, Param, ParamSpec, starts_rng
 from data_mixture.laws.base import Law, token_design
 from data_mixture.laws.parametric import ParametricLaw
+from data_mixture.solver import Fitter, Param, ParamSpec, starts_rng
 from data_mixture.table import RunsTable, TableError, _rows
 
 ROUND = 6  # mixtures equal to 6 decimals are the same mixture

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from data_mixture.fitting import FTOL, HUBER_DELTA, Fitter, ParamSpec, _as_jax, starts_rng
 from data_mixture.laws.base import Law, LawFit, token_design
+from data_mixture.solver import FTOL, HUBER_DELTA, Fitter, ParamSpec, _as_jax, starts_rng
 from data_mixture.table import RunsTable, TableError
 
 _FITTERS: dict[tuple[str, tuple], Fitter] = {}

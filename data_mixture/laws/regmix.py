@@ -34,8 +34,8 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 
-from data_mixture.fitting import Param, ParamSpec
 from data_mixture.laws.base import Law, LawFit, token_design
+from data_mixture.solver import Param, ParamSpec
 
 LGBM_PARAMS: dict[str, Any] = {
     "objective": "regression",

@@ -1,4 +1,4 @@
-"""Merging domain experts on device, and evaluating merges with a cache (MergeMix, issue 14 item 2).
+"""Merging domain experts on device, and evaluating merges with a cache (MergeMix).
 
 ``theta(alpha) = theta_base + sum_k alpha_k (theta_k - theta_base)``, built by one jitted function
 in which ``alpha_k`` is a traced argument: every alpha reuses one compile, and the merged

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from data_mixture.collect import checkpoint_steps, eval_steps  # noqa: F401  (record.checkpoint_steps: the runner's view)
+from moejax import configs as builtin_configs
 
 LEASE, TAKEOVER, STATUS, RECORD, WORKER = "lease.json", "lease.takeover", "status.json", "record.json", "worker.json"
 TRAIN_LOG, EVAL_LOG = "train.log", "eval.log"
@@ -217,5 +218,7 @@ def code_version() -> dict[str, Any]:
 
 
 def record_key(config_file: str, overrides: dict[str, Any]) -> str:
-    """What must not change between attempts of one run directory: the experiment file + overrides."""
-    return json.dumps({"config": config_file, "overrides": overrides}, sort_keys=True)
+    """What must not change between attempts of one run directory: the experiment file + overrides.
+    A built-in config's old repository path (``experiments/tiny_moe.py``, which older plans name)
+    and its current one (``experiments/configs/tiny_moe.py``) are the same experiment file."""
+    return json.dumps({"config": builtin_configs.repo_path(config_file), "overrides": overrides}, sort_keys=True)

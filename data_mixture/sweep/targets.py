@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CONFIG = "experiments/tiny_moe.py"
+DEFAULT_CONFIG = "experiments/configs/tiny_moe.py"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

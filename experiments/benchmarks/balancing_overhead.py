@@ -23,7 +23,7 @@ import time
 import jax
 import numpy as np
 
-from experiments.balancing_study import front_config, study_config
+from experiments.studies.which_balancing_objective import front_config, study_config
 from moejax import config as config_lib, sharding
 from moejax.data.pipeline import make_train_iterator
 from moejax.train.state import init_state, setup, to_global

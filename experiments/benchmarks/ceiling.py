@@ -1,4 +1,5 @@
-"""What the issue-15 targets ask of this machine, against what XLA:CPU reaches on it.
+"""What the train-step speed targets ask of this machine, against what XLA:CPU reaches on it
+(the targets: the default job in 3 minutes, 1.5x the PyTorch peer; experiments/benchmarks/LOG.md).
 
     ./launch.sh python -m experiments.benchmarks.ceiling [--rounds 7] [--peer-json results/peer.json]
 

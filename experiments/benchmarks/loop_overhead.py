@@ -36,13 +36,13 @@ import time
 import jax
 import numpy as np
 
-from experiments import tiny_moe
 from experiments.benchmarks.step_time import measure
 from experiments.benchmarks.timing import machine, write_json
+from experiments.configs import tiny_moe
 
 
 def run_loop(steps: int, workdir: str) -> dict:
-    cmd = [sys.executable, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", workdir,
+    cmd = [sys.executable, "-m", "moejax.main", "--config", "experiments/configs/tiny_moe.py", "--workdir", workdir,
            f"--config.train.steps={steps}", f"--config.train.eval_every={steps}",
            f"--config.checkpoint.every_steps={steps}", f"--config.optim.warmup_steps={max(1, steps // 10)}"]
     start = time.perf_counter()

@@ -3,7 +3,7 @@
     ./launch.sh python -m experiments.benchmarks.mergemix_speed [--base DIR --experts DIR]
         [--merges-per-call 8] [--rounds 2] [--max-items 64] [--loss-batches 4] [--out results/mergemix_speed.json]
 
-The model is the default tiny one (``experiments/tiny_moe.py``). Without ``--base``, a short base
+The model is the default tiny one (``experiments/configs/tiny_moe.py``). Without ``--base``, a short base
 (``--base-steps``) and one expert per domain (``--expert-steps``, constant learning rate, 100% of
 its domain) are trained into ``--root`` first (resumed, so a rerun reuses them); ``--experts`` is a
 directory holding ``<domain>/`` workdirs (e.g. a mergemix ``OUT/experts`` run's ``expert_<domain>``
@@ -48,7 +48,7 @@ LOSS_RTOL = 1e-5
 
 def train_runs(root: str, base_steps: int, expert_steps: int) -> tuple[str, str]:
     """A short default-tiny base and one expert per domain (resumable); returns (base, experts dir)."""
-    from experiments.tiny_moe import get_config
+    from experiments.configs.tiny_moe import get_config
     from moejax.train.loop import train
 
     def config(steps: int):

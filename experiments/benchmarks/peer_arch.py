@@ -1,4 +1,4 @@
-"""The peer architecture of issue 15, built twice: as a moejax config and as a PyTorch
+"""The PyTorch peer's architecture, built twice: as a moejax config and as a PyTorch
 ``transformers.Qwen2MoeForCausalLM``, with the same shapes.
 
 d_model 256, 4 layers, 4 query heads and 4 key/value heads of width 64 with q/k/v biases (Qwen2),

@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.profile_step [--arch peer|tiny|small] [--backend dropless] [--rounds 7]
 
-``small`` is experiments/small_moe.py at the batch step_time.py uses on CPU (8 x 512, float32).
+``small`` is experiments/configs/small_moe.py at the batch step_time.py uses on CPU (8 x 512, float32).
 
 The parts are jitted on their own at the step's real shapes, forward and forward+backward
 (``jax.value_and_grad`` of the sum of the output), and timed in interleaved rounds with the whole
@@ -32,9 +32,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments import small_moe
 from experiments.benchmarks import peer_arch
 from experiments.benchmarks.timing import interleaved, machine, matmul_peak_flops, write_json
+from experiments.configs import small_moe
 from moejax import config as config_lib, sharding
 from moejax.config import default_config
 from moejax.model import dispatch as dispatch_lib

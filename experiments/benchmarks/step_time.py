@@ -23,8 +23,8 @@ import time
 import jax
 import numpy as np
 
-from experiments import small_moe, tiny_moe
 from experiments.benchmarks.timing import machine, matmul_peak_flops
+from experiments.configs import small_moe, tiny_moe
 from moejax import config as config_lib, sharding
 from moejax.data.pipeline import make_train_iterator
 from moejax.model.transformer import flops_per_token, param_counts

@@ -54,7 +54,7 @@ def machine() -> dict:
         "platform": jax.default_backend(), "devices": jax.device_count(), "cpu_count": os.cpu_count(),
         "machine": platform.machine(), "jax": jax.__version__,
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "allocator": allocator.active(),  # launch.sh preloads mimalloc: CPU steps 1.2-1.3x faster
+        "allocator": allocator.active(),  # launch.sh preloads mimalloc: faster CPU steps (LOG.md, change 6)
     }
 
 

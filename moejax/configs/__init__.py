@@ -4,22 +4,28 @@ An experiment config is a Python file whose ``get_config()`` returns the run's
 ``ml_collections.ConfigDict`` (see ``moejax.config.default_config``, where every key is defined
 and documented). The three built-in ones live here, as modules of the package, so that
 ``moejax train tiny_moe`` works wherever moejax is installed, not only from a checkout;
-``experiments/<name>.py`` in the repository re-exports each of them, so every path that named
-them keeps working (``./launch.sh experiments/tiny_moe.py``, sweep plans, ``from experiments
-import tiny_moe``).
+``experiments/configs/<name>.py`` in the repository re-exports each of them
+(``./launch.sh experiments/configs/tiny_moe.py``, ``from experiments.configs import tiny_moe``).
 
 Lookup (:func:`find`): a config is a file path if that file exists; otherwise a built-in's name
 (``tiny_moe``), with ``.py`` (``tiny_moe.py``) or as its repository path
-(``experiments/tiny_moe.py``), means the built-in file here. Anything else is not a built-in.
+(``experiments/configs/tiny_moe.py``), means the built-in file here. So does the repository path
+the configs had before they moved to ``experiments/configs/`` (``experiments/tiny_moe.py``, which
+older sweep plans and commands name): :func:`find` then prints a one-line note naming the new
+path. Anything else is not a built-in.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 BUILTIN = ("tiny_moe", "small_moe", "deepseek_16b")
 DEFAULT = "tiny_moe"
+REPO_DIR = "experiments/configs"  # the built-ins' re-exports in the repository
+OLD_REPO_DIR = "experiments"  # where those lived before; still accepted, with a note
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_noted: set[str] = set()  # old paths already noted in this process
 
 
 def path(name: str) -> str:
@@ -29,20 +35,39 @@ def path(name: str) -> str:
     return os.path.join(_HERE, f"{name}.py")
 
 
-def builtin_name(spec: str) -> str | None:
-    """The built-in config ``spec`` names (``tiny_moe``, ``tiny_moe.py`` or
-    ``experiments/tiny_moe.py``), or None."""
+def _normalised(spec: str) -> str:
     spec = spec.replace(os.sep, "/")
-    if spec.startswith("./"):
-        spec = spec[2:]
-    if spec.startswith("experiments/"):
-        spec = spec[len("experiments/"):]
+    return spec[2:] if spec.startswith("./") else spec
+
+
+def builtin_name(spec: str) -> str | None:
+    """The built-in config ``spec`` names (``tiny_moe``, ``tiny_moe.py``,
+    ``experiments/configs/tiny_moe.py`` or the old ``experiments/tiny_moe.py``), or None."""
+    spec = _normalised(spec)
+    for prefix in (REPO_DIR + "/", OLD_REPO_DIR + "/"):
+        if spec.startswith(prefix):
+            spec = spec[len(prefix):]
+            break
     name = spec[:-3] if spec.endswith(".py") else spec
     return name if name in BUILTIN and "/" not in name else None
 
 
+def repo_path(spec: str) -> str:
+    """``spec`` with a built-in's old repository path (``experiments/tiny_moe.py``) replaced by
+    its current one (``experiments/configs/tiny_moe.py``); any other ``spec`` unchanged."""
+    name = builtin_name(spec)
+    if name and _normalised(spec) == f"{OLD_REPO_DIR}/{name}.py":
+        return f"{REPO_DIR}/{name}.py"
+    return spec
+
+
 def find(spec: str) -> str | None:
     """The built-in config file ``spec`` names (:func:`builtin_name`), or None. The caller looks
-    for a file at ``spec`` first: an existing file always wins over a built-in's name."""
+    for a file at ``spec`` first: an existing file always wins over a built-in's name. A
+    built-in's old repository path is found too, with a one-line note on stderr (once per path
+    and process) naming the current one."""
     name = builtin_name(spec)
+    if name and repo_path(spec) != spec and spec not in _noted:
+        _noted.add(spec)
+        print(f"note: {spec} is now {repo_path(spec)} (the old path still works)", file=sys.stderr)
     return path(name) if name else None

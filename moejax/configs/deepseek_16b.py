@@ -4,7 +4,7 @@ Fine-grained routed experts (64, top-6, width 1408) plus 2 shared experts, first
 sigmoid-free softmax router as in DeepSeek-V2-Lite, untied embeddings. Attention is grouped-query
 (moejax has no multi-head latent attention). Meant for a pod or GPU cluster, e.g. 64 chips:
 
-./launch.sh experiments/deepseek_16b.py --workdir gs://bucket/run --config.mesh.fsdp=8
+./launch.sh experiments/configs/deepseek_16b.py --workdir gs://bucket/run --config.mesh.fsdp=8
 (mesh.expert=8 by default; the remaining devices fill fsdp).
 """
 
@@ -21,7 +21,7 @@ def get_config():
     c.train.eval_batches = 8
     c.train.compute_dtype = "bfloat16"
     # 4 sequences of 4096 tokens per device and micro-batch, every block rematerialised: about
-    # 45 GiB per device on 64 devices by the compile-only check (python -m experiments.compile_check).
+    # 45 GiB per device on 64 devices by the compile-only check (python -m experiments.tools.compile_check).
     c.train.grad_accum_steps = 2
     c.train.remat = "full"
     c.train.scan_layers = True  # 27 layers: one compiled body per run of layers

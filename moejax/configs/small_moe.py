@@ -1,6 +1,6 @@
 """About 100M total parameters (16 experts, top-2, one shared expert), sized for one GPU.
 
-./launch.sh experiments/small_moe.py --workdir runs/small
+./launch.sh experiments/configs/small_moe.py --workdir runs/small
 On CPU it runs too, slowly; pass e.g. --config.train.steps=20 to smoke-test it.
 """
 

@@ -1,6 +1,6 @@
 """The CPU default: a 3.8M-parameter (1.4M active) MoE (8 experts, top-2, one shared expert) on the built-in corpus.
 
-Trains in a few minutes on 2 CPU cores: ./launch.sh experiments/tiny_moe.py --workdir runs/tiny
+Trains in a few minutes on 2 CPU cores: ./launch.sh experiments/configs/tiny_moe.py --workdir runs/tiny
 """
 
 from moejax.config import default_config

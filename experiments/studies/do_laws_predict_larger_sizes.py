@@ -7,7 +7,7 @@ moejax-produced table the leave-one-scale-out comparison of the laws is run on. 
 table was made with (about 75 minutes of a 2-core machine shared with four other jobs for the
 first 15 runs, 13 minutes for the last 6):
 
-    nice -n 10 .venv/bin/python -m experiments.mixture_ladder --workdir runs/mixture_ladder \
+    nice -n 10 .venv/bin/python -m experiments.studies.do_laws_predict_larger_sizes --workdir runs/mixture_ladder \
         --sizes s1,s0,s0b --mixtures s1=5,s0=8,s0b=8 --bench-sizes s1 --order mixture \
         --out data_mixture/results/ladder_runs.csv
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             }
             if not bench:  # the training log's held-out losses are the evaluation (same batches)
                 overrides["train.eval_batches"] = args.loss_batches
-            cmd = [py, "-m", "moejax.main", "--config", "experiments/tiny_moe.py", "--workdir", str(wd),
+            cmd = [py, "-m", "moejax.main", "--config", "experiments/configs/tiny_moe.py", "--workdir", str(wd),
                    f"--config.data.mixture={json.dumps(mixture)}"]
             cmd += [f"--config.{key}={value}" for key, value in overrides.items()]
             log(ladder_log, f"train {name} {mixture}")

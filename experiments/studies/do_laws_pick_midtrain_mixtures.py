@@ -1,6 +1,6 @@
 """The mid-training mixture study: a 4-size ladder, laws vs baselines, target runs with 3 seeds.
 
-    ./launch.sh python -m experiments.midtrain_study            # every stage; each skips what exists
+    ./launch.sh python -m experiments.studies.do_laws_pick_midtrain_mixtures   # every stage; each skips what exists
 
 Stages (``--stage NAME`` runs one; results in ``--out``, runs under ``--root``):
 

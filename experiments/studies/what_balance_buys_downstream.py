@@ -1,8 +1,8 @@
 """What balance buys downstream: the best setting of each balancing method from the front
-(``experiments.balancing_study --front``), served with expert parallelism, and its benchmarks.
+(``experiments.studies.which_balancing_objective --front``), served with expert parallelism, and its benchmarks.
 
-    python -m experiments.balancing_downstream --out /path/to/balancing_out   # reads OUT/front
-    python -m experiments.balancing_downstream --out ... --max-vio 1.0 --factors 1.25,2.0
+    python -m experiments.studies.what_balance_buys_downstream --out /path/to/balancing_out   # reads OUT/front
+    python -m experiments.studies.what_balance_buys_downstream --out ... --max-vio 1.0 --factors 1.25,2.0
 
 For each method of ``OUT/front/front.json``, the *best setting* is the strength with the lowest
 held-out loss among those whose held-out global MaxVio is at most ``--max-vio`` (balanced
@@ -37,7 +37,13 @@ jax.config.update("jax_num_cpu_devices", 8)  # before any device is touched; CPU
 
 import numpy as np  # noqa: E402
 
-from experiments.balancing_study import FRONT_BATCH, front_config, front_objectives, front_summary, held_out  # noqa: E402
+from experiments.studies.which_balancing_objective import (  # noqa: E402
+    FRONT_BATCH,
+    front_config,
+    front_objectives,
+    front_summary,
+    held_out,
+)
 
 DEVICES = 8
 
@@ -93,14 +99,15 @@ def downstream(run: dict, steps: int, factors: list[float], workdir: str) -> dic
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/balancing_study", help="the --out of balancing_study --front")
+    p.add_argument("--out", default="results/balancing_study", help="the --out of which_balancing_objective --front")
     p.add_argument("--max-vio", type=float, default=1.0, help="best setting: lowest loss with mean MaxVio <= this")
     p.add_argument("--factors", default="1.25,2.0", help="ep_capacity_factor values, comma-separated")
     args = p.parse_args()
     front_dir = os.path.join(args.out, "front")
     path = os.path.join(front_dir, "front.json")
     if not os.path.exists(path):
-        p.error(f"{path} not found: run python -m experiments.balancing_study --front --out {args.out} first")
+        p.error(f"{path} not found: run python -m experiments.studies.which_balancing_objective --front "
+                f"--out {args.out} first")
     try:
         factors = [float(x) for x in args.factors.split(",") if x]
     except ValueError:

@@ -1,13 +1,15 @@
 """Balancing study: one small MoE trained with each balancing objective, same seed and data.
 
-    python -m experiments.balancing_study                       # the main comparison
-    python -m experiments.balancing_study --runs phi_alpha0.03,phi_eta0.3 --steps 250
-    python -m experiments.balancing_study --report-only         # rebuild table and plot from runs
-    python -m experiments.balancing_study --front               # the loss-vs-MaxVio front (issue 17)
-    python -m experiments.balancing_study --front --methods phi_bias,loss_free --seeds 1
-    python -m experiments.balancing_study --front --quick       # smoke: 2 strengths x 1 seed x 6 steps
-    python -m experiments.balancing_study --front --only none,switch_weight0.1 --seeds 3   # more seeds, some settings
-    python -m experiments.balancing_study --front --shard 0/2 & python -m experiments.balancing_study --front --shard 1/2
+    python -m experiments.studies.which_balancing_objective   # the main comparison
+    python -m experiments.studies.which_balancing_objective --runs phi_alpha0.03,phi_eta0.3 --steps 250
+    python -m experiments.studies.which_balancing_objective --report-only   # rebuild table and plot from runs
+    python -m experiments.studies.which_balancing_objective --front   # the loss-vs-MaxVio front of every method
+    python -m experiments.studies.which_balancing_objective --front --methods phi_bias,loss_free --seeds 1
+    python -m experiments.studies.which_balancing_objective --front --quick   # smoke: 2 strengths x 1 seed x 6 steps
+    python -m experiments.studies.which_balancing_objective --front --only none,switch_weight0.1 --seeds 3
+        # more seeds, some settings
+    python -m experiments.studies.which_balancing_objective --front --shard 0/2 &
+    python -m experiments.studies.which_balancing_objective --front --shard 1/2
 
 Model: d_model 128, 4 layers, 16 routed experts (width 128) top-2 plus one shared expert, on the
 built-in corpus, 16 x 256 tokens per step, CPU-sized. Every objective is composed with the

@@ -1,6 +1,6 @@
 """Calibrate the built-in benchmarks on trained checkpoints: score vs model size and mixture.
 
-    python -m experiments.bench_v2_calibration --workdirs runs/mixture_ladder/s0_m0 ... \\
+    python -m experiments.studies.do_benchmarks_track_size_and_mixture --workdirs runs/mixture_ladder/s0_m0 ... \\
         --steps 140 --max-items 64 --out data_mixture/results/bench_v2
 
 For every (workdir, step) it scores the tasks of ``--versions`` (default benchmarks-v2, add
@@ -134,7 +134,8 @@ def table(records: list[dict], tasks: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_v2_calibration", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.studies.do_benchmarks_track_size_and_mixture",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--workdirs", nargs="+", default=[], help="training run directories (read only)")
     p.add_argument("--steps", type=int, nargs="*", default=None, help="checkpoint steps (default: all)")
     p.add_argument("--versions", nargs="+", default=[VERSIONS[-1]], choices=VERSIONS)

@@ -1,6 +1,6 @@
 """Compile-only memory check: will this config fit on this mesh? Nothing is allocated.
 
-    python -m experiments.compile_check --config experiments/deepseek_16b.py --devices 64 \\
+    python -m experiments.tools.compile_check --config experiments/configs/deepseek_16b.py --devices 64 \\
         --budget_gib 80 [--config.train.remat=full] [--config.mesh.fsdp=8] [--json out.json]
 
 Lowers and compiles the real train step (the one ``launch.sh`` runs) for ``--devices`` fake CPU
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/deepseek_16b.py", "Experiment file.")
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/deepseek_16b.py", "Experiment file.")
 _DEVICES = flags.DEFINE_integer("devices", 64, "Fake CPU devices to compile for (the mesh's size).")
 _BUDGET = flags.DEFINE_float("budget_gib", 80.0, "Per-device memory budget in GiB (H100/H200: 80/141).")
 _JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.")

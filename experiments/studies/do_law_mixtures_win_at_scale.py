@@ -1,9 +1,9 @@
-"""The real mixture sweep on the built-in corpus, and its scale-up verification (issue 13).
+"""The real mixture sweep on the built-in corpus, and its scale-up verification.
 
 One command reproduces everything under ``data_mixture/results/builtin_v1/`` (small files only;
 checkpoints stay under ``--root``)::
 
-    nice -n 5 .venv/bin/python -m experiments.mixture_sweep --root sweeps/builtin_v1 \\
+    nice -n 5 .venv/bin/python -m experiments.studies.do_law_mixtures_win_at_scale --root sweeps/builtin_v1 \\
         --out data_mixture/results/builtin_v1
 
 Stages, each resumable (a stage whose output exists is not redone; the sweep runner itself skips
@@ -11,7 +11,7 @@ finished runs and resumes interrupted ones, so rerunning the command after an in
 continues where it stopped):
 
 1. **plan** with ``python -m data_mixture plan``: proxy sizes ``s0``, ``s0b``, ``s1`` (54k, 115k,
-   191k active parameters; experiments/mixture_ladder.py), ``--mixtures`` mixtures per size, each
+   191k active parameters; experiments/studies/do_laws_predict_larger_sizes.py), ``--mixtures`` mixtures per size, each
    run trained on ``TOKENS_PER_PARAM`` x its active parameters (so larger proxies also see more
    data, as in a compute-optimal ladder, and a larger model is not handicapped by a token budget
    sized for the smallest), evaluated at ``CHECKPOINTS`` evenly spaced checkpoints. The budget is
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.mixture_ladder import SIZES
+from experiments.studies.do_laws_predict_larger_sizes import SIZES
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 PROXIES = ("s0", "s0b", "s1")
@@ -227,7 +227,8 @@ def target_plan(out: Path, mixtures: dict[str, dict[str, float]], seeds: int) ->
                          "train.seq_len": SEQ_LEN, "checkpoint.every_steps": every, "train.eval_every": every,
                          "train.seed": seed, "optim.warmup_steps": max(1, steps // 10), "data.mixture": mix}
             tokens = float(steps * BATCH * SEQ_LEN)
-            runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET, "config": "experiments/tiny_moe.py",
+            runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET,
+                         "config": "experiments/configs/tiny_moe.py",
                          "overrides": overrides, "mixture": mix, "tokens": tokens, "steps": steps, **size,
                          "flops": 6.0 * size["params_active"] * tokens})
     plan = {"version": 1, "target": {"size": size["params_active"], "size_column": "params_active",
@@ -274,7 +275,8 @@ def write_report(out: Path, laws: dict[str, Any], mixtures: dict[str, dict[str, 
     times = json.loads((out / "timings.json").read_text())
     table = read_runs(out / "runs.csv")
     lines = ["# The built-in mixture sweep (builtin_v1)", "",
-             f"Reproduce: `python -m experiments.mixture_sweep --root sweeps/builtin_v1 --out {out}`.", "",
+             "Reproduce: `python -m experiments.studies.do_law_mixtures_win_at_scale --root sweeps/builtin_v1 "
+             f"--out {out}`.", "",
              "## Setup", "",
              f"- proxies: {', '.join(PROXIES)} x {plan['chosen']['runs_per_size']} mixtures, "
              f"{len(plan['runs'])} runs, {len(table)} rows (evaluated checkpoints per run: "

@@ -2,7 +2,7 @@
 
     ./launch.sh python -m data_mixture sweep --plan data_mixture/results/midtrain_pilot/plan.json \\
         --root runs/midtrain_pilot --parallel 2 --eval-args '--max-items 128'
-    ./launch.sh python -m experiments.midtrain_pilot --runs runs/midtrain_pilot/runs.csv \\
+    ./launch.sh python -m experiments.studies.is_mixture_effect_above_seed_noise --runs runs/midtrain_pilot/runs.csv \\
         --out data_mixture/results/midtrain_pilot
 
 The plan: one base at one proxy size, K mixtures x S seeds continued from it. For each metric

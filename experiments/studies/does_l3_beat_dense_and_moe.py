@@ -1,8 +1,8 @@
 """L3 study: dense vs L3 vs iso-sparse MoE at the same active FLOPs and tokens, on the built-in corpus.
 
-    python -m experiments.l3_study                      # dense, l3, moe + the two L3 ablations
-    python -m experiments.l3_study --runs dense,l3 --steps 100
-    python -m experiments.l3_study --report-only        # rebuild the table from finished runs
+    python -m experiments.studies.does_l3_beat_dense_and_moe   # dense, l3, moe + the two L3 ablations
+    python -m experiments.studies.does_l3_beat_dense_and_moe --runs dense,l3 --steps 100
+    python -m experiments.studies.does_l3_beat_dense_and_moe --report-only   # rebuild the table from finished runs
 
 Models (d_model 128, 4 layers, vocabulary 272, 16 x 256 tokens per step, same seed and data):
 

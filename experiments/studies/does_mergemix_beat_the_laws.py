@@ -1,10 +1,10 @@
-"""MergeMix on the built-in corpus against the mixture laws and the uniform mixture (issue 14).
+"""MergeMix on the built-in corpus against the mixture laws and the uniform mixture.
 
 One command reproduces ``data_mixture/results/mergemix_v1/`` (small files; checkpoints stay under
-``--root``), on top of the built-in sweep (``experiments/mixture_sweep.py``, whose run
+``--root``), on top of the built-in sweep (``experiments/studies/do_law_mixtures_win_at_scale.py``, whose run
 directories must be on this machine: ``--sweep-root``)::
 
-    nice -n 5 .venv/bin/python -m experiments.mergemix_study --sweep-root sweeps/builtin_v1 \\
+    nice -n 5 .venv/bin/python -m experiments.studies.does_mergemix_beat_the_laws --sweep-root sweeps/builtin_v1 \\
         --root sweeps/mergemix_v1 --out data_mixture/results/mergemix_v1
 
 Stages, each resumable (finished experts are skipped, every merge evaluation is cached in
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import mixture_sweep as sweep_study
+from experiments.studies import do_law_mixtures_win_at_scale as sweep_study
 from moejax.log import add_verbosity_flags, setup_logging
 
 DOMAINS = sweep_study.DOMAINS
@@ -201,8 +201,8 @@ def write_report(out: Path, sweep_out: Path, rank: dict[str, Any], default: tupl
 
     fmt = lambda r: f"{r['rho']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]" if np.isfinite(r["rho"]) else "n/a (saturated)"
     lines = ["# MergeMix on the built-in corpus (mergemix_v1)", "",
-             "Reproduce: `python -m experiments.mergemix_study --sweep-root sweeps/builtin_v1 --root sweeps/mergemix_v1 "
-             f"--out {out}`.", "",
+             "Reproduce: `python -m experiments.studies.does_mergemix_beat_the_laws --sweep-root sweeps/builtin_v1 "
+             f"--root sweeps/mergemix_v1 --out {out}`.", "",
              f"Base: the sweep's `{BASE_RUN}` (uniform mixture, {PROXY}: 191k active parameters, 571k tokens). Experts: "
              f"one per domain, constant learning rate, checkpoints at {', '.join(f'{f * EXPERT_SHARE:.0%}' for f in FRACTIONS)}"
              " of the base's tokens. Trained mixtures: the sweep's 12 `s1` runs (from scratch, same size, 571k tokens).", "",

@@ -1,4 +1,5 @@
-"""Robust multi-start fitting of parametric laws: Huber on residuals, vmapped L-BFGS, bounds, bootstrap.
+"""The solver every parametric law is fitted with: robust multi-start fitting (Huber on residuals,
+vmapped L-BFGS, bounds, bootstrap). ``fit.py`` builds on it: the Fit bundle of a whole runs table.
 
 Procedure (``docs/data_mixture.md``, "Fitting"):
 

@@ -1,7 +1,7 @@
 """Expert pruning: how much do the least-used experts matter?
 
-    python -m experiments.prune_experts --workdir runs/tiny_moe [--step N] [--fractions 0 0.125 0.25 0.5]
-        [--max-items 50] [--tasks code prose math knowledge]
+    python -m experiments.studies.do_least_used_experts_matter --workdir runs/tiny_moe [--step N]
+        [--fractions 0 0.125 0.25 0.5] [--max-items 50] [--tasks code prose math knowledge]
 
 1. Expert usage per MoE layer is measured on the run's held-out batches (the fraction of top-k
    assignments each expert receives, routed as in training).

@@ -1,6 +1,6 @@
 """Fault drill: kill a tiny training run at random steps, resume it, and compare with an uninterrupted run.
 
-    python -m experiments.fault_drill --kills 20 [--steps 60] [--signal KILL|TERM] [--seed 0]
+    python -m experiments.tools.fault_drill --kills 20 [--steps 60] [--signal KILL|TERM] [--seed 0]
 
 Each kill sends SIGKILL (or SIGTERM) to the training process once its metrics show a randomly
 chosen step; the same command is then rerun, which resumes from the newest checkpoint. At the end,
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CONFIG_TEMPLATE = '''
 from moejax.config import default_config
