@@ -16,11 +16,10 @@ from typing import Any
 
 import ml_collections
 
+# ConfigError is defined in moejax.errors; ``from moejax.config import ConfigError`` keeps working.
+from moejax.errors import ConfigError, fail_config_key as _fail
+
 ConfigDict = ml_collections.ConfigDict
-
-
-class ConfigError(ValueError):
-    """A configuration problem, found before any compilation; the message says how to fix it."""
 
 
 def default_config() -> ConfigDict:
@@ -212,13 +211,6 @@ PATH_KEYS = ("data.path", "data.mixture_file", "data.schedule", "data.cache_dir"
 BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
-
-
-def _fail(key: str, value: Any, allowed: str, fix: str = "") -> None:
-    msg = f"config key '{key}' has value {value!r}; allowed: {allowed}."
-    if fix:
-        msg += f" {fix}"
-    raise ConfigError(msg)
 
 
 def _check_tree(cfg: ConfigDict, ref: ConfigDict, prefix: str = "") -> None:

@@ -42,9 +42,9 @@ import grain
 import numpy as np
 
 from moejax.data.dataset import TokenDataset, describe_dataset, open_dataset
-from moejax.data.errors import DataError
 from moejax.data.mixture import Schedule, Stage, make_schedule, stage_index
 from moejax.data.packing import Example, ShardedPacker, padding_example, stack_examples
+from moejax.errors import DataError
 
 STATE_VERSION: Final = 2
 # Picks are tiny and packing happens in the calling thread: no prefetch threads contending for

@@ -39,7 +39,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 
 class CheckpointMismatch(ConfigError):
