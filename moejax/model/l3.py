@@ -2,7 +2,7 @@
 rows of a large key/value table.
 
 Token id t owns rows ``[b_t, b_{t+1})`` of a key table K [r, q] and a value table V [r, w] (tied:
-V = K). ``b`` is the allocation ``offsets_v1`` [V + 1] (:mod:`moejax.data.l3_alloc`): every token
+V = K). ``b`` is the allocation ``offsets_v1`` [V + 1] (:mod:`moejax.model.l3_allocation`): every token
 owns at least one row and at most k (``model.l3.max_rows``), r (``model.l3.budget``) in all. With x
 [d] the layer input at a position holding token t, and n_t = b_{t+1} - b_t its row count:
 
@@ -47,7 +47,7 @@ from flax import nnx
 from jax.experimental.compute_on import compute_on
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from moejax.data.l3_alloc import check_allocation, load_allocation, offsets_sha256, uniform_allocation
+from moejax.model.l3_allocation import check_allocation, load_allocation, offsets_sha256, uniform_allocation
 from moejax.model.layers import RMSNorm, param
 from moejax.sharding import constrain
 
