@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from moejax import sharding
-from moejax.config import validate
+from moejax.checks import validate
 from moejax.model.transformer import param_counts
 from moejax.train.state import setup
 
