@@ -498,7 +498,7 @@ def calibration_batches(erun, domains: Sequence[str], *, batches_per_domain: int
     shape the compiled functions already know) rows of the run's ``seq_len``, padding rows (no
     real token, zero loss mask) when the split holds fewer windows."""
     from moejax.data.packing import padding_example, stack_examples
-    from moejax.data.pipeline import _packer
+    from moejax.data.pipeline import split_packer
 
     cfg = erun.cfg
     batch_size = cfg.train.global_batch_size if batch_size is None else int(batch_size)
@@ -509,7 +509,8 @@ def calibration_batches(erun, domains: Sequence[str], *, batches_per_domain: int
         raise ValueError(f"domain(s) {unknown} not in the run's dataset; domains: {list(erun.dataset.domains)}.")
     out = {}
     for domain in domains:
-        packer = _packer(erun.dataset, domain, "train", cfg.train.seq_len, fix="prepare the domain with more text.")
+        packer = split_packer(erun.dataset, domain, "train", cfg.train.seq_len,
+                              fix="prepare the domain with more text.")
         wanted = batches_per_domain * batch_size
         stride = max(1, packer.num_windows // wanted)
         rows = [
