@@ -1,10 +1,16 @@
-"""Default configuration and its validation.
+"""Default configuration and its generic validation.
 
 Every experiment file in ``experiments/`` defines ``get_config()``, which starts from
 :func:`default_config` and overrides what it needs. Every knob is documented here, where it is
-defined. :func:`validate` runs before anything is compiled: it rejects unknown keys (with a
-did-you-mean), wrong types and incompatible values, and its errors name the key, the value, what
-is allowed and how to fix it.
+defined. :func:`check_values` checks the schema and the knobs one by one (and the relations this
+module can judge alone): it rejects unknown keys (with a did-you-mean), wrong types and
+incompatible values, and its errors name the key, the value, what is allowed and how to fix it.
+
+This module imports no package of moejax (only :mod:`moejax.errors`), so every package may
+import it. The checks that need a package (the balancing objectives, the L3 sizes and
+allocation file, the dataset) belong to that package and are composed, with :func:`check_values`,
+in :mod:`moejax.checks`: call :func:`moejax.checks.validate` (or ``check_config``) before
+compiling, not :func:`check_values` alone.
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+# ConfigError is defined in moejax.errors; ``from moejax.config import ConfigError`` keeps working.
+from moejax.errors import ConfigError, fail_config_key as _fail
+
+
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """A configuration problem, found before any compilation; the message says how to fix it."""
 
 
 def default_config() -> ConfigDict:
@@ -212,13 +218,6 @@ PATH_KEYS = ("data.path", "data.mixture_file", "data.schedule", "data.cache_dir"
 BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
-
-
-def _fail(key: str, value: Any, allowed: str, fix: str = "") -> None:
-    msg = f"config key '{key}' has value {value!r}; allowed: {allowed}."
-    if fix:
-        msg += f" {fix}"
-    raise ConfigError(msg)
 
 
 def _check_tree(cfg: ConfigDict, ref: ConfigDict, prefix: str = "") -> None:
@@ -453,8 +452,9 @@ def effective_warmup_steps(warmup_steps: int, total_steps: int) -> int:
     return min(warmup_steps, total_steps // 2)
 
 
-def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes: bool = True) -> dict[str, int]:
-    """Checks the whole config; returns the resolved mesh shape. Raises ConfigError.
+def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes: bool = True) -> dict[str, int]:
+    """Checks the schema and the generic per-key checks; returns the resolved mesh shape. Raises
+    ConfigError. The packages' own checks come after it in :func:`moejax.checks.validate`.
 
     ``changed``: the keys the command line set. When two keys conflict, the message is about the
     one the user changed (and names the other), not about a default they never touched.
@@ -540,8 +540,6 @@ def validate(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes: boo
     if moe.num_experts % mesh["expert"]:
         _fail("model.moe.num_experts", moe.num_experts, f"a multiple of mesh.expert={mesh['expert']}")
     _check_llep(moe, mesh)
-    _check_balancing(cfg)
-    _check_l3(cfg.model, mesh)
     return mesh
 
 
@@ -594,56 +592,6 @@ def _check_groups(moe: ConfigDict) -> None:
               f"at most topk_groups * experts per group = {moe.topk_groups * per_group}")
 
 
-def _check_l3(m: ConfigDict, mesh: dict[str, int]) -> None:
-    """L3 positions, table sizes against the vocabulary and the mesh, and the allocation file."""
-    l3 = m.l3
-    positions = l3.after_layers
-    if not isinstance(positions, (tuple, list)) or any(isinstance(p, bool) or not isinstance(p, int) for p in positions):
-        _fail("model.l3.after_layers", positions, "a tuple of decoder-layer indices, e.g. (1, 3)")
-    bad = [p for p in positions if not 0 <= p < m.num_layers]
-    if bad:
-        _fail("model.l3.after_layers", positions, f"layer indices in [0, {m.num_layers - 1}] "
-              f"(model.num_layers={m.num_layers}); {bad[0]} is not one")
-    if len(set(positions)) != len(positions):
-        _fail("model.l3.after_layers", positions, "each layer index at most once")
-    if l3.max_rows < 1:
-        _fail("model.l3.max_rows", l3.max_rows, "an integer >= 1 (the most rows one token owns)")
-    for key in ("key_dim", "value_dim", "up_dim"):
-        if l3[key] < 0:
-            _fail(f"model.l3.{key}", l3[key], "a width >= 0 (0: the default width)")
-    if not positions:
-        return
-    if l3.budget < m.vocab_size:
-        _fail("model.l3.budget", l3.budget, f"at least model.vocab_size={m.vocab_size} (every token owns a row)")
-    if l3.budget > m.vocab_size * l3.max_rows:
-        _fail("model.l3.budget", l3.budget,
-              f"at most model.vocab_size x model.l3.max_rows = {m.vocab_size * l3.max_rows}",
-              f"Raise model.l3.max_rows to at least {math.ceil(l3.budget / m.vocab_size)} or lower the budget.")
-    key_width = l3.key_dim or m.d_model
-    if l3.tied and l3.value_dim not in (0, key_width):
-        _fail("model.l3.value_dim", l3.value_dim, f"0 or the key width {key_width} when model.l3.tied (V = K)")
-    shards = mesh["fsdp"] * mesh["expert"]
-    if l3.budget % shards:
-        _fail("model.l3.budget", l3.budget, f"a multiple of mesh.fsdp x mesh.expert = {shards}",
-              "The tables are split by rows over those axes.")
-    from moejax.model.l3 import allocation_from_config  # the model imports config
-
-    try:
-        allocation_from_config(m)
-    except ConfigError as e:  # DataError from the allocation file or its sizes
-        raise ConfigError(f"config key 'model.l3.allocation' has value {l3.allocation!r}: {e}") from None
-
-
-def _check_balancing(cfg: ConfigDict) -> None:
-    """Builds the balancing objectives once: names, hyperparameters and fit to the model/backend."""
-    from moejax.model.balancing import BalancingError, balancer_from_config  # the model imports config
-
-    try:
-        balancer_from_config(cfg)
-    except BalancingError as e:
-        raise ConfigError(f"config key 'model.moe.balancing': {e}") from None
-
-
 def to_dict(cfg: ConfigDict) -> dict[str, Any]:
     """Plain nested dict of the config (for config.json and checkpoint metadata)."""
     return cfg.to_dict()
@@ -652,7 +600,7 @@ def to_dict(cfg: ConfigDict) -> dict[str, Any]:
 def from_dict(values: dict[str, Any]) -> ConfigDict:
     """The inverse of :func:`to_dict` (e.g. a workdir's config.json): the defaults, overridden.
 
-    Unknown keys raise (ml_collections' KeyError); run :func:`validate` on the result. The
+    Unknown keys raise (ml_collections' KeyError); run :func:`moejax.checks.validate` on the result. The
     user-keyed groups (:data:`FREE_KEYS`, e.g. the mixture's domains) are replaced, not merged.
     """
     cfg = default_config()

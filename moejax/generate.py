@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     from absl import logging as absl_logging
 
     from moejax import paths
-    from moejax.config import ConfigError
+    from moejax.errors import ConfigError
     from moejax.eval.restore import open_run
 
     setup_logging(args.verbosity)
@@ -191,7 +191,7 @@ def check_context(prompts: Sequence[np.ndarray], max_new_tokens: int, seq_len: i
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens <= seq_len:
         return
-    from moejax.config import ConfigError
+    from moejax.errors import ConfigError
 
     room = seq_len - longest
     fix = (f"use --max-new-tokens {room} or fewer" if room > 0 else "shorten the prompt")

@@ -40,7 +40,7 @@ from ml_collections.config_flags import config_flags as _config_flags_module
 from moejax import config as config_lib
 from moejax import configs as builtin_configs
 from moejax import paths
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.log import setup_logging
 
 USAGE = (

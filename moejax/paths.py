@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import IO
 
 import moejax
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 CALLER_CWD_ENV = moejax.CALLER_CWD_ENV
 

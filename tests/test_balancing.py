@@ -13,7 +13,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from moejax import sharding
-from moejax.config import ConfigError, default_config, validate
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config
 from moejax.model.balancing import OBJECTIVES, Balancer, RoutingSetup, StepStats, build_balancer, parse_spec
 from moejax.model.router import Router, Routing
 from moejax.model.transformer import Transformer
@@ -311,7 +312,8 @@ def _logged_eval_routes_with_the_bias(cfg, workdir, logged_eval_loss):
     from moejax import sharding
     from moejax.data.from_config import make_data
     from moejax.train.checkpoint import Checkpointer
-    from moejax.train.loop import check_config, evaluate
+    from moejax.checks import check_config
+    from moejax.train.loop import evaluate
     from moejax.train.state import setup
     from moejax.train.step import make_eval_step
 

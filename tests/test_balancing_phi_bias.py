@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from moejax import sharding
-from moejax.config import ConfigError, default_config, validate
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config
 from moejax.model.balancing import Balancer, RoutingSetup, StepStats, build_balancer
 from moejax.model.balancing.phi import PhiBalancing, price
 from moejax.model.router import Router, expert_load

@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from moejax.config import ConfigError, default_config, validate
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config
 from moejax.data.corpus import load_tokenized_corpus
 from moejax.data.synthetic_knowledge import TEMPLATES, build_world
 from moejax.eval.benchmarks import VERSIONS, load_benchmarks, task_names

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from moejax.config import ConfigError, default_config, resolve_mesh_shape, validate
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config, resolve_mesh_shape
 
 
 def test_defaults_are_valid():

@@ -543,7 +543,7 @@ def test_bad_mixture_file_and_config_conflicts(cache_dir, tmp_path):
         make_data(_cfg(cache_dir, mixture_file=str(bad)))
     cfg = _cfg(cache_dir, mixture_file=str(bad), schedule='[[0, {"code": 1}]]')
     with pytest.raises(ConfigError, match=r"'data.schedule' has value .* while data.mixture_file is set"):
-        from moejax.config import validate
+        from moejax.checks import validate
 
         validate(cfg, 8)
     cfg = _cfg(cache_dir)

@@ -102,7 +102,8 @@ def test_predict_adds_predictions_intervals_and_keeps_extra_columns(pipeline):
 
 
 def test_optimize_writes_a_mixture_file_the_training_config_accepts(pipeline):
-    from moejax.config import default_config, validate
+    from moejax.checks import validate
+    from moejax.config import default_config
     from moejax.data.corpus import DOMAINS as BUILTIN
     from moejax.data.mixture import schedule_from_config
 

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from moejax import configs, sharding
-from moejax.config import validate
+from moejax.checks import validate
 from moejax.main import parse_command_line
 from moejax.model.transformer import param_counts
 from moejax.train.state import setup

@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from moejax import sharding
-from moejax.config import ConfigError, default_config, validate
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config
 from moejax.model.dispatch import dispatch
 from moejax.model.expert_parallel import pair_capacity
 from moejax.model.moe import MoE

@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 from moejax import sharding
-from moejax.config import ConfigError, default_config, validate
-from moejax.data.l3_alloc import save_allocation
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config
+from moejax.model.l3_allocation import save_allocation
 from moejax.model.decode import init_cache
 from moejax.model.l3 import HostTables, L3Layer, RowOffsets, l3_forward_flops
 from moejax.model.transformer import Transformer, layer_runs, param_counts

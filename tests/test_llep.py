@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from moejax import sharding
-from moejax.config import ConfigError, default_config, validate
+from moejax.checks import validate
+from moejax.config import ConfigError, default_config
 from moejax.model import llep
 from moejax.model.dispatch import dispatch
 

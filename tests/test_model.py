@@ -129,3 +129,27 @@ def test_forward_shapes_dtypes_and_aux():
     assert aux["load_le"].shape == (3, 4)
     np.testing.assert_allclose(aux["load_le"].sum(-1), 1.0, rtol=1e-6)
     assert model.layers[0].mlp.router.w_de[...].dtype == jnp.float32
+
+
+def test_with_routing_returns_what_each_router_sees():
+    """``with_routing`` adds each MoE layer's routing and router input, in depth order (a dense
+    layer and an L3 lookup in between): the router logits recomputed from the returned inputs are
+    the model's routing logits. Without it, neither is kept."""
+    cfg = small_model_cfg()
+    cfg.num_layers, cfg.first_k_dense = 4, 1  # dense, then three MoE layers in two runs (L3 after layer 1)
+    cfg.l3.after_layers, cfg.l3.budget, cfg.l3.max_rows = (1,), 2 * cfg.vocab_size, 4
+    model = Transformer(cfg, rngs=nnx.Rngs(0), compute_dtype="bfloat16")
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, cfg.vocab_size)
+    pos, seg = jnp.broadcast_to(jnp.arange(6), (2, 6)), jnp.ones((2, 6), jnp.int32)
+    _, aux = model(tokens, pos, seg, with_routing=True)
+    x_lbtd = aux["router_input_lbtd"]
+    assert x_lbtd.shape == (3, 2, 6, cfg.d_model) and x_lbtd.dtype == jnp.float32
+    w_lde = jnp.concatenate([
+        blocks.mlp.router.w_de[...] for (is_moe, _), blocks in zip(model.runs, model.layers) if is_moe
+    ])
+    np.testing.assert_allclose(
+        np.einsum("lbtd,lde->lbte", np.asarray(x_lbtd, np.float64), np.asarray(w_lde, np.float64)),
+        aux["routing"].logits_bte, rtol=1e-5, atol=1e-5,
+    )
+    _, plain = model(tokens, pos, seg)
+    assert "routing" not in plain and "router_input_lbtd" not in plain

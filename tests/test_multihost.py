@@ -60,7 +60,7 @@ from moejax.main import maybe_initialize_distributed
 maybe_initialize_distributed()
 import jax
 from jax.experimental import multihost_utils
-from moejax import config as config_lib, sharding
+from moejax import checks, config as config_lib, sharding
 from moejax.config import ConfigError
 from moejax.data.from_config import make_data
 from moejax.train.checkpoint import any_process, check_same_on_every_process
@@ -70,7 +70,7 @@ namespace = {}
 exec(open(sys.argv[1]).read(), namespace)
 cfg, out_dir = namespace["get_config"](), sys.argv[2]
 t = cfg.train
-run = setup(cfg, sharding.make_mesh(config_lib.validate(cfg, jax.device_count())))
+run = setup(cfg, sharding.make_mesh(checks.validate(cfg, jax.device_count())))
 train_sharding, eval_sharding = run.batch_sharding(True), run.batch_sharding(False)
 rows = {"train_rows": process_rows(train_sharding, t.global_batch_size, t.grad_accum_steps),
         "eval_rows": process_rows(eval_sharding, t.global_batch_size, None)}

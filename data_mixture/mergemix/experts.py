@@ -101,9 +101,9 @@ def base_config_dict(workdir: str, step: int | None) -> dict[str, Any]:
 
     steps = base_steps(workdir)
     step = steps[-1] if step is None else step
-    meta = restore._read_meta(os.path.join(workdir, "checkpoints", str(step)))
-    saved = meta.get("config") or restore._read_config_json(workdir)
-    return restore._fill_defaults(saved, config_lib.default_config().to_dict())
+    meta = restore.read_meta(os.path.join(workdir, "checkpoints", str(step)))
+    saved = meta.get("config") or restore.read_config_json(workdir)
+    return restore.fill_defaults(saved, config_lib.default_config().to_dict())
 
 
 def base_steps(workdir: str | os.PathLike) -> list[int]:

@@ -69,7 +69,7 @@ from moejax.data.errors import DataError
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.eval.evaluate import Evaluator, Settings, benchmark_score
 from moejax.eval.restore import Checkpoint, EvalRun, open_run
-from moejax.train.checkpoint import CheckpointMismatch, _flat_shapes, describe_mismatch
+from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
 
 from data_mixture.mergemix.batched import MERGES_PER_CALL, BatchedScorer, shared_scorer
 
@@ -176,7 +176,7 @@ def compatibility_problems(base: EvalRun, expert: EvalRun) -> list[str]:
         if base_keys.get(key) != expert_keys.get(key):
             problems.append(f"config {key}: base {base_keys.get(key)!r} vs expert {expert_keys.get(key)!r}")
     shapes = describe_mismatch(
-        _flat_shapes(expert.run.abstract_state["params"]), _flat_shapes(base.run.abstract_state["params"])
+        flat_shapes(expert.run.abstract_state["params"]), flat_shapes(base.run.abstract_state["params"])
     )
     problems += [f"parameter {_reword(line)}" for line in shapes]
     base_dtypes = _flat_dtypes(base.run.abstract_state["params"])

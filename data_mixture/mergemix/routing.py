@@ -5,13 +5,11 @@ arXiv 2601.17858; HARC, Huang et al., arXiv 2606.03391). Only the papers' abstra
 reachable, so what is measured and solved here is chosen and stated exactly below.
 
 Router inputs
-    The hidden states entering each MoE layer's router (the output of the block's ``mlp_norm``).
-    The model itself is not changed: :func:`_probe_forward` runs the model's own submodules
-    through the model's own ``Transformer.scan_layers`` (embedding, each block's attention and
-    norms, the MoE module, L3 lookups, output head), reproducing the three lines of
-    ``Block.__call__`` so the router input can be returned alongside the routing. The test checks
-    this forward against the model's ``__call__`` (same logits and routing), so a drift of
-    ``Block`` would be caught.
+    The hidden states entering each MoE layer's router (the output of the block's ``mlp_norm``),
+    in float32, as the model's own forward returns them with its routing when called
+    ``with_routing=True`` (``router_input_lbtd`` beside ``routing``): :func:`_probe_forward` is
+    that forward plus the per-row log-likelihoods, so what is measured here is what the model
+    computes.
 
 Breakdown (:func:`breakdown`)
     For domain k, on the real tokens (``segment_ids > 0``) of its held-out batches, each model with
@@ -96,7 +94,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from moejax.config import ConfigError
 from moejax.model.transformer import is_moe_layer, layer_runs
-from moejax.sharding import constrain
 from moejax.train.state import to_global
 
 Batch = Mapping[str, np.ndarray]
@@ -109,32 +106,16 @@ Batch = Mapping[str, np.ndarray]
 def _probe_forward(params, balance, batch, *, graphdef, balancer) -> dict[str, jax.Array]:
     """Every MoE layer's router input ``h_lbtd``, router logits ``logits_lbte`` and top-k
     ``idx_lbtk`` (stacked over MoE layers in depth order), and per-row target log-likelihood
-    sums ``logprob_b`` over ``loss_mask``."""
+    sums ``logprob_b`` over ``loss_mask``: the model's forward ``with_routing``."""
     model = nnx.merge(graphdef, params)
-    balancer = balancer if balance else None
-    positions_bt, segment_ids_bt, tokens_bt = batch["positions"], batch["segment_ids"], batch["inputs"]
-
-    def body(block, x_btd, inputs):
-        # Block.__call__, with the router input returned (checked against the model in the tests).
-        x_btd = x_btd + block.attn(block.attn_norm(x_btd), positions_bt, segment_ids_bt)
-        h_btd = block.mlp_norm(x_btd)
-        if block.is_moe:
-            y_btd, aux = block.mlp(h_btd, balancer, inputs["balance"])
-            routing = aux["routing"]
-            out = {"h": h_btd.astype(jnp.float32), "logits": routing.logits_bte, "idx": routing.idx_btk}
-        else:
-            y_btd, out = block.mlp(h_btd), None
-        return constrain(x_btd + y_btd, ("batch", "seq", "act_embed")), out
-
-    x_btd, outs = model.scan_layers(
-        body, model.embed(tokens_bt), lambda i, x_btd: model.l3[i](x_btd, tokens_bt), balance_state=balance,
+    logits_btv, aux = model(
+        batch["inputs"], batch["positions"], batch["segment_ids"],
+        balancer=balancer if balance else None, balance_state=balance, with_routing=True,
     )
-    logits_btv = model.logits(x_btd)
     logprob_bt = -optax.softmax_cross_entropy_with_integer_labels(logits_btv, batch["targets"])
-    outs = [o for o in outs if o is not None]
-    stack = lambda key: jnp.concatenate([o[key] for o in outs])
     return {
-        "h_lbtd": stack("h"), "logits_lbte": stack("logits"), "idx_lbtk": stack("idx"),
+        "h_lbtd": aux["router_input_lbtd"], "logits_lbte": aux["routing"].logits_bte,
+        "idx_lbtk": aux["routing"].idx_btk,
         "logprob_b": jnp.sum(logprob_bt * batch["loss_mask"], axis=-1),
         "tokens_b": jnp.sum(batch["loss_mask"], axis=-1),
     }
@@ -498,7 +479,7 @@ def calibration_batches(erun, domains: Sequence[str], *, batches_per_domain: int
     shape the compiled functions already know) rows of the run's ``seq_len``, padding rows (no
     real token, zero loss mask) when the split holds fewer windows."""
     from moejax.data.packing import padding_example, stack_examples
-    from moejax.data.pipeline import _packer
+    from moejax.data.pipeline import split_packer
 
     cfg = erun.cfg
     batch_size = cfg.train.global_batch_size if batch_size is None else int(batch_size)
@@ -509,7 +490,8 @@ def calibration_batches(erun, domains: Sequence[str], *, batches_per_domain: int
         raise ValueError(f"domain(s) {unknown} not in the run's dataset; domains: {list(erun.dataset.domains)}.")
     out = {}
     for domain in domains:
-        packer = _packer(erun.dataset, domain, "train", cfg.train.seq_len, fix="prepare the domain with more text.")
+        packer = split_packer(erun.dataset, domain, "train", cfg.train.seq_len,
+                              fix="prepare the domain with more text.")
         wanted = batches_per_domain * batch_size
         stride = max(1, packer.num_windows // wanted)
         rows = [

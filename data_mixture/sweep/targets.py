@@ -4,7 +4,7 @@ A target is one training run of the plan (docs/data_mixture.md, "Planning": ``ru
 name (also its directory under the sweep root), the experiment file it starts from, its
 ``--config.KEY=VALUE`` overrides, and the config those resolve to. Every entry's config is
 resolved **in this process** with moejax's own command-line parser and validator
-(``moejax.main.parse_command_line`` + ``moejax.config.validate``), so an override moejax does not
+(``moejax.main.parse_command_line`` + ``moejax.checks.validate``), so an override moejax does not
 know, or a value of the wrong type, is reported with the run's name, the key and moejax's own
 explanation before the first run starts, not an hour into the sweep.
 
@@ -234,8 +234,9 @@ def check_bases(targets: Sequence[RunTarget], plan_name: str) -> None:
 
 
 def _resolve(target: RunTarget, where: str):
-    """(config, changed keys) through moejax.main's parser + config.validate; SweepError with its message."""
-    from moejax import config as config_lib
+    """(config, changed keys) through moejax.main's parser + checks.validate; SweepError with its message."""
+    from moejax.checks import validate
+    from moejax.errors import ConfigError
     from moejax.main import parse_command_line
 
     argv = ["moejax.main", "--config", target.config_file, "--workdir", str(target.run_dir), *target.override_args()]
@@ -243,11 +244,11 @@ def _resolve(target: RunTarget, where: str):
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             command = parse_command_line(argv)
-            config_lib.validate(command.config, _fit_devices(command.config.mesh), changed=command.changed)
+            validate(command.config, _fit_devices(command.config.mesh), changed=command.changed)
     except SystemExit:
         message = err.getvalue().strip().removeprefix("moejax: error: ")
         raise SweepError(f"{where}: {message or 'moejax rejected its command line'}") from None
-    except config_lib.ConfigError as e:
+    except ConfigError as e:
         raise SweepError(f"{where}: {e}") from None
     return command.config, command.changed
 

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from experiments.studies.which_balancing_objective import front_config, study_config
-from moejax import config as config_lib, sharding
+from moejax import checks, sharding
 from moejax.data.pipeline import make_train_iterator
 from moejax.train.state import init_state, setup, to_global
 from moejax.train.step import make_train_step
@@ -50,7 +50,7 @@ MODELS = {"study": study_config, "front": front_config}
 
 def build(objectives, batch_size: int, model: str):
     cfg = MODELS[model](objectives, steps=1000, batch=batch_size, seed=0)
-    mesh = sharding.make_mesh(config_lib.validate(cfg, jax.device_count()))
+    mesh = sharding.make_mesh(checks.validate(cfg, jax.device_count()))
     run = setup(cfg, mesh)
     return cfg, mesh, run, init_state(cfg, run), make_train_step(cfg, run)
 

@@ -29,7 +29,7 @@ import numpy as np
 from experiments.benchmarks.profile_step import random_batch
 from experiments.benchmarks.step_time import _peak_bytes
 from experiments.benchmarks.timing import machine, write_json
-from moejax import config as config_lib, sharding
+from moejax import checks, sharding
 from moejax.config import default_config
 from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train.state import init_state, setup
@@ -67,7 +67,7 @@ def main() -> None:
         raise SystemExit("gpu_mfu: no GPU found (jax.default_backend() is 'cpu'); run it with a CUDA build "
                          "of jax (README, 'Accelerators'), or pass --smoke to check the script on CPU.")
     cfg = gpu_config(args.smoke)
-    mesh = sharding.make_mesh(config_lib.validate(cfg, 1))
+    mesh = sharding.make_mesh(checks.validate(cfg, 1))
     run = setup(cfg, mesh)
     state = init_state(cfg, run)
     step = make_train_step(cfg, run)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import config as config_lib, sharding
+from moejax import checks, config as config_lib, sharding
 from moejax.model.l3 import l3_forward_flops
 from moejax.model.layers import MLP, RMSNorm
 from moejax.train import state as state_lib
@@ -85,7 +85,7 @@ def build(cfg, kind: str, dense_mlp_dim: int):
         return model
 
     devices = jax.devices()[:1]
-    mesh = sharding.make_mesh(config_lib.validate(cfg, len(devices)), devices)
+    mesh = sharding.make_mesh(checks.validate(cfg, len(devices)), devices)
     with mock.patch.object(state_lib, "make_model", with_dense_layer if kind == "dense" else make_model):
         run = setup(cfg, mesh)
         state = init_state(cfg, run)

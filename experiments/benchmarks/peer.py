@@ -22,7 +22,7 @@ import numpy as np
 from experiments.benchmarks import peer_arch
 from experiments.benchmarks.profile_step import random_batch
 from experiments.benchmarks.timing import interleaved, machine, matmul_peak_flops, write_json
-from moejax import config as config_lib, sharding
+from moejax import checks, sharding
 from moejax.model.transformer import flops_per_token
 from moejax.train.state import init_state, setup
 from moejax.train.step import make_train_step
@@ -30,7 +30,7 @@ from moejax.train.step import make_train_step
 
 def moejax_stepper(cfg):
     """A zero-argument callable that runs one (blocking) moejax train step on a fixed batch."""
-    mesh = sharding.make_mesh(config_lib.validate(cfg, 1))
+    mesh = sharding.make_mesh(checks.validate(cfg, 1))
     run = setup(cfg, mesh)
     holder = {"state": init_state(cfg, run)}
     step = make_train_step(cfg, run)

@@ -35,7 +35,7 @@ from flax import nnx
 from experiments.benchmarks import peer_arch
 from experiments.benchmarks.timing import interleaved, machine, matmul_peak_flops, write_json
 from experiments.configs import small_moe
-from moejax import config as config_lib, sharding
+from moejax import checks, sharding
 from moejax.config import default_config
 from moejax.model import dispatch as dispatch_lib
 from moejax.model.grouped_matmul import grouped_ffn
@@ -142,7 +142,7 @@ def part_fns(cfg) -> dict:
 
 
 def profile(cfg, rounds: int, trace: bool = True) -> dict:
-    mesh = sharding.make_mesh(config_lib.validate(cfg, 1))
+    mesh = sharding.make_mesh(checks.validate(cfg, 1))
     run = setup(cfg, mesh)
     state = init_state(cfg, run)
     step = make_train_step(cfg, run)

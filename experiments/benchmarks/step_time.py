@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments.benchmarks.timing import machine, matmul_peak_flops
 from experiments.configs import small_moe, tiny_moe
-from moejax import config as config_lib, sharding
+from moejax import checks, sharding
 from moejax.data.pipeline import make_train_iterator
 from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train.state import init_state, setup, to_global
@@ -33,7 +33,7 @@ from moejax.train.step import make_train_step
 
 
 def measure(cfg, steps: int) -> dict:
-    mesh_shape = config_lib.validate(cfg, jax.device_count())
+    mesh_shape = checks.validate(cfg, jax.device_count())
     mesh = sharding.make_mesh(mesh_shape)
     run = setup(cfg, mesh)
     state = init_state(cfg, run)

@@ -94,14 +94,14 @@ def held_out(cfg, workdir: str) -> dict:
     import optax
     from flax import nnx
 
-    from moejax import config as config_lib, sharding
+    from moejax import checks, sharding
     from moejax.data.corpus import DOMAINS
     from moejax.data.pipeline import make_eval_batches
     from moejax.train.checkpoint import Checkpointer
     from moejax.train.metrics import gini, max_vio
     from moejax.train.state import setup, to_global
 
-    mesh = sharding.make_mesh(config_lib.validate(cfg, jax.device_count()))
+    mesh = sharding.make_mesh(checks.validate(cfg, jax.device_count()))
     run = setup(cfg, mesh)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
     state = checkpointer.restore_latest(run.abstract_state).state
@@ -367,11 +367,11 @@ def run_front(args, error) -> None:
     runs_dir = os.path.join(out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     configs = {name: config_of(method, v, seed) for name, method, v, seed in runs}  # all built (and validated) first
-    from moejax import config as config_lib
+    from moejax import checks
     import jax
 
     for cfg in configs.values():
-        config_lib.validate(cfg, jax.device_count())
+        checks.validate(cfg, jax.device_count())
     if not args.report_only:
         import time
 

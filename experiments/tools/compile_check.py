@@ -68,14 +68,14 @@ def abstract_batch(cfg, run) -> dict[str, jax.ShapeDtypeStruct]:
 
 def compile_report(cfg) -> dict:
     """Lowers and compiles the train step of ``cfg`` on all visible devices; per-device bytes."""
-    from moejax import config as config_lib, sharding
+    from moejax import checks, sharding
     from moejax.train.state import setup
     from moejax.train.step import make_train_step
 
     if cfg.model.moe.grouped_matmul == "auto":  # see the module docstring
         cfg = cfg.copy_and_resolve_references()
         cfg.model.moe.grouped_matmul = "tiled"
-    mesh_shape = config_lib.validate(cfg, jax.device_count())
+    mesh_shape = checks.validate(cfg, jax.device_count())
     run = setup(cfg, sharding.make_mesh(mesh_shape))
     train_step = make_train_step(cfg, run)
     start = time.perf_counter()

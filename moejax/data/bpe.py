@@ -23,7 +23,7 @@ import numpy.typing as npt
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 SPECIAL_TOKENS: Final = (BOS, EOS, PAD)

@@ -26,9 +26,9 @@ import numpy as np
 
 from moejax.data import corpus as corpus_lib
 from moejax.data import layout
-from moejax.data.errors import DataError
 from moejax.data.streams import TokenStream
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from moejax.errors import DataError
 
 BUILTIN_CORPUS_SEED = 0
 # Written by ``prepare`` while it runs, and kept with the error when it fails; dataset.json, which

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from moejax import paths
-from moejax.config import ConfigError
 from moejax.data.corpus import DOMAINS, build_domain
+from moejax.errors import ConfigError
 from moejax.log import add_verbosity_flags, setup_logging
 
 FORMATS = ("txt", "jsonl")

@@ -16,11 +16,11 @@ from typing import Any
 
 from moejax.data.dataset import (DatasetInfo, HeldoutWarning, TokenDataset, describe_dataset, open_dataset,
                                  small_heldout_message)
-from moejax.data.errors import DataError, user_stacklevel
 from moejax.data.mixture import Schedule, schedule_from_config
 from moejax.data.packing import Example
 from moejax.data.pipeline import MixtureIterator, make_eval_batches
 from moejax.data.tokenizer import Tokenizer
+from moejax.errors import DataError, user_stacklevel
 
 
 @dataclasses.dataclass(frozen=True)

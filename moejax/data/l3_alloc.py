@@ -1,9 +1,9 @@
 """Rows per token for a Large Lookup Layer (L3): offsets from an LZW parse of a corpus sample.
 
 An L3 layer gives token id ``t`` the rows ``[offsets[t], offsets[t + 1])`` of its key and value
-tables. ``offsets`` (format ``offsets_v1``) is an int64 array of shape ``[V + 1]`` with
-``offsets[0] == 0``, ``offsets[-1] == v`` (the row budget) and every token's row count
-``offsets[t + 1] - offsets[t]`` in ``[1, k]`` (``k``, the cap, is ``max_rows``).
+tables. The format (``offsets_v1``), its checks, the allocation file and the uniform allocation
+are the model's (:mod:`moejax.model.l3_allocation`, re-exported here); this module computes an
+allocation from data and is its command line.
 
 Two allocations:
 
@@ -16,9 +16,8 @@ Two allocations:
   ("## Allocation") and in ``lzw_allocation``'s docstring.
 - ``uniform_allocation``, the ablation: rows spread as evenly as possible.
 
-``save_allocation`` / ``load_allocation`` keep an allocation as JSON beside the tokenizer it was
-computed for (``format: moejax-l3-allocation-v1``, with a sha256 of the offsets), and
-``python -m moejax.data.l3_alloc`` computes one from a dataset's training split::
+``python -m moejax.data.l3_alloc`` computes one from a dataset's training split and saves it
+(``save_allocation``) beside the tokenizer it was computed for::
 
     python -m moejax.data.l3_alloc --budget 4096 --max-rows 64 [--method lzw|uniform] \\
         [--data-path DIR] [--sample-tokens 1000000] [--vocab-size V] [--out FILE]
@@ -27,153 +26,38 @@ computed for (``format: moejax-l3-allocation-v1``, with a sha256 of the offsets)
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import json
-import math
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
 from moejax import paths
-from moejax.config import ConfigError
-from moejax.data.errors import DataError
+from moejax.errors import ConfigError, DataError
+from moejax.model.l3_allocation import (  # the format; re-exported for this module's users
+    FORMAT, Allocation, check_allocation, check_budget, check_int, load_allocation, offsets_sha256,
+    rows_to_offsets, save_allocation, uniform_allocation,
+)
 from moejax.log import add_verbosity_flags, setup_logging
 
-FORMAT: Final = "moejax-l3-allocation-v1"
 METHODS: Final = ("lzw", "uniform")
 DEFAULT_SAMPLE_TOKENS: Final = 1_000_000
 # Contiguous pieces a domain's share of the sample is cut into, spread evenly over its train split.
 CHUNKS_PER_DOMAIN: Final = 16
-_FIELDS: Final = ("format", "vocab_size", "budget", "max_rows", "method", "tokenizer",
-                  "sample_tokens", "offsets", "sha256")
 
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Allocation:
-    """A loaded allocation file: read-only ``offsets`` plus what it was computed with."""
-
-    offsets: npt.NDArray[np.int64]  # [V + 1], read-only
-    budget: int
-    max_rows: int
-    method: str
-    tokenizer: str
-    sha256: str
-    sample_tokens: int = 0
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.offsets.shape[0]) - 1
-
-    @property
-    def rows(self) -> npt.NDArray[np.int64]:
-        """Rows per token, shape ``[V]``."""
-        return np.diff(self.offsets)
-
-
-# --- validation --------------------------------------------------------------------------------
-
-
-def check_budget(vocab_size: int, budget: int, max_rows: int) -> None:
-    """Raise a ``DataError`` unless ``budget`` rows can go to ``vocab_size`` tokens, 1..``max_rows`` each."""
-    _check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
-    _check_int("max_rows", max_rows, 1, "the most rows one token may own (k), e.g. --max-rows 64")
-    _check_int("budget", budget, 1, "the total number of rows (v), e.g. --budget 4096")
-    if budget < vocab_size:
-        raise DataError(
-            f"budget {budget} is smaller than the vocabulary ({vocab_size} tokens): every token "
-            f"needs at least one row. Use --budget >= {vocab_size}."
-        )
-    if budget > vocab_size * max_rows:
-        raise DataError(
-            f"budget {budget} cannot be spent: {vocab_size} tokens with at most max_rows="
-            f"{max_rows} rows each hold only {vocab_size * max_rows} rows. Use --budget <= "
-            f"{vocab_size * max_rows}, or --max-rows >= {math.ceil(budget / vocab_size)}."
-        )
-
-
-def check_allocation(
-    offsets: npt.ArrayLike,
-    vocab_size: int,
-    budget: int | None = None,
-    max_rows: int | None = None,
-) -> None:
-    """Raise a ``DataError`` unless ``offsets`` is a valid ``offsets_v1`` allocation.
-
-    ``offsets`` must be integers of shape ``[vocab_size + 1]``, start at 0, end at ``budget``
-    (when given) and give every token between 1 and ``max_rows`` (when given) rows.
-    """
-    array = np.asarray(offsets)
-    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-        raise DataError(
-            f"allocation offsets must be a 1-D integer array of shape [V + 1], got "
-            f"{array.dtype}{list(array.shape)}. Compute them with lzw_allocation or "
-            "uniform_allocation (python -m moejax.data.l3_alloc)."
-        )
-    _check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
-    if max_rows is not None:
-        _check_int("max_rows", max_rows, 1, "the most rows one token may own (k), e.g. --max-rows 64")
-    if budget is not None:
-        check_budget(vocab_size, budget, max_rows if max_rows is not None else budget)
-    if array.shape[0] != vocab_size + 1:
-        raise DataError(
-            f"allocation has {max(array.shape[0] - 1, 0)} tokens but the vocabulary has "
-            f"{vocab_size}: it was computed for another vocabulary. Recompute it with "
-            f"python -m moejax.data.l3_alloc --vocab-size {vocab_size} ..."
-        )
-    if array[0] != 0:
-        raise DataError(f"allocation offsets must start at 0, got offsets[0] = {int(array[0])}. "
-                        "Recompute the allocation with python -m moejax.data.l3_alloc.")
-    rows = np.diff(array.astype(np.int64))
-    if (rows < 0).any():
-        t = int(np.argmax(rows < 0))
-        raise DataError(
-            f"allocation offsets are not monotone: offsets[{t + 1}] = {int(array[t + 1])} < "
-            f"offsets[{t}] = {int(array[t])}. Offsets are cumulative row counts; recompute the "
-            "allocation with python -m moejax.data.l3_alloc."
-        )
-    if (rows < 1).any():
-        t = int(np.argmax(rows < 1))
-        raise DataError(
-            f"token {t} gets 0 rows (offsets[{t}] == offsets[{t + 1}] == {int(array[t])}), but "
-            "every token needs between 1 and max_rows rows. Recompute the allocation with "
-            "python -m moejax.data.l3_alloc."
-        )
-    if max_rows is not None and (rows > max_rows).any():
-        t = int(np.argmax(rows > max_rows))
-        raise DataError(
-            f"token {t} gets {int(rows[t])} rows, more than max_rows={max_rows}: every token "
-            f"needs between 1 and {max_rows} rows. Recompute the allocation with --max-rows "
-            f"{max_rows}, or raise max_rows to {int(rows.max())}."
-        )
-    if budget is not None and array[-1] != budget:
-        raise DataError(
-            f"allocation holds {int(array[-1])} rows but the budget is {budget}. Recompute it "
-            f"with python -m moejax.data.l3_alloc --budget {budget} ..."
-        )
-
-
-def _check_int(name: str, value: Any, minimum: int, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise DataError(f"{name} must be an int >= {minimum} ({meaning}), got {value!r}.")
+__all__ = [
+    "CHUNKS_PER_DOMAIN", "DEFAULT_SAMPLE_TOKENS", "FORMAT", "METHODS", "Allocation", "check_allocation",
+    "check_budget", "default_out_path", "load_allocation", "lzw_allocation", "lzw_codewords", "main",
+    "offsets_sha256", "rows_histogram", "sample_train_tokens", "save_allocation", "summary_lines",
+    "uniform_allocation",
+]
 
 
 # --- allocations -------------------------------------------------------------------------------
-
-
-def uniform_allocation(vocab_size: int, budget: int, max_rows: int) -> npt.NDArray[np.int64]:
-    """Offsets spreading ``budget`` rows evenly: ``budget // V`` rows each, one more for the first
-    ``budget % V`` token ids. The cap never binds, since ``budget <= V * max_rows``."""
-    check_budget(vocab_size, budget, max_rows)
-    rows = np.full(vocab_size, budget // vocab_size, dtype=np.int64)
-    rows[: budget % vocab_size] += 1
-    return _to_offsets(rows)
 
 
 def lzw_codewords(tokens: npt.ArrayLike, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +73,7 @@ def lzw_codewords(tokens: npt.ArrayLike, vocab_size: int) -> tuple[np.ndarray, n
     array = np.asarray(tokens)
     if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise DataError(f"tokens must be a 1-D integer array, got {array.dtype}{list(array.shape)}.")
-    _check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
+    check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
     if array.size and (array.min() < 0 or array.max() >= vocab_size):
         bad = int(array.min()) if array.min() < 0 else int(array.max())
         raise DataError(
@@ -245,7 +129,7 @@ def lzw_allocation(
     remaining = _grant_passes(rows, last[ranked], remaining, max_rows)
     remaining = _grant_passes(rows, np.arange(vocab_size), remaining, max_rows)
     assert remaining == 0, remaining  # check_budget guarantees room for every row.
-    return _to_offsets(rows)
+    return rows_to_offsets(rows)
 
 
 def _grant_passes(rows: np.ndarray, order: np.ndarray, remaining: int, max_rows: int) -> int:
@@ -273,113 +157,7 @@ def _grant_passes(rows: np.ndarray, order: np.ndarray, remaining: int, max_rows:
     return remaining
 
 
-def _to_offsets(rows: np.ndarray) -> npt.NDArray[np.int64]:
-    return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-
-
-# --- files -------------------------------------------------------------------------------------
-
-
-def offsets_sha256(offsets: npt.ArrayLike) -> str:
-    """sha256 of the offsets as little-endian int64 bytes."""
-    return hashlib.sha256(np.asarray(offsets, dtype="<i8").tobytes()).hexdigest()
-
-
-def save_allocation(
-    path: str | os.PathLike[str],
-    offsets: npt.ArrayLike,
-    *,
-    method: str,
-    max_rows: int,
-    tokenizer: str,
-    sample_tokens: int,
-) -> str:
-    """Validate ``offsets`` and write them as an allocation JSON file (atomically); returns the
-    sha256 of the offsets. The budget and vocabulary size are read off the offsets."""
-    array = np.asarray(offsets)
-    vocab_size = max(int(array.shape[0]) - 1, 1) if array.ndim == 1 else 1
-    check_allocation(array, vocab_size)  # shape, dtype and rows >= 1 first: then the budget is sane
-    budget = int(array[-1])
-    check_allocation(array, vocab_size, budget, max_rows)
-    for name, value in (("method", method), ("tokenizer", tokenizer)):
-        if not isinstance(value, str) or not value:
-            raise DataError(f"{name} must be a non-empty string, got {value!r}.")
-    _check_int("sample_tokens", sample_tokens, 0, "how many tokens the allocation was computed from")
-    sha256 = offsets_sha256(array)
-    record = {
-        "format": FORMAT, "vocab_size": vocab_size, "budget": budget, "max_rows": int(max_rows),
-        "method": method, "tokenizer": tokenizer, "sample_tokens": int(sample_tokens),
-        "sha256": sha256,
-    }
-    # One line for the offsets, one per other field: small, diffable, readable.
-    text = "{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in record.items())
-    text += f' "offsets": {json.dumps(array.astype(np.int64).tolist())}\n}}\n'
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    return sha256
-
-
-def load_allocation(path: str | os.PathLike[str], vocab_size: int | None = None) -> Allocation:
-    """Read and validate an allocation file; with ``vocab_size``, it must be for that vocabulary.
-
-    Every error is a ``DataError`` naming the file: missing or unreadable, another format,
-    offsets that do not match their sha256 (the file was edited) or fail ``check_allocation``,
-    recorded fields that disagree with the offsets, or another vocabulary size.
-    """
-    where = str(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except FileNotFoundError:
-        raise DataError(f"L3 allocation file {where} does not exist. Create it with: python -m "
-                        "moejax.data.l3_alloc --budget V_ROWS --max-rows K --out " + where) from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read L3 allocation file {where} ({e}); recreate it with "
-                        "python -m moejax.data.l3_alloc.") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        found = record.get("format") if isinstance(record, dict) else type(record).__name__
-        raise DataError(f"{where} is not an L3 allocation file: its format is {found!r}, expected "
-                        f"{FORMAT!r}. Recreate it with python -m moejax.data.l3_alloc.")
-    missing = [key for key in _FIELDS if key not in record]
-    if missing:
-        raise DataError(f"L3 allocation file {where} lacks {', '.join(missing)}; recreate it with "
-                        "python -m moejax.data.l3_alloc.")
-    recorded = {key: record[key] for key in ("vocab_size", "budget", "max_rows", "sample_tokens")}
-    values = record["offsets"] if isinstance(record["offsets"], list) else [None]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in [*recorded.values(), *values]):
-        raise DataError(f"L3 allocation file {where} holds a non-integer offset or count; recreate "
-                        "it with python -m moejax.data.l3_alloc.")
-    try:
-        offsets = np.asarray(values, dtype=np.int64)
-    except OverflowError:
-        raise DataError(f"L3 allocation file {where} holds an offset beyond int64; recreate it with "
-                        "python -m moejax.data.l3_alloc.") from None
-    if offsets.ndim != 1 or offsets_sha256(offsets) != record["sha256"]:
-        raise DataError(
-            f"L3 allocation file {where} is corrupt or was edited: its offsets do not match the "
-            f"sha256 it records ({record['sha256']}). Recreate it with python -m moejax.data.l3_alloc."
-        )
-    try:
-        check_allocation(offsets, recorded["vocab_size"], recorded["budget"], recorded["max_rows"])
-    except DataError as e:
-        raise DataError(f"L3 allocation file {where}: {e}") from None
-    if vocab_size is not None and vocab_size != recorded["vocab_size"]:
-        raise DataError(
-            f"L3 allocation file {where}: allocation has {recorded['vocab_size']} tokens but the "
-            f"vocabulary has {vocab_size}. Recompute it for this vocabulary: python -m "
-            f"moejax.data.l3_alloc --vocab-size {vocab_size} --budget {recorded['budget']} "
-            f"--max-rows {recorded['max_rows']} ..."
-        )
-    offsets.setflags(write=False)
-    return Allocation(offsets=offsets, budget=recorded["budget"], max_rows=recorded["max_rows"],
-                      method=str(record["method"]), tokenizer=str(record["tokenizer"]),
-                      sha256=str(record["sha256"]), sample_tokens=recorded["sample_tokens"])
+# --- where the command line saves --------------------------------------------------------------
 
 
 def default_out_path(data_path: str, method: str, budget: int, max_rows: int,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from moejax.data.corpus import DOMAINS
-from moejax.data.errors import DataError, user_stacklevel
+from moejax.errors import DataError, user_stacklevel
 
 SUM_TOLERANCE: Final = 1e-6
 

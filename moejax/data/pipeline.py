@@ -42,9 +42,9 @@ import grain
 import numpy as np
 
 from moejax.data.dataset import TokenDataset, describe_dataset, open_dataset
-from moejax.data.errors import DataError
 from moejax.data.mixture import Schedule, Stage, make_schedule, stage_index
 from moejax.data.packing import Example, ShardedPacker, padding_example, stack_examples
+from moejax.errors import DataError
 
 STATE_VERSION: Final = 2
 # Picks are tiny and packing happens in the calling thread: no prefetch threads contending for
@@ -102,7 +102,7 @@ class MixtureIterator:
         self.global_domains = np.zeros(0, np.int32)
         used = [d for d in dataset.domains if any(d in stage.weights for stage in schedule)]
         self._packers = {
-            d: _packer(dataset, d, "train", seq_len,
+            d: split_packer(dataset, d, "train", seq_len,
                        fix="give it more text, use a shorter train.seq_len, or weight it 0.")
             for d in used
         }
@@ -277,7 +277,7 @@ def make_eval_batches(
     pad_id = dataset.tokenizer.pad_id
     batches = {}
     for domain in domains:
-        packer = _packer(
+        packer = split_packer(
             dataset, domain, "heldout", seq_len,
             fix="use a shorter train.seq_len or prepare it with a larger --heldout-fraction.",
         )
@@ -299,7 +299,7 @@ def shuffle_seed(seed: int, domain: str) -> int:
     return int(np.random.SeedSequence([seed, name]).generate_state(1)[0])
 
 
-def _packer(dataset: TokenDataset, domain: str, split: str, seq_len: int, *, fix: str) -> ShardedPacker:
+def split_packer(dataset: TokenDataset, domain: str, split: str, seq_len: int, *, fix: str) -> ShardedPacker:
     """Windows of one domain split; an error naming the split and ``fix`` if it has none."""
     packer = ShardedPacker(dataset.streams(domain, split), seq_len, dataset.domains.index(domain))
     if packer.num_windows == 0:

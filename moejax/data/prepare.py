@@ -47,13 +47,13 @@ import numpy as np
 import tqdm
 
 from moejax import paths
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
 from moejax.data import layout, sources as sources_lib
 from moejax.data.dataset import PROGRESS_FILE, HeldoutWarning, combined_hash, small_heldout_message
-from moejax.data.errors import DataError, user_stacklevel
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
+from moejax.errors import ConfigError, DataError, user_stacklevel
 from moejax.log import add_verbosity_flags, setup_logging
 
 DEFAULT_HELDOUT_FRACTION: Final = 0.01

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from moejax.data import layout
-from moejax.data.errors import DataError, user_stacklevel
+from moejax.errors import DataError, user_stacklevel
 
 KINDS: Final = {".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SUPPORTED: Final = ("plain text (.txt, or any text file named directly or by a glob), JSONL (.jsonl: one "

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moejax.data import layout
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 
 
 class Tokenizer(Protocol):

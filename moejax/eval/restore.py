@@ -26,7 +26,7 @@ from moejax import sharding
 from moejax.config import ConfigError, ConfigDict
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
-from moejax.train.checkpoint import CheckpointMismatch, _flat_shapes, describe_mismatch
+from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
 from moejax.train.state import Run, setup
 
 
@@ -79,8 +79,8 @@ def open_run(workdir: str) -> EvalRun:
     steps = tuple(sorted(ocp.utils.checkpoint_steps(checkpoint_dir)))  # finished (committed) ones
     if not steps:
         raise ConfigError(f"{workdir} holds no checkpoint (looked in {checkpoint_dir}); train it first.")
-    meta = _read_meta(os.path.join(checkpoint_dir, str(steps[-1])))
-    cfg = eval_config(meta.get("config") or _read_config_json(workdir))
+    meta = read_meta(os.path.join(checkpoint_dir, str(steps[-1])))
+    cfg = eval_config(meta.get("config") or read_config_json(workdir))
     dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
     if "tokenizer" in meta:
         check_tokenizer_matches(
@@ -92,7 +92,7 @@ def open_run(workdir: str) -> EvalRun:
 
 def eval_config(saved: dict[str, Any]) -> ConfigDict:
     """The saved config, with keys it predates filled from the defaults and remat off."""
-    cfg = ml_collections.ConfigDict(_fill_defaults(saved, config_lib.default_config().to_dict()))
+    cfg = ml_collections.ConfigDict(fill_defaults(saved, config_lib.default_config().to_dict()))
     cfg.train.remat = "none"
     if cfg.model.moe.backend == "expert_parallel":
         # Same experts and routing without the per-device capacity drops, on any mesh and in cached
@@ -101,7 +101,7 @@ def eval_config(saved: dict[str, Any]) -> ConfigDict:
     return cfg
 
 
-def _fill_defaults(saved: dict, defaults: dict, prefix: str = "") -> dict:
+def fill_defaults(saved: dict, defaults: dict, prefix: str = "") -> dict:
     """``saved`` plus the keys of ``defaults`` it lacks (user-keyed groups such as the mixture are
     taken as saved, never merged)."""
     out = dict(saved)
@@ -110,7 +110,7 @@ def _fill_defaults(saved: dict, defaults: dict, prefix: str = "") -> dict:
         if key not in out:
             out[key] = value
         elif isinstance(value, dict) and isinstance(out[key], dict) and path not in config_lib.FREE_KEYS:
-            out[key] = _fill_defaults(out[key], value, path + ".")
+            out[key] = fill_defaults(out[key], value, path + ".")
     return out
 
 
@@ -143,10 +143,10 @@ def latest_meta(workdir: str) -> dict[str, Any]:
     if not os.path.isdir(checkpoint_dir):
         return {}
     steps = sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
-    return _read_meta(os.path.join(checkpoint_dir, str(steps[-1]))) if steps else {}
+    return read_meta(os.path.join(checkpoint_dir, str(steps[-1]))) if steps else {}
 
 
-def _read_meta(step_dir: str) -> dict[str, Any]:
+def read_meta(step_dir: str) -> dict[str, Any]:
     """The run metadata (config, tokenizer id, ...) of one checkpoint; {} if it has none."""
     path = epath.Path(step_dir) / "meta"
     if not path.is_dir():
@@ -162,7 +162,7 @@ def _restore_state_items(step_dir: str, abstract: dict[str, Any]) -> dict[str, A
     try:
         saved = handler.metadata(path)
         saved = getattr(saved, "tree", saved)
-        problems = describe_mismatch(_flat_shapes(saved["params"]), _flat_shapes(abstract["params"]))
+        problems = describe_mismatch(flat_shapes(saved["params"]), flat_shapes(abstract["params"]))
         if problems:
             raise CheckpointMismatch(f"checkpoint {step_dir} does not fit the configured model:\n  "
                                      + "\n  ".join(problems[:20]))
@@ -174,7 +174,8 @@ def _restore_state_items(step_dir: str, abstract: dict[str, Any]) -> dict[str, A
         handler.close()
 
 
-def _read_config_json(workdir: str) -> dict[str, Any]:
+def read_config_json(workdir: str) -> dict[str, Any]:
+    """A workdir's ``config.json`` (for checkpoints that carry no config); ``ConfigError`` if missing."""
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise ConfigError(f"the checkpoints in {workdir} carry no config and {path} is missing.")

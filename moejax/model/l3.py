@@ -2,7 +2,7 @@
 rows of a large key/value table.
 
 Token id t owns rows ``[b_t, b_{t+1})`` of a key table K [r, q] and a value table V [r, w] (tied:
-V = K). ``b`` is the allocation ``offsets_v1`` [V + 1] (:mod:`moejax.data.l3_alloc`): every token
+V = K). ``b`` is the allocation ``offsets_v1`` [V + 1] (:mod:`moejax.model.l3_allocation`): every token
 owns at least one row and at most k (``model.l3.max_rows``), r (``model.l3.budget``) in all. With x
 [d] the layer input at a position holding token t, and n_t = b_{t+1} - b_t its row count:
 
@@ -47,7 +47,8 @@ from flax import nnx
 from jax.experimental.compute_on import compute_on
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from moejax.data.l3_alloc import check_allocation, load_allocation, offsets_sha256, uniform_allocation
+from moejax.errors import ConfigError, fail_config_key
+from moejax.model.l3_allocation import check_allocation, load_allocation, offsets_sha256, uniform_allocation
 from moejax.model.layers import RMSNorm, param
 from moejax.sharding import constrain
 
@@ -99,6 +100,47 @@ def allocation_from_config(model_cfg) -> RowOffsets:
     allocation = load_allocation(l3.allocation, vocab)
     check_allocation(allocation.offsets, vocab, l3.budget, l3.max_rows)
     return RowOffsets(allocation.offsets, allocation.method)
+
+
+def check_config(model_cfg, mesh: dict[str, int]) -> None:
+    """The L3 knobs against the model and the mesh (``mesh``: the resolved axis sizes): layer
+    positions, table sizes against the vocabulary, rows against the mesh, and the allocation file.
+    Raises ``ConfigError`` naming the key; part of :func:`moejax.checks.validate`."""
+    m, l3 = model_cfg, model_cfg.l3
+    positions = l3.after_layers
+    if not isinstance(positions, (tuple, list)) or any(isinstance(p, bool) or not isinstance(p, int) for p in positions):
+        fail_config_key("model.l3.after_layers", positions, "a tuple of decoder-layer indices, e.g. (1, 3)")
+    bad = [p for p in positions if not 0 <= p < m.num_layers]
+    if bad:
+        fail_config_key("model.l3.after_layers", positions, f"layer indices in [0, {m.num_layers - 1}] "
+                        f"(model.num_layers={m.num_layers}); {bad[0]} is not one")
+    if len(set(positions)) != len(positions):
+        fail_config_key("model.l3.after_layers", positions, "each layer index at most once")
+    if l3.max_rows < 1:
+        fail_config_key("model.l3.max_rows", l3.max_rows, "an integer >= 1 (the most rows one token owns)")
+    for key in ("key_dim", "value_dim", "up_dim"):
+        if l3[key] < 0:
+            fail_config_key(f"model.l3.{key}", l3[key], "a width >= 0 (0: the default width)")
+    if not positions:
+        return
+    if l3.budget < m.vocab_size:
+        fail_config_key("model.l3.budget", l3.budget,
+                        f"at least model.vocab_size={m.vocab_size} (every token owns a row)")
+    if l3.budget > m.vocab_size * l3.max_rows:
+        fail_config_key("model.l3.budget", l3.budget,
+                        f"at most model.vocab_size x model.l3.max_rows = {m.vocab_size * l3.max_rows}",
+                        f"Raise model.l3.max_rows to at least {math.ceil(l3.budget / m.vocab_size)} or lower the budget.")
+    key_width = l3.key_dim or m.d_model
+    if l3.tied and l3.value_dim not in (0, key_width):
+        fail_config_key("model.l3.value_dim", l3.value_dim, f"0 or the key width {key_width} when model.l3.tied (V = K)")
+    shards = mesh["fsdp"] * mesh["expert"]
+    if l3.budget % shards:
+        fail_config_key("model.l3.budget", l3.budget, f"a multiple of mesh.fsdp x mesh.expert = {shards}",
+                        "The tables are split by rows over those axes.")
+    try:
+        allocation_from_config(m)
+    except ConfigError as e:  # DataError from the allocation file or its sizes
+        raise ConfigError(f"config key 'model.l3.allocation' has value {l3.allocation!r}: {e}") from None
 
 
 class L3Rows(NamedTuple):

@@ -24,7 +24,9 @@ class MoE(nnx.Module):
     bias moves the top-k choice and their losses are returned. Returns the output and float32
     per-layer statistics: ``load_e`` (assignment fractions), ``pbar_e`` (mean routing
     probabilities), ``drop_rate``, ``entropy`` (mean per-token routing entropy) and ``losses``
-    (objective name -> weighted loss).
+    (objective name -> weighted loss); per token, ``routing`` (the router's
+    :class:`~moejax.model.router.Routing`) and ``router_input`` (what the router multiplies: the
+    input in float32), which the Transformer drops unless asked.
     """
 
     def __init__(self, cfg, *, out_std: float, rngs: nnx.Rngs, dtype, param_dtype):
@@ -76,6 +78,7 @@ class MoE(nnx.Module):
             "entropy": jax.lax.stop_gradient(routing_entropy(routing.probs_bte)),
             "losses": balancer.losses(routing, balance_state),
             "routing": routing,  # per token; the Transformer drops it unless asked (evaluation)
+            "router_input": x_btd.astype(jnp.float32),  # per token, dropped unless asked, as routing
         }
         return y_btd, aux
 

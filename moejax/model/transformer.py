@@ -16,6 +16,9 @@ from moejax.model.moe import MoE
 from moejax.sharding import constrain
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# What an MoE layer returns per token (MoE.__call__): kept only when the Transformer is called
+# with_routing, so training never holds it.
+PER_TOKEN_AUX = ("routing", "router_input")
 
 
 def is_moe_layer(cfg, layer: int) -> bool:
@@ -149,14 +152,17 @@ class Transformer(nnx.Module):
     def __call__(
         self, tokens_bt, positions_bt, segment_ids_bt, *, balancer=None, balance_state=None, with_routing=False
     ):
-        """Logits and auxiliary outputs; ``with_routing`` (static) adds ``routing``, every MoE
-        layer's :class:`~moejax.model.router.Routing` stacked over layers (leaves [L, B, T, ...]),
-        for evaluation; training leaves it off so the per-token routing is not kept."""
+        """Logits and auxiliary outputs; ``with_routing`` (static) adds, stacked over the MoE
+        layers in depth order, ``routing`` (every MoE layer's :class:`~moejax.model.router.Routing`,
+        leaves [L, B, T, ...]) and ``router_input_lbtd`` (float32 [L, B, T, d]: what each router
+        multiplies, its block's normed hidden state; the router's logits are ``router_input_lbtd[l]
+        @ w_de``), for evaluation and routing analysis; training leaves it off so the per-token
+        routing is not kept."""
 
         def layer(block, x_btd, inputs):
             x_btd, aux = block(x_btd, positions_bt, segment_ids_bt, balancer, inputs["balance"])
             if aux is not None and not with_routing:
-                aux = {key: value for key, value in aux.items() if key != "routing"}
+                aux = {key: value for key, value in aux.items() if key not in PER_TOKEN_AUX}
             return x_btd, aux
 
         def lookup(l3_layer, x_btd):
@@ -259,6 +265,7 @@ class Transformer(nnx.Module):
         }
         if auxes and "routing" in auxes[0]:
             out["routing"] = jax.tree.map(lambda *leaves: jnp.concatenate(leaves), *[a["routing"] for a in auxes])
+            out["router_input_lbtd"] = jnp.concatenate([a["router_input"] for a in auxes])
         return out
 
 

@@ -39,7 +39,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Restored:
     meta: dict
 
 
-def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """'blocks/0/attn/w_q_dnh' -> shape, for a pytree of arrays or orbax array metadata."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {
@@ -119,8 +119,8 @@ class Checkpointer:
     def check_compatible(self, step: int, abstract_state: Any) -> None:
         """Raises CheckpointMismatch naming every parameter whose shape or presence differs."""
         saved = self.manager.item_metadata(step)["state"]
-        saved_params = _flat_shapes(getattr(saved, "tree", saved)["params"])
-        wanted_params = _flat_shapes(abstract_state["params"])
+        saved_params = flat_shapes(getattr(saved, "tree", saved)["params"])
+        wanted_params = flat_shapes(abstract_state["params"])
         problems = describe_mismatch(saved_params, wanted_params)
         if problems:
             shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
@@ -245,8 +245,8 @@ def load_params(path: str, abstract_params: Any, step: int | None = None) -> tup
     state_dir = epath.Path(path) / str(step) / "state"
     try:
         saved = handler.metadata(state_dir)
-        problems = describe_mismatch(_flat_shapes(getattr(saved, "tree", saved)["params"]),
-                                     _flat_shapes(abstract_params))
+        problems = describe_mismatch(flat_shapes(getattr(saved, "tree", saved)["params"]),
+                                     flat_shapes(abstract_params))
         if problems:
             raise CheckpointMismatch(
                 f"checkpoint {path}/{step} does not fit the configured model:\n  " + "\n  ".join(problems[:20])

@@ -23,11 +23,12 @@ from ml_collections import ConfigDict
 
 from moejax import allocator, code_version, paths, sharding
 from moejax import config as config_lib
-from moejax.config import ConfigError
+from moejax.checks import check_config
 from moejax.data.dataset import DatasetInfo
 from moejax.data.from_config import check_data_config, make_data
 from moejax.data.mixture import MixtureWarning, resolved_data_values, stage_index
 from moejax.data.tokenizer import check_tokenizer_matches
+from moejax.errors import ConfigError
 from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train.checkpoint import Checkpointer, Restored, any_process, check_same_on_every_process, load_params
 from moejax.train.preemption import Preempted, PreemptionGuard
@@ -40,23 +41,6 @@ from moejax.train.step import make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
 
-
-def check_config(cfg, changed=(), workdir: str | None = None) -> tuple[dict[str, int], DatasetInfo]:
-    """Everything that can be checked before compiling; returns the resolved mesh shape and what
-    the dataset is (its domains and tokenizer).
-
-    ``changed``: the keys the command line set (messages about two conflicting keys name those).
-    ``workdir``: the run's directory; a run that resumes from checkpoints of its own does not read
-    ``checkpoint.init_from``, so its existence is checked only for a fresh start."""
-    mesh_shape = config_lib.validate(cfg, jax.device_count(), changed=changed)
-    init_from = cfg.checkpoint.init_from
-    resumes = bool(workdir) and os.path.isdir(os.path.join(workdir, "checkpoints")) and bool(os.listdir(os.path.join(workdir, "checkpoints")))
-    if init_from and not resumes and not os.path.isdir(init_from):
-        raise ConfigError(f"config key 'checkpoint.init_from' has value {init_from!r}; allowed: '' or a directory "
-                          f"that exists (a workdir, its checkpoints/ or one step's directory). Check the "
-                          f"path{paths.relative_to_note(init_from)}.")
-    data_info, _ = check_data_config(cfg)  # dataset, mixture/schedule domains and weights, vocab vs tokenizer
-    return mesh_shape, data_info
 
 
 def resolved_config(cfg) -> ConfigDict:

@@ -28,7 +28,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from moejax import sharding
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.model.balancing import Balancer, balancer_from_config
 from moejax.model.l3 import RowOffsets, allocation_from_config
 from moejax.model.transformer import Transformer, is_moe_layer

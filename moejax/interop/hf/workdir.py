@@ -9,7 +9,7 @@ import os
 import jax
 import numpy as np
 
-from moejax import code_version, paths, sharding
+from moejax import checks, code_version, paths, sharding
 from moejax import config as config_lib
 from moejax.config import ConfigDict
 from moejax.interop.hf.configs import adapted_config, choose_architecture, hf_config_from_model, model_config_from_hf
@@ -49,7 +49,7 @@ def _one_device_run(cfg: ConfigDict):
     cfg = config_lib.from_dict(config_lib.to_dict(cfg))
     for axis in config_lib.MESH_AXES:
         cfg.mesh[axis] = 1
-    config_lib.validate(cfg, 1, notes=False)
+    checks.validate(cfg, 1, notes=False)
     return cfg, setup(cfg, sharding.make_mesh({a: 1 for a in config_lib.MESH_AXES}, jax.devices()[:1]))
 
 

@@ -27,7 +27,7 @@ L MoE layers, replicated on every device, updated by the train step after the op
 
 from moejax.model.balancing.balancer import Balancer, BalanceState
 from moejax.model.balancing.base import BalancingError, Objective, RoutingSetup, StepStats
-from moejax.model.balancing.registry import OBJECTIVES, balancer_from_config, build_balancer, parse_spec
+from moejax.model.balancing.registry import OBJECTIVES, balancer_from_config, build_balancer, check_config, parse_spec
 
 __all__ = [
     "OBJECTIVES",
@@ -39,5 +39,6 @@ __all__ = [
     "StepStats",
     "balancer_from_config",
     "build_balancer",
+    "check_config",
     "parse_spec",
 ]

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 from typing import Any
 
+from moejax.errors import ConfigError
 from moejax.model.balancing.balancer import Balancer
 from moejax.model.balancing.base import BalancingError, Objective, RoutingSetup
 from moejax.model.balancing.dpsl import DirichletPriorShaping
@@ -113,3 +114,12 @@ def build_balancer(spec: Any, setup: RoutingSetup) -> Balancer:
 def balancer_from_config(cfg) -> Balancer:
     """The run's Balancer from ``cfg.model.moe.balancing`` and the model/train shapes."""
     return build_balancer(cfg.model.moe.balancing, RoutingSetup.from_config(cfg))
+
+
+def check_config(cfg) -> None:
+    """Builds the balancing objectives once: names, hyperparameters and fit to the model/backend.
+    Raises ``ConfigError`` naming ``model.moe.balancing``; part of :func:`moejax.checks.validate`."""
+    try:
+        balancer_from_config(cfg)
+    except BalancingError as e:
+        raise ConfigError(f"config key 'model.moe.balancing': {e}") from None
