@@ -41,3 +41,11 @@ def test_decision_scores_count_pairs_within_the_seed_noise_apart():
     got = study.decision_scores(np.array([1.0, 1.1, 1.5]), obs)
     assert got["pairs_within_noise"] == 1 and got["pairs_decided"] == 2 and got["accuracy"] == 1.0
     assert got["seed_sd"] == pytest.approx(np.std([1.00, 1.01], ddof=1))
+
+
+def test_decision_gap_is_paired_over_the_same_resamples():
+    obs = [[1.00, 1.01], [1.20, 1.21], [1.50, 1.51], [1.80, 1.80]]  # every pair decided
+    right, wrong = np.array([1.0, 1.2, 1.5, 1.8]), np.array([1.8, 1.5, 1.2, 1.0])
+    assert study.decision_gap(right, right, obs) == {"diff": 0.0, "lo": 0.0, "hi": 0.0}
+    got = study.decision_gap(right, wrong, obs)
+    assert got["diff"] == 1.0 and got["lo"] == got["hi"] == 1.0

@@ -182,9 +182,7 @@ def final_cells(table, preset_size: float) -> tuple[dict, dict, dict]:
     return weights, values, seeds
 
 
-def decision_scores(pred_k: np.ndarray, obs_sk: list[list[float]], resamples: int = 1000) -> dict:
-    """Decision accuracy of ``pred_k`` (lower = better) against the mixtures' seed means, pairs within
-    the seed noise counted apart, with a 95% bootstrap interval over mixtures."""
+def _decision(pred_k: np.ndarray, obs_sk: list[list[float]], resamples: int) -> tuple[dict, np.ndarray]:
     from data_mixture import decisions as dec
 
     obs_k = np.array([np.mean(v) for v in obs_sk])
@@ -197,7 +195,23 @@ def decision_scores(pred_k: np.ndarray, obs_sk: list[list[float]], resamples: in
     acc_b = dec.resampled_accuracy(agree_kk, ~within_kk, dec.mixture_resamples(len(obs_k), resamples, seed=0))
     out["lo"], out["hi"] = dec.percentile_interval(acc_b)
     out["seed_sd"] = sd
-    return out
+    return out, acc_b
+
+
+def decision_scores(pred_k: np.ndarray, obs_sk: list[list[float]], resamples: int = 1000) -> dict:
+    """Decision accuracy of ``pred_k`` (lower = better) against the mixtures' seed means, pairs within
+    the seed noise counted apart, with a 95% bootstrap interval over mixtures."""
+    return _decision(pred_k, obs_sk, resamples)[0]
+
+
+def decision_gap(pred_a_k: np.ndarray, pred_b_k: np.ndarray, obs_sk: list[list[float]], resamples: int = 1000) -> dict:
+    """Decision accuracy of ranker a minus ranker b on the same decided pairs, with a paired 95%
+    bootstrap interval (both scored on the same mixture resamples)."""
+    from data_mixture import decisions as dec
+
+    (a, a_b), (b, b_b) = _decision(pred_a_k, obs_sk, resamples), _decision(pred_b_k, obs_sk, resamples)
+    lo, hi = dec.percentile_interval(a_b - b_b)
+    return {"diff": a["accuracy"] - b["accuracy"], "lo": lo, "hi": hi}
 
 
 def stage_experts(out: Path, root: Path, parallel: int) -> tuple[str, float]:
@@ -221,21 +235,19 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
     """Merges of every ladder mixture at the largest proxy, per expert seed, budget and router,
     ranked against the mid-training runs of that size (``mergemix/rank.json``, resumable)."""
     from data_mixture.mergemix.pipeline import MergeProxy, open_merge
-    from data_mixture.mergemix.rank import rank_consistency, spearman
+    from data_mixture.mergemix.rank import rank_consistency
     from data_mixture.mergemix.routing import calibration_batches
     from data_mixture.table import read_runs
 
     path = out / "mergemix" / "rank.json"
     path.parent.mkdir(exist_ok=True)
     result = json.loads(path.read_text()) if path.exists() else {"rank": {}, "proxy": {}}
-    weights, values, _ = final_cells(read_runs(out / "runs.csv"), ladder_size(LARGEST_PROXY))
+    table = read_runs(out / "runs.csv")
+    weights, values, _ = final_cells(table, ladder_size(LARGEST_PROXY))
     names = sorted(weights)
     trained = {n: {k: float(np.mean(v)) for k, v in values[n].items()} for n in names}
-    # rank by own weight, the trivial ranker of one domain's loss
-    result["rank_by_weight"] = {
-        d: {"spearman": spearman(-np.array([weights[n][d] for n in names]), np.array([trained[n][f"loss:{d}"] for n in names])),
-            "decision": decision_scores(-np.array([weights[n][d] for n in names]), [values[n][f"loss:{d}"] for n in names])}
-        for d in DOMAINS}
+    result.pop("rank_by_weight", None)
+    result["baselines"] = rank_baselines(table, weights, values)
     for seed in EXPERT_SEEDS:
         for fraction in FRACTIONS:
             keys = [f"s{seed}/{fraction}/{r}" for r in ROUTERS]
@@ -262,6 +274,55 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
             path.write_text(json.dumps(result, indent=1, default=float))
     path.write_text(json.dumps(result, indent=1, default=float))
     return result
+
+
+def baseline_predictions(table, weights: dict) -> dict[str, dict[str, list[float]]]:
+    """The trivial rankers beside MergeMix's (lower = better, mixtures in sorted name order): a
+    domain's loss by the domain's own weight (no training at all); the mean loss by closeness to
+    uniform (negative entropy of the weights); and every metric by the same mixtures' mid-training
+    runs at the next smaller proxy size (s1: a ladder's cost, not MergeMix's)."""
+    names = sorted(weights)
+    small = final_cells(table, ladder_size("s1"))[1]
+    keys = ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]
+    return {
+        "rank_by_weight": {f"loss:{d}": [-weights[n][d] for n in names] for d in DOMAINS},
+        "closeness_to_uniform": {"loss:mean": [sum(w * np.log(w) for w in weights[n].values() if w > 0) for n in names]},
+        "smaller_proxy_s1": {k: [float(np.mean(small[n][k])) for n in names] for k in keys},
+    }
+
+
+def rank_baselines(table, weights: dict, values: dict) -> dict[str, dict[str, dict]]:
+    """:func:`baseline_predictions` scored like the merges: Spearman against the seed means and
+    decision accuracy."""
+    from data_mixture.mergemix.rank import spearman
+
+    names = sorted(weights)
+    return {ranker: {k: {"spearman": spearman(np.array(p), np.array([np.mean(values[n][k]) for n in names])),
+                         "decision": decision_scores(np.array(p), [values[n][k] for n in names])}
+                     for k, p in by_key.items()}
+            for ranker, by_key in baseline_predictions(table, weights).items()}
+
+
+def merge_gaps(out: Path, rank: dict, fraction: float) -> dict[str, dict[str, dict]]:
+    """Per expert seed and router at one expert budget: the merges' decision accuracy minus the best
+    trivial ranker's that needs no training (closeness to uniform for the mean loss, the domain's own
+    weight for a domain's loss), paired over the same mixture resamples."""
+    from data_mixture.table import read_runs
+
+    table = read_runs(out / "runs.csv")
+    weights, values, _ = final_cells(table, ladder_size(LARGEST_PROXY))
+    names = sorted(weights)
+    base = baseline_predictions(table, weights)
+    trivial = {"loss:mean": base["closeness_to_uniform"]["loss:mean"],
+               **{f"loss:{d}": base["rank_by_weight"][f"loss:{d}"] for d in DOMAINS}}
+    got = {}
+    for seed in EXPERT_SEEDS:
+        for router in ROUTERS:
+            proxy = rank["proxy"][f"s{seed}/{fraction}/{router}"]
+            got[f"s{seed}/{fraction}/{router}"] = {
+                k: decision_gap(np.array([proxy[n][k] for n in names]), np.array(p), [values[n][k] for n in names])
+                for k, p in trivial.items()}
+    return got
 
 
 def choose_default(rank: dict) -> tuple[float, str]:
@@ -449,9 +510,12 @@ def report(out: Path) -> dict:
                                            "domains": {d: {"rho": r["losses"][d], "decision": r["decision"][f"loss:{d}"]}
                                                        for d in DOMAINS}}
                                        for k, r in rank["rank"].items()},
-                              "rank_by_weight": rank["rank_by_weight"]}
+                              "baselines": rank["baselines"]}
         if (out / "mergemix" / "summary.json").exists():
             result["mergemix"]["chosen"] = json.loads((out / "mergemix" / "summary.json").read_text())
+        if all(f"s{s}/{f}/{r}" in rank["rank"] for s in EXPERT_SEEDS for f in FRACTIONS for r in ROUTERS):
+            fraction = choose_default(rank)[0]
+            result["mergemix"]["gaps"] = {"fraction": fraction, "by": merge_gaps(out, rank, fraction)}
     result["costs"] = costs(out)
     (out / "report.json").write_text(json.dumps(result, indent=1, default=float))
     (out / "report.md").write_text(report_md(result))
@@ -545,11 +609,23 @@ def report_md(r: dict) -> str:
         for k, v in m["rank"].items():
             rho = v["mean_loss_rho"]
             lines.append(f"| {k} | {rho['rho']:.2f} [{rho['lo']:.2f}, {rho['hi']:.2f}] | {_acc(v['decision'])} |")
-        lines += ["", "Per domain, against ranking by the domain's own weight (decision accuracy [95%]):", "",
-                  "| domain | rank by own weight | " + " | ".join(m["rank"]) + " |", "|---|---|" + "---|" * len(m["rank"])]
-        for d in DOMAINS:
-            lines.append(f"| {d} | {_acc(m['rank_by_weight'][d]['decision'])} | "
-                         + " | ".join(_acc(v["domains"][d]["decision"]) for v in m["rank"].values()) + " |")
+        lines += ["", "Decision accuracy [95%] per domain's loss, and the trivial rankers beside the merges (a ranker "
+                  "of the mean loss or of one domain's loss):", "",
+                  "| ranker | mean loss | " + " | ".join(DOMAINS) + " |", "|---|---|" + "---|" * len(DOMAINS)]
+        for k, v in m["rank"].items():
+            lines.append(f"| merges {k} | {_acc(v['decision'])} | "
+                         + " | ".join(_acc(v["domains"][d]["decision"]) for d in DOMAINS) + " |")
+        for ranker, by_key in m["baselines"].items():
+            lines.append(f"| {ranker} | " + " | ".join(_acc(by_key[k]["decision"]) if k in by_key else ""
+                                                        for k in ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]) + " |")
+        if "gaps" in m:
+            g = m["gaps"]
+            lines += ["", f"Merges minus the best trivial ranker that needs no training, at the chosen budget "
+                          f"({g['fraction']:g} of the expert run): decision accuracy difference [paired 95%]; the "
+                          "mean loss against closeness to uniform, each domain against its own weight.", "",
+                      "| merges | mean loss | " + " | ".join(DOMAINS) + " |", "|---|---|" + "---|" * len(DOMAINS)]
+            lines += [f"| {k} | " + " | ".join(_iv(v[key]) for key in ["loss:mean"] + [f"loss:{d}" for d in DOMAINS])
+                      + " |" for k, v in g["by"].items()]
         if "chosen" in m:
             c = m["chosen"]
             lines += ["", f"Chosen: expert budget {c['expert_share_of_base']:.0%} of the base's tokens, router "
