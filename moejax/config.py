@@ -6,8 +6,19 @@ defined. :func:`check_values` checks the schema and the knobs one by one (and th
 module can judge alone): it rejects unknown keys (with a did-you-mean), wrong types and
 incompatible values, and its errors name the key, the value, what is allowed and how to fix it.
 
-This module imports no package of moejax (only :mod:`moejax.errors`), so every package may
-import it. The checks that need a package (the balancing objectives, the L3 sizes and
+The ``model.*`` keys are also declared, once each, as the fields of the typed configs the model
+receives (:mod:`moejax.schema`: ``ModelConfig``, ``MoEConfig``, ``DispatchConfig``, ``L3Config``,
+converted once from this ConfigDict with ``from_config``): their allowed choices (:data:`CHOICES`)
+and ``> 0`` / ``>= 0`` bounds (:data:`POSITIVE`, :data:`NON_NEGATIVE`) are generated from those
+declarations; the other keys' are listed here by hand. The defaults here and there are held equal
+by a test; the comments here document each knob for the command line.
+
+This module imports no package of moejax, only the two leaf modules :mod:`moejax.errors` and
+:mod:`moejax.schema` (which import nothing from moejax), so every package may import it. Why the
+declarations live in a leaf rather than in ``moejax.model``: this module generates its checks from
+them when imported, and importing the model package would pull in JAX and Flax and invert the
+layering; a registration hook filled by ``moejax.checks`` would make ``CHOICES`` depend on what
+was imported first. The checks that need a package (the balancing objectives, the L3 sizes and
 allocation file, the dataset) belong to that package and are composed, with :func:`check_values`,
 in :mod:`moejax.checks`: call :func:`moejax.checks.validate` (or ``check_config``) before
 compiling, not :func:`check_values` alone.
@@ -22,6 +33,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+from moejax import schema
 # ConfigError is defined in moejax.errors; ``from moejax.config import ConfigError`` keeps working.
 from moejax.errors import ConfigError, fail_config_key as _fail
 
@@ -195,19 +207,37 @@ def default_config() -> ConfigDict:
     return c
 
 
+# The model.* keys are declared once, as the fields of the typed configs the model receives
+# (moejax/schema.py): their choices and bounds below are generated from those declarations.
+_MODEL_KEYS = dict(schema.declared_keys(schema.ModelConfig, "model"))
+
+
+def _choices_default_first(field: Any) -> tuple[str, ...]:
+    """A choice field's values as the command line lists them: the default first."""
+    choices = field.metadata["check"].choices
+    return (field.default, *(c for c in choices if c != field.default))
+
+
 # Values a string knob may take.
 CHOICES = {
     "train.compute_dtype": ("float32", "bfloat16"),
     "train.param_dtype": ("float32", "bfloat16"),
     "train.remat": ("none", "full", "save_dots"),
     "optim.schedule": ("cosine", "wsd", "constant"),
-    "model.moe.score_func": ("softmax", "sigmoid"),
-    "model.moe.backend": ("dropless", "capacity", "expert_parallel"),
-    "model.moe.ep_comm": ("all_to_all", "all_gather"),
-    "model.moe.ep_balance": ("drop", "llep"),
-    "model.moe.grouped_matmul": ("auto", "ragged", "tiled", "hybrid"),
-    "model.l3.output": ("concat", "residual"),
+    **{key: _choices_default_first(field) for key, field in _MODEL_KEYS.items() if field.metadata["check"].choices},
 }
+# Number knobs that must be > 0, or >= 0: the hand-kept ones, then the model's, generated.
+POSITIVE = (
+    "train.steps", "train.global_batch_size", "train.seq_len", "train.grad_accum_steps", "train.log_every",
+    "train.eval_every", "train.eval_batches", "checkpoint.every_steps", "checkpoint.max_to_keep",
+    "checkpoint.grace_seconds", "train.max_bad_steps", "optim.lr",
+    *(key for key, field in _MODEL_KEYS.items() if field.metadata["check"].bound == "positive"),
+)
+NON_NEGATIVE = (
+    "train.seed", "train.peak_flops_per_device", "checkpoint.keep_period", "optim.warmup_steps",
+    "optim.weight_decay", "optim.clip_norm", "optim.eps",
+    *(key for key, field in _MODEL_KEYS.items() if field.metadata["check"].bound == "non_negative"),
+)
 
 # Dict-valued knobs whose keys are the user's to choose (checked against the data instead).
 FREE_KEYS = ("data.mixture",)
@@ -463,23 +493,8 @@ def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes:
     """
     _check_tree(cfg, default_config())
     t, m, moe = cfg.train, cfg.model, cfg.model.moe
-    _positive(
-        cfg, "train.steps", "train.global_batch_size", "train.seq_len", "train.grad_accum_steps",
-        "train.log_every", "train.eval_every", "train.eval_batches", "checkpoint.every_steps",
-        "checkpoint.max_to_keep", "checkpoint.grace_seconds", "train.max_bad_steps", "optim.lr",
-        "model.vocab_size", "model.d_model",
-        "model.num_layers", "model.num_heads", "model.num_kv_heads", "model.head_dim",
-        "model.mlp_dim", "model.rope_theta", "model.norm_eps", "model.init_std",
-        "model.moe_every", "model.moe.num_experts", "model.moe.experts_per_token",
-        "model.moe.expert_dim", "model.moe.capacity_factor", "model.moe.tile_size",
-        "model.moe.routed_scaling", "model.moe.ep_capacity_factor", "model.moe.num_groups",
-        "model.moe.topk_groups", "model.moe.ep_spill_slots", "model.moe.ep_spill_capacity_factor",
-    )
-    _non_negative(
-        cfg, "train.seed", "train.peak_flops_per_device", "checkpoint.keep_period", "optim.warmup_steps",
-        "optim.weight_decay", "optim.clip_norm", "optim.eps", "model.logits_z_loss",
-        "model.first_k_dense", "model.moe.num_shared_experts", "model.moe.shared_expert_dim",
-    )
+    _positive(cfg, *POSITIVE)
+    _non_negative(cfg, *NON_NEGATIVE)
     for path in ("optim.min_lr_ratio", "optim.decay_fraction", "optim.b1", "optim.b2"):
         if not 0.0 <= _get(cfg, path) <= 1.0:
             _fail(path, _get(cfg, path), "a number in [0, 1]")

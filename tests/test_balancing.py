@@ -18,6 +18,7 @@ from moejax.config import ConfigError, default_config
 from moejax.model.balancing import OBJECTIVES, Balancer, RoutingSetup, StepStats, build_balancer, parse_spec
 from moejax.model.router import Router, Routing
 from moejax.model.transformer import Transformer
+from moejax.schema import ModelConfig, MoEConfig
 from moejax.train import metrics as metrics_lib
 from moejax.train.state import init_state, setup, to_global
 from moejax.train.step import make_train_step
@@ -186,7 +187,7 @@ def test_composition_sums_losses_and_biases():
 
 def test_selection_bias_moves_topk_but_not_combine_weights_and_gets_no_gradient():
     cfg = small_model_cfg()
-    router = Router(32, cfg.moe, std=0.5, rngs=nnx.Rngs(0))
+    router = Router(32, MoEConfig.from_config(cfg.moe), std=0.5, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (2, 5, 32))
     bias = jnp.array([0.0, 0.0, 0.0, 10.0])  # expert 3 always selected
     plain, biased = router(x), router(x, bias)
@@ -201,7 +202,7 @@ def test_selection_bias_moves_topk_but_not_combine_weights_and_gets_no_gradient(
 
 def test_each_layer_routes_with_its_own_bias():
     cfg = small_model_cfg()  # 3 layers, all MoE, 4 experts top-2
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0))
     balancer = build_balancer((("loss_free", {"u": 1e-3}),), RoutingSetup(4, 2, micro_batch_size=2))
     bias_le = jnp.array([[9.0, 0, 0, 0], [0, 0, 0, 9.0], [0, 9.0, 0, 0]])
     tokens = jnp.arange(12).reshape(2, 6) % 7

@@ -14,6 +14,7 @@ from moejax.config import ConfigError, default_config
 from moejax.model.balancing import Balancer, RoutingSetup, StepStats, build_balancer
 from moejax.model.balancing.phi import PhiBalancing, price
 from moejax.model.router import Router, expert_load
+from moejax.schema import MoEConfig
 from moejax.train.metrics import max_vio
 from moejax.train.state import init_state, setup, to_global
 from moejax.train.step import make_train_step
@@ -87,7 +88,7 @@ def test_bias_rules_match_their_formulas_and_track_loads_by_default():
 
 def test_bias_moves_selection_only_combine_weights_and_gradients_are_those_of_the_chosen_experts():
     cfg = small_model_cfg(num_experts=8, experts_per_token=2)
-    router = Router(32, cfg.moe, std=0.5, rngs=nnx.Rngs(0))
+    router = Router(32, MoEConfig.from_config(cfg.moe), std=0.5, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (2, 16, 32))
     obj = phi(e=8, gamma=0.5, apply="bias", bias_form="price")
     m_e = jnp.asarray([0.5, 0.2, 0.1, 0.05, 0.05, 0.04, 0.03, 0.03], jnp.float32)  # a skewed EMA
@@ -137,7 +138,7 @@ BALANCE_STEPS = 50  # accumulate: MaxVio below 0.05 within this many steps (meas
 def skewed_router() -> tuple[Router, jax.Array]:
     """A fixed router whose logits prefer low-numbered experts by up to 1.5 nats on every token."""
     cfg = small_model_cfg(num_experts=SIM_E, experts_per_token=SIM_K)
-    router = Router(SIM_D, cfg.moe, std=0.3, rngs=nnx.Rngs(0))
+    router = Router(SIM_D, MoEConfig.from_config(cfg.moe), std=0.3, rngs=nnx.Rngs(0))
     router.w_de[...] = router.w_de[...].at[0].set(jnp.linspace(1.5, 0.0, SIM_E))  # feature 0 is 1
     x = np.random.default_rng(0).normal(size=(1, SIM_TOKENS, SIM_D)).astype(np.float32)
     x[..., 0] = 1.0

@@ -18,6 +18,7 @@ from moejax.model.grouped_matmul import (
     resolve_impl,
     row_tiles,
 )
+from moejax.schema import DispatchConfig
 
 G, T, D, F, E, K = 2, 16, 8, 12, 4, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -173,7 +174,7 @@ def test_backends_match_per_token_reference_when_nothing_is_dropped(backend, imp
     cotangent_gtd = jax.random.normal(jax.random.key(3), (G, T, D))
     run = jax.jit(
         functools.partial(
-            dispatch, backend=backend, capacity_factor=NO_DROPS, impl=impl, tile_size=4
+            dispatch, cfg=DispatchConfig(backend=backend, capacity_factor=NO_DROPS, impl=impl, tile_size=4)
         )
     )
 
@@ -198,7 +199,7 @@ def test_capacity_drops_assignments_past_capacity_and_dropless_keeps_them():
     weights = _expert_weights(1)
     assert expert_capacity(4, E, 1, 2.0) == 2
 
-    y_gtd, stats = dispatch(x_gtd, idx_gtk, w_gtk, *weights, backend="capacity", capacity_factor=2)
+    y_gtd, stats = dispatch(x_gtd, idx_gtk, w_gtk, *weights, cfg=DispatchConfig(backend="capacity", capacity_factor=2))
     kept_gtk = jnp.array([[[1.0], [1.0], [0.0], [1.0]]])
     np.testing.assert_allclose(
         y_gtd, _reference_moe(x_gtd, idx_gtk, w_gtk * kept_gtk, *weights), **TOL
@@ -207,7 +208,7 @@ def test_capacity_drops_assignments_past_capacity_and_dropless_keeps_them():
     assert float(stats["drop_rate"]) == pytest.approx(0.25)
     np.testing.assert_array_equal(stats["tokens_per_expert_e"], [3, 1, 0, 0])
 
-    y_gtd, stats = dispatch(x_gtd, idx_gtk, w_gtk, *weights, backend="dropless", capacity_factor=2)
+    y_gtd, stats = dispatch(x_gtd, idx_gtk, w_gtk, *weights, cfg=DispatchConfig(backend="dropless", capacity_factor=2))
     np.testing.assert_allclose(y_gtd, _reference_moe(x_gtd, idx_gtk, w_gtk, *weights), **TOL)
     assert float(stats["drop_rate"]) == 0.0
     np.testing.assert_array_equal(stats["tokens_per_expert_e"], [3, 1, 0, 0])
@@ -222,7 +223,7 @@ def test_capacity_priority_is_choice_major():
     w_gtk = jnp.array([[[0.6, 0.4], [0.7, 0.3], [0.5, 0.5]]], jnp.float32)
     weights = _expert_weights(1, e=3)
 
-    y_gtd, stats = jax.jit(functools.partial(dispatch, backend="capacity", capacity_factor=1.0))(
+    y_gtd, stats = jax.jit(functools.partial(dispatch, cfg=DispatchConfig(backend="capacity", capacity_factor=1.0)))(
         x_gtd, idx_gtk, w_gtk, *weights
     )
     kept_gtk = jnp.array([[[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]]])
@@ -244,7 +245,7 @@ def test_dropless_ragged_and_tiled_agree_on_skewed_routing():
 
     results = {}
     for impl in ("ragged", "tiled", "hybrid"):  # hybrid: 16 rows per expert batched, expert 0's 16 overflow
-        run = functools.partial(dispatch, backend="dropless", impl=impl, tile_size=8)
+        run = functools.partial(dispatch, cfg=DispatchConfig(backend="dropless", impl=impl, tile_size=8))
         y_gtd, stats = jax.jit(run)(*args)
         grads = jax.jit(functools.partial(_grads, lambda *a: run(*a)[0]))(cotangent_gtd, *args)
         results[impl] = (y_gtd, stats["tokens_per_expert_e"], *grads)
@@ -261,7 +262,7 @@ def test_dispatch_inside_shard_map_matches_unsharded(backend, impl):
     args = (jax.random.normal(jax.random.key(0), (G, T, D)), *_routing(1), *_expert_weights(2))
     cotangent_gtd = jax.random.normal(jax.random.key(3), (G, T, D))
     run = functools.partial(
-        dispatch, backend=backend, capacity_factor=NO_DROPS, impl=impl, tile_size=4
+        dispatch, cfg=DispatchConfig(backend=backend, capacity_factor=NO_DROPS, impl=impl, tile_size=4)
     )
 
     specs = (P("data"),) * 3 + (P(),) * 3
@@ -284,7 +285,7 @@ def test_bfloat16_compute_keeps_dtype_with_float32_stats(backend, impl):
     idx_gtk, w_gtk = _routing(1)
     weights = _expert_weights(2, dtype=jnp.bfloat16)
     y_gtd, stats = dispatch(
-        x_gtd, idx_gtk, w_gtk, *weights, backend=backend, capacity_factor=NO_DROPS, impl=impl
+        x_gtd, idx_gtk, w_gtk, *weights, cfg=DispatchConfig(backend=backend, capacity_factor=NO_DROPS, impl=impl)
     )
     assert y_gtd.dtype == jnp.bfloat16
     assert stats["drop_rate"].dtype == jnp.float32
@@ -317,18 +318,18 @@ def test_bad_arguments_raise_clear_errors():
         ValueError,
         match=r"backend must be one of \('capacity', 'dropless', 'expert_parallel'\), got 'sorted'",
     ):
-        dispatch(*args, backend="sorted")
+        dispatch(*args, cfg=DispatchConfig(backend="sorted"))
     with pytest.raises(
         ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\), got 'pallas'"
     ):
-        dispatch(*args, backend="dropless", impl="pallas")
+        dispatch(*args, cfg=DispatchConfig(backend="dropless", impl="pallas"))
     with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\)"):
         grouped_matmul(x_md, w_edf, sizes_e, impl="dense")
     with pytest.raises(ValueError, match="tile_size must be a positive int, got 0"):
         grouped_matmul(x_md, w_edf, sizes_e, tile_size=0)
     with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0, got 0"):
-        dispatch(*args, backend="capacity", capacity_factor=0)
+        dispatch(*args, cfg=DispatchConfig(backend="capacity", capacity_factor=0))
     with pytest.raises(ValueError, match=r"w_down_efd must have shape \(4, 12, 8\)"):
-        dispatch(*args[:5], args[4], backend="capacity")
+        dispatch(*args[:5], args[4], cfg=DispatchConfig(backend="capacity"))
     with pytest.raises(ValueError, match=r"group_sizes_e must have shape \(4,\)"):
         grouped_matmul(x_md, w_edf, jnp.array([4, 0]))

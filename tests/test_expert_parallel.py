@@ -18,6 +18,7 @@ from moejax.config import ConfigError, default_config
 from moejax.model.dispatch import dispatch
 from moejax.model.expert_parallel import pair_capacity
 from moejax.model.moe import MoE
+from moejax.schema import DispatchConfig, MoEConfig
 from tests.test_sharding import ONE, tiny_cfg, train_losses
 
 G, T, D, F, E, K = 16, 8, 8, 8, 8, 2
@@ -48,7 +49,7 @@ COTANGENT_GTD = jax.random.normal(jax.random.key(9), (G, T, D))
 
 def _run(mesh, *args, **kw):
     """Output, stats and the grads w.r.t. x, the combine weights and the expert weights, one jit."""
-    run = functools.partial(dispatch, impl="tiled", tile_size=4, **kw)
+    run = functools.partial(dispatch, cfg=DispatchConfig(impl="tiled", tile_size=4, **kw))
 
     def loss(*a):
         y_gtd, stats = run(*a)
@@ -185,7 +186,7 @@ def test_memory_is_set_by_the_factor_not_by_the_routing():
     # its temp memory (what XLA reserves) grows with the factor. The extreme routing runs in it.
     mesh = _mesh(expert=8)
     run = lambda factor: functools.partial(
-        dispatch, backend="expert_parallel", ep_capacity_factor=factor, impl="tiled", tile_size=4
+        dispatch, cfg=DispatchConfig(backend="expert_parallel", ep_capacity_factor=factor, impl="tiled", tile_size=4)
     )
     with jax.set_mesh(mesh):
         compiled = {f: jax.jit(run(f)).lower(*_args()).compile() for f in (1.0, 8.0)}
@@ -210,7 +211,8 @@ def _moe_outputs(factor, mesh):
     """The MoE block with a zero router (every token ties and picks experts 0 and 1), jitted."""
     cfg = tiny_cfg("expert_parallel").model
     cfg.moe.num_experts, cfg.moe.ep_capacity_factor = E, factor
-    moe = MoE(cfg, out_std=0.02, rngs=nnx.Rngs(0), dtype=jnp.float32, param_dtype=jnp.float32)
+    moe = MoE(cfg.d_model, MoEConfig.from_config(cfg.moe), std=cfg.init_std, out_std=0.02, rngs=nnx.Rngs(0),
+              dtype=jnp.float32, param_dtype=jnp.float32)
     moe.router.w_de[...] = jnp.zeros_like(moe.router.w_de[...])
     x_btd = jax.random.normal(jax.random.key(1), (G, T, cfg.d_model))
     run = nnx.jit(lambda moe, x: moe(x))
@@ -256,6 +258,6 @@ def test_config_rejects_bad_values(key, value, message):
 def test_bad_arguments_raise_clear_errors():
     args = _args()
     with pytest.raises(ValueError, match=r"ep_comm must be one of \('all_to_all', 'all_gather'\), got 'ring'"):
-        dispatch(*args, backend="expert_parallel", ep_comm="ring")
+        dispatch(*args, cfg=DispatchConfig(backend="expert_parallel", ep_comm="ring"))
     with pytest.raises(ValueError, match="ep_capacity_factor must be a finite number > 0, got 0"):
-        dispatch(*args, backend="expert_parallel", ep_capacity_factor=0)
+        dispatch(*args, cfg=DispatchConfig(backend="expert_parallel", ep_capacity_factor=0))

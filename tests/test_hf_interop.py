@@ -23,6 +23,7 @@ from moejax.config import default_config, from_dict  # noqa: E402
 from moejax.interop import hf as interop  # noqa: E402
 from moejax.model.balancing import balancer_from_config  # noqa: E402
 from moejax.model.transformer import Transformer  # noqa: E402
+from moejax.schema import ModelConfig  # noqa: E402
 from moejax.train.checkpoint import load_params  # noqa: E402
 
 TOLERANCE = 1e-4  # max abs logit difference, float32
@@ -82,7 +83,7 @@ def root(tmp_path_factory):
 
 
 def moejax_logits(params, model_cfg, balancer=None, balance_state=None):
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))))
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(ModelConfig.from_config(model_cfg), rngs=nnx.Rngs(0))))
     positions = jnp.broadcast_to(jnp.arange(IDS.shape[1]), IDS.shape)
 
     @jax.jit

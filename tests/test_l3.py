@@ -17,6 +17,7 @@ from moejax.model.l3_allocation import save_allocation
 from moejax.model.decode import init_cache
 from moejax.model.l3 import HostTables, L3Layer, RowOffsets, l3_forward_flops
 from moejax.model.transformer import Transformer, layer_runs, param_counts
+from moejax.schema import ModelConfig
 from moejax.train.state import check_l3_allocation_matches, init_state, setup, to_global
 from moejax.train.step import forward_loss, make_train_step
 from tests.test_sharding import batches, tiny_cfg
@@ -237,7 +238,7 @@ def test_host_tables_equal_device_tables(memory, monkeypatch):
 def test_decode_with_host_rows_never_reads_device_tables():
     cfg = tiny_cfg().model
     cfg.first_k_dense, cfg.l3.after_layers, cfg.l3.budget, cfg.l3.max_rows = 2, (1,), 272 * 3, 4
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0))
     mesh = sharding.make_mesh(ONE, jax.devices()[:1])
     hosts = [HostTables(layer, mesh) for layer in model.l3]
     tokens = jax.random.randint(jax.random.key(0), (2, 5), 0, cfg.vocab_size)
@@ -256,7 +257,7 @@ def test_runs_split_at_l3_positions_and_counts_match():
     cfg.num_layers, cfg.first_k_dense = 5, 2
     cfg.l3.after_layers, cfg.l3.budget, cfg.l3.max_rows, cfg.l3.tied, cfg.l3.key_dim = (3, 0), 272 * 2, 4, True, 16
     assert layer_runs(cfg) == [(False, 1), (False, 1), (True, 2), (True, 1)]
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0)))
     assert model.l3_after == (0, 3) and len(model.l3) == 2
     assert param_counts(cfg)["total"] == sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     # Forward FLOPs per token: 2k(q + w) for the rows, 2 x the query, up, out and skip matrices.

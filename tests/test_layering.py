@@ -1,9 +1,10 @@
 """The layering of moejax, read from the source with ``ast`` (nothing is imported).
 
 The rules (the layering is described in moejax/checks.py's docstring): the import graph of
-``moejax/`` has no circle; ``moejax.errors`` and ``moejax.config`` import no package of moejax;
-the model imports nothing from data, train or any package above them; ``data_mixture`` uses
-moejax through public names only.
+``moejax/`` has no circle; the leaves ``moejax.errors`` and ``moejax.schema`` (the typed model
+configs, from whose field declarations ``moejax.config`` generates the ``model.*`` checks) import
+no module of moejax, and ``moejax.config`` imports only those two; the model imports nothing from
+data, train or any package above them; ``data_mixture`` uses moejax through public names only.
 
 How imports are read:
 
@@ -145,15 +146,18 @@ def test_moejax_has_no_import_circle():
 
 
 def test_errors_and_config_import_no_package_of_moejax():
+    """``config`` builds on the two leaves only: ``errors`` and ``schema`` (the declarations of the
+    model.* keys, which it generates their checks from), and they import nothing from moejax."""
     graph = import_graph()
     assert graph["moejax.errors"] == {}
-    assert set(graph["moejax.config"]) == {"moejax.errors"}
+    assert graph["moejax.schema"] == {}
+    assert set(graph["moejax.config"]) == {"moejax.errors", "moejax.schema"}
 
 
 def test_the_model_imports_nothing_from_data_train_or_above():
-    """moejax.model builds on errors, config and sharding only: not on data, train, the composed
-    checks, eval, interop or the command line."""
-    allowed = ("moejax.errors", "moejax.config", "moejax.sharding", "moejax.model")
+    """moejax.model builds on errors, schema, config and sharding only: not on data, train, the
+    composed checks, eval, interop or the command line."""
+    allowed = ("moejax.errors", "moejax.schema", "moejax.config", "moejax.sharding", "moejax.model")
     bad = [
         f"{module} imports {target} (line {line})"
         for module, targets in sorted(import_graph().items()) if module.startswith("moejax.model")

@@ -22,6 +22,7 @@ from moejax.checks import validate
 from moejax.config import ConfigError, default_config
 from moejax.model import llep
 from moejax.model.dispatch import dispatch
+from moejax.schema import DispatchConfig
 
 G, T, D, F, E, K = 16, 8, 8, 8, 8, 2  # 128 tokens, 256 assignments
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -63,7 +64,7 @@ COTANGENT_GTD = jax.random.normal(jax.random.key(9), (G, T, D))
 @functools.cache
 def _compiled(mesh_items, **kw):
     """jit(value_and_grad) of the dispatch on the mesh ``dict(mesh_items)`` (None: no mesh)."""
-    run = functools.partial(dispatch, impl="tiled", tile_size=4, **kw)
+    run = functools.partial(dispatch, cfg=DispatchConfig(impl="tiled", tile_size=4, **kw))
 
     def loss(x_gtd, idx_gtk, w_gtk, *w):
         y_gtd, stats = run(x_gtd, idx_gtk, w_gtk, *w)
@@ -227,8 +228,10 @@ def test_one_compiled_program_serves_every_routing_with_static_memory():
     # others, and its temp memory is what the compiled memory analysis says, whatever the routing.
     mesh = _mesh(expert=8)
     run = functools.partial(
-        dispatch, backend="expert_parallel", ep_comm="all_gather", ep_balance="llep", ep_capacity_factor=1.0,
-        ep_spill_slots=2, ep_spill_capacity_factor=1.0, impl="tiled", tile_size=4,
+        dispatch, cfg=DispatchConfig(
+            backend="expert_parallel", ep_comm="all_gather", ep_balance="llep", ep_capacity_factor=1.0,
+            ep_spill_slots=2, ep_spill_capacity_factor=1.0, impl="tiled", tile_size=4,
+        ),
     )
     x_gtd, *w = _weights()
     with jax.set_mesh(mesh):
@@ -290,14 +293,14 @@ def test_dispatch_rejects_bad_llep_arguments():
     args = (x_gtd, *_routing("balanced"), *w)
     llep_kw = dict(backend="expert_parallel", ep_balance="llep", ep_comm="all_gather")
     with pytest.raises(ValueError, match=r"ep_balance must be one of \('drop', 'llep'\), got 'x'"):
-        dispatch(*args, backend="expert_parallel", ep_balance="x")
+        dispatch(*args, cfg=DispatchConfig(backend="expert_parallel", ep_balance="x"))
     with jax.set_mesh(_mesh(expert=8)):
         with pytest.raises(ValueError, match=r"ep_balance='llep' moves tokens in the all_gather form"):
-            dispatch(*args, **{**llep_kw, "ep_comm": "all_to_all"})
+            dispatch(*args, cfg=DispatchConfig(**{**llep_kw, "ep_comm": "all_to_all"}))
         with pytest.raises(ValueError, match=r"ep_spill_slots must be an int >= 1"):
-            dispatch(*args, **llep_kw, ep_spill_slots=0)
+            dispatch(*args, cfg=DispatchConfig(**llep_kw, ep_spill_slots=0))
         with pytest.raises(ValueError, match=r"ep_spill_capacity_factor must be a finite number > 0"):
-            dispatch(*args, **llep_kw, ep_spill_capacity_factor=-1.0)
+            dispatch(*args, cfg=DispatchConfig(**llep_kw, ep_spill_capacity_factor=-1.0))
 
 
 # ---------------------------------------------------------------------------------------------

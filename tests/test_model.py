@@ -11,6 +11,7 @@ from moejax.model.layers import Attention, rope
 from moejax.model.balancing.switch import grouped_switch_loss
 from moejax.model.router import Router, Routing
 from moejax.model.transformer import Transformer, is_moe_layer, layer_runs, param_counts
+from moejax.schema import ModelConfig, MoEConfig
 
 
 def small_model_cfg(**moe):
@@ -65,7 +66,7 @@ def test_rope_scores_depend_only_on_relative_position():
 @pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
 def test_router_topk_renormalised_and_scaled(score_func):
     cfg = small_model_cfg(score_func=score_func, routed_scaling=2.5)
-    router = Router(32, cfg.moe, std=0.5, rngs=nnx.Rngs(0))
+    router = Router(32, MoEConfig.from_config(cfg.moe), std=0.5, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (2, 5, 32)).astype(jnp.bfloat16)
     r = router(x)
     assert r.logits_bte.dtype == jnp.float32 and r.weight_btk.dtype == jnp.float32
@@ -77,7 +78,7 @@ def test_router_topk_renormalised_and_scaled(score_func):
 
 def test_router_bias_and_group_limit_move_the_choice_not_the_weights():
     cfg = small_model_cfg(score_func="sigmoid", router_bias=True, num_groups=2, topk_groups=1)
-    router = Router(32, cfg.moe, std=0.5, rngs=nnx.Rngs(0))
+    router = Router(32, MoEConfig.from_config(cfg.moe), std=0.5, rngs=nnx.Rngs(0))
     router.select_bias_e[...] = jnp.array([0.0, 0.0, 0.0, 2.0])  # group {2, 3} now beats any {0, 1}
     r = router(jax.random.normal(jax.random.key(0), (2, 5, 32)))
     np.testing.assert_array_equal(np.sort(np.asarray(r.idx_btk), -1), np.broadcast_to([2, 3], (2, 5, 2)))
@@ -104,7 +105,7 @@ def test_layer_pattern_first_dense_then_every_other():
     assert layer_runs(cfg) == [(False, 1), (True, 1), (False, 1), (True, 1), (False, 1)]
     cfg.moe_every = 1
     assert layer_runs(cfg) == [(False, 1), (True, 4)]
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0))
     assert model.layers[1].mlp.w_gate_edf.shape == (4, cfg.moe.num_experts, cfg.d_model, cfg.moe.expert_dim)
 
 
@@ -114,14 +115,14 @@ def test_param_counts_match_the_model(tie):
     cfg.tie_embeddings, cfg.first_k_dense = tie, 1
     # The optional parameters (q/k/v biases, qk-norm scales, shared gate, router bias) in one case.
     cfg.attn_bias = cfg.qk_norm = cfg.moe.shared_gate = cfg.moe.router_bias = not tie
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0))
     actual = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
     assert param_counts(cfg)["total"] == actual
 
 
 def test_forward_shapes_dtypes_and_aux():
     cfg = small_model_cfg()
-    model = Transformer(cfg, rngs=nnx.Rngs(0), compute_dtype="bfloat16")
+    model = Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0), compute_dtype="bfloat16")
     tokens = jnp.zeros((2, 6), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
     logits, aux = model(tokens, pos, jnp.ones((2, 6), jnp.int32))
@@ -138,7 +139,7 @@ def test_with_routing_returns_what_each_router_sees():
     cfg = small_model_cfg()
     cfg.num_layers, cfg.first_k_dense = 4, 1  # dense, then three MoE layers in two runs (L3 after layer 1)
     cfg.l3.after_layers, cfg.l3.budget, cfg.l3.max_rows = (1,), 2 * cfg.vocab_size, 4
-    model = Transformer(cfg, rngs=nnx.Rngs(0), compute_dtype="bfloat16")
+    model = Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0), compute_dtype="bfloat16")
     tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, cfg.vocab_size)
     pos, seg = jnp.broadcast_to(jnp.arange(6), (2, 6)), jnp.ones((2, 6), jnp.int32)
     _, aux = model(tokens, pos, seg, with_routing=True)

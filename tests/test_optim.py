@@ -10,6 +10,7 @@ from moejax.config import ConfigError, default_config, effective_warmup_steps
 from moejax.train.optim import decay_mask, lr_schedule, make_optimizer
 from tests.test_model import small_model_cfg
 from moejax.model.transformer import Transformer
+from moejax.schema import ModelConfig
 
 
 def optim_cfg(schedule):
@@ -35,7 +36,7 @@ def test_wsd_is_flat_then_decays_linearly_over_the_last_fraction():
 def test_weight_decay_skips_norms_and_vectors():
     cfg = small_model_cfg()
     cfg.first_k_dense = 1
-    mask = decay_mask(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))))
+    mask = decay_mask(nnx.state(Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0))))
     assert mask["final_norm"]["scale"] is False
     assert mask["layers"][0]["attn_norm"]["scale"] is False  # [layers, d]: still a vector per layer
     assert mask["layers"][0]["attn"]["w_q_dnh"] is True

@@ -13,13 +13,14 @@ from flax import nnx
 from experiments.configs import tiny_moe
 from experiments.tools import compile_check
 from moejax.model.transformer import Transformer, param_counts
+from moejax.schema import ModelConfig
 from tests.test_model import small_model_cfg
 
 
 def loss_and_grads(remat: str, scan_layers: bool = True):
     cfg = small_model_cfg()
     cfg.num_layers, cfg.first_k_dense = 4, 1
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0), remat=remat, scan_layers=scan_layers))
+    graphdef, params = nnx.split(Transformer(ModelConfig.from_config(cfg), rngs=nnx.Rngs(0), remat=remat, scan_layers=scan_layers))
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from experiments.benchmarks.timing import interleaved, machine, matmul_peak_flops, write_json
 from moejax.model.dispatch import dispatch
+from moejax.schema import DispatchConfig
 
 
 def candidates(b, t, d, e, k, f, seed=0):
@@ -47,7 +48,7 @@ def candidates(b, t, d, e, k, f, seed=0):
                w[2][:k].reshape(k * f, d))
 
     def backend(name, impl="auto"):
-        return lambda x, wg, wu, wd: dispatch(x, idx_btk, w_btk, wg, wu, wd, backend=name, impl=impl)[0]
+        return lambda x, wg, wu, wd: dispatch(x, idx_btk, w_btk, wg, wu, wd, cfg=DispatchConfig(backend=name, impl=impl))[0]
 
     def dense(x, wg, wu, wd):
         return (jax.nn.silu(x @ wg) * (x @ wu)) @ wd

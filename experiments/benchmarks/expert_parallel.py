@@ -46,6 +46,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 
 from moejax import sharding  # noqa: E402
 from moejax.model.dispatch import dispatch  # noqa: E402
+from moejax.schema import DispatchConfig  # noqa: E402
 
 
 def make_inputs(tokens: int, seq: int, d: int, f: int, e: int, k: int, routing: str):
@@ -77,7 +78,7 @@ def place(mesh, inputs):
 
 def step_fn(**dispatch_kw):
     """Jitted (inputs) -> (loss, drop rate, grads): one forward and backward of the dispatch."""
-    run = functools.partial(dispatch, **dispatch_kw)
+    run = functools.partial(dispatch, cfg=DispatchConfig(**dispatch_kw))
 
     def loss(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, cotangent_gtd):
         y_gtd, stats = run(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)

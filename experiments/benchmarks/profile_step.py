@@ -42,6 +42,7 @@ from moejax.model.grouped_matmul import grouped_ffn
 from moejax.model.layers import Attention, RMSNorm
 from moejax.model.moe import MoE
 from moejax.model.transformer import flops_per_token
+from moejax.schema import MoEConfig
 from moejax.train.state import init_state, setup
 from moejax.train.step import forward_loss, make_train_step
 
@@ -97,7 +98,8 @@ def part_fns(cfg) -> dict:
 
     fns["attention/fwd"], fns["attention/fwd_bwd"] = _fwd_and_grad(attention, params, x_btd)
 
-    moe = MoE(m, out_std=0.02, rngs=rngs, dtype=jnp.float32, param_dtype=jnp.float32)
+    moe = MoE(d, MoEConfig.from_config(m.moe), std=m.init_std, out_std=0.02, rngs=rngs, dtype=jnp.float32,
+              param_dtype=jnp.float32)
     gdef_moe, params_moe = nnx.split((norm, moe))
 
     def moe_block(params, x_btd):

@@ -29,4 +29,9 @@ backends), ``moe`` (the MoE block), ``l3`` (Large Lookup Layers: each token atte
 rows of a key/value table; host-resident tables for inference), ``transformer`` (the decoder: runs
 of stacked layers applied with ``nnx.scan``, split at L3 positions, optional rematerialisation),
 ``decode`` (the KV cache and sampling).
+
+The model takes typed configs, not the command line's ConfigDict: :class:`~moejax.schema.ModelConfig`
+(``Transformer``), :class:`~moejax.schema.MoEConfig` (``MoE``, ``Router``) and
+:class:`~moejax.schema.DispatchConfig` (``dispatch``), converted once with
+``ModelConfig.from_config(cfg.model)`` (``moejax.train.state.make_model`` does it).
 """

@@ -31,22 +31,13 @@ from __future__ import annotations
 
 import fractions
 import math
-import numbers
 
 import jax
 import jax.numpy as jnp
 
-from moejax.model.expert_parallel import COMMS, expert_parallel_dispatch, splits_experts
-from moejax.model.llep import BALANCES
-from moejax.model.grouped_matmul import (
-    DEFAULT_TILE_SIZE,
-    batched_ffn,
-    check_tile_size,
-    grouped_ffn,
-    resolve_impl,
-)
-
-BACKENDS = ("capacity", "dropless", "expert_parallel")
+from moejax.model.expert_parallel import expert_parallel_dispatch, splits_experts
+from moejax.model.grouped_matmul import batched_ffn, grouped_ffn
+from moejax.schema import BACKENDS, DispatchConfig  # noqa: F401 (BACKENDS: the backends' names, exported)
 
 
 def expert_capacity(
@@ -159,15 +150,7 @@ def dispatch(
     w_up_edf: jax.Array,
     w_down_efd: jax.Array,
     *,
-    backend: str,
-    capacity_factor: float = 1.25,
-    impl: str = "auto",
-    tile_size: int = DEFAULT_TILE_SIZE,
-    ep_comm: str = "all_to_all",
-    ep_capacity_factor: float = 2.0,
-    ep_balance: str = "drop",
-    ep_spill_slots: int = 2,
-    ep_spill_capacity_factor: float = 1.0,
+    cfg: DispatchConfig,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Run every token through its selected experts and combine: the MoE layer after the router.
 
@@ -177,24 +160,28 @@ def dispatch(
       w_gtk: [g, t, k] combine weights, float32; cast to x's dtype only at the combine.
       w_gate_edf, w_up_edf: [e, d, f] expert weights, in compute dtype.
       w_down_efd: [e, f, d] expert weights, in compute dtype.
-      backend: ``"capacity"``, ``"dropless"`` or ``"expert_parallel"`` (see the module docstring).
-      capacity_factor: ``"capacity"`` only; slots per expert and group are
-        ``max(1, ceil(capacity_factor * t * k / e))`` (:func:`expert_capacity`).
-      impl: ``"dropless"`` and ``"expert_parallel"``; grouped matmul implementation, ``"auto"``,
-        ``"ragged"``, ``"tiled"`` or ``"hybrid"`` (:func:`moejax.model.grouped_matmul.grouped_matmul`).
-      tile_size: with ``"tiled"`` and ``"hybrid"`` (its overflow rows) only; rows per tile.
-      ep_comm: ``"expert_parallel"`` only; ``"all_to_all"`` or ``"all_gather"``, how tokens travel
-        (:mod:`moejax.model.expert_parallel`).
-      ep_capacity_factor: ``"expert_parallel"`` only; each device reserves
-        ``min(q, ceil(ep_capacity_factor * q / P))`` slots for each of the P devices of the
-        expert axis, q its own assignments (:func:`moejax.model.expert_parallel.pair_capacity`);
-        ``ep_capacity_factor >= P`` is exactly dropless. With ``ep_balance="llep"`` it sizes each
-        device's native buffer instead: ``ceil(ep_capacity_factor * q)`` rows.
-      ep_balance: ``"expert_parallel"`` only; ``"drop"`` drops what the buffers cannot hold,
-        ``"llep"`` spills it with the experts' weights to the least-loaded devices
-        (:mod:`moejax.model.llep`; needs ``ep_comm="all_gather"``).
-      ep_spill_slots, ep_spill_capacity_factor: ``"llep"`` only; extra experts a device may host,
-        and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``.
+      cfg: the backend and its knobs (:class:`moejax.schema.DispatchConfig`, checked when built):
+
+        - ``backend``: ``"capacity"``, ``"dropless"`` or ``"expert_parallel"`` (see the module
+          docstring);
+        - ``capacity_factor``: ``"capacity"`` only; slots per expert and group are
+          ``max(1, ceil(capacity_factor * t * k / e))`` (:func:`expert_capacity`);
+        - ``impl``: ``"dropless"`` and ``"expert_parallel"``; grouped matmul implementation,
+          ``"auto"``, ``"ragged"``, ``"tiled"`` or ``"hybrid"``
+          (:func:`moejax.model.grouped_matmul.grouped_matmul`); config key ``model.moe.grouped_matmul``;
+        - ``tile_size``: with ``"tiled"`` and ``"hybrid"`` (its overflow rows) only; rows per tile;
+        - ``ep_comm``: ``"expert_parallel"`` only; ``"all_to_all"`` or ``"all_gather"``, how tokens
+          travel (:mod:`moejax.model.expert_parallel`);
+        - ``ep_capacity_factor``: ``"expert_parallel"`` only; each device reserves
+          ``min(q, ceil(ep_capacity_factor * q / P))`` slots for each of the P devices of the
+          expert axis, q its own assignments (:func:`moejax.model.expert_parallel.pair_capacity`);
+          ``ep_capacity_factor >= P`` is exactly dropless. With ``ep_balance="llep"`` it sizes each
+          device's native buffer instead: ``ceil(ep_capacity_factor * q)`` rows;
+        - ``ep_balance``: ``"expert_parallel"`` only; ``"drop"`` drops what the buffers cannot hold,
+          ``"llep"`` spills it with the experts' weights to the least-loaded devices
+          (:mod:`moejax.model.llep`; needs ``ep_comm="all_gather"``);
+        - ``ep_spill_slots``, ``ep_spill_capacity_factor``: ``"llep"`` only; extra experts a device
+          may host, and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``.
 
     Returns:
       y_gtd: [g, t, d] in x's dtype.
@@ -202,31 +189,21 @@ def dispatch(
         (0 for dropless); ``tokens_per_expert_e``, float32 [e], assignments per expert before
         dropping, summed over groups (over all devices for expert_parallel too).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    resolve_impl(impl)  # validates; the grouped matmul resolves "auto", knowing the rows per expert
-    check_tile_size(tile_size)
-    for name, factor in (("capacity_factor", capacity_factor), ("ep_capacity_factor", ep_capacity_factor)):
-        if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
-            raise ValueError(f"{name} must be a finite number > 0, got {factor!r}")
-    if ep_comm not in COMMS:
-        raise ValueError(f"ep_comm must be one of {COMMS}, got {ep_comm!r}")
-    if ep_balance not in BALANCES:
-        raise ValueError(f"ep_balance must be one of {BALANCES}, got {ep_balance!r}")
     _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
 
-    if backend == "capacity":
+    if cfg.backend == "capacity":
         y_gtd, stats = _capacity_dispatch(
-            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor
+            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, cfg.capacity_factor
         )
-    elif backend == "expert_parallel" and splits_experts(x_gtd.shape[0]):
+    elif cfg.backend == "expert_parallel" and splits_experts(x_gtd.shape[0]):
         y_gtd, stats = expert_parallel_dispatch(
-            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, comm=ep_comm,
-            capacity_factor=ep_capacity_factor, impl=impl, tile_size=tile_size, balance=ep_balance,
-            spill_slots=ep_spill_slots, spill_capacity_factor=ep_spill_capacity_factor,
+            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, comm=cfg.ep_comm,
+            capacity_factor=cfg.ep_capacity_factor, impl=cfg.impl, tile_size=cfg.tile_size,
+            balance=cfg.ep_balance, spill_slots=cfg.ep_spill_slots,
+            spill_capacity_factor=cfg.ep_spill_capacity_factor,
         )
     else:  # dropless, or expert_parallel with no expert axis to spread the experts over
         y_gtd, stats = _dropless_dispatch(
-            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, impl, tile_size
+            x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, cfg.impl, cfg.tile_size
         )
     return y_gtd.astype(x_gtd.dtype), stats

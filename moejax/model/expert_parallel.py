@@ -84,9 +84,8 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.model import llep
 from moejax.model.grouped_matmul import grouped_ffn
+from moejax.schema import COMMS  # declared with the dispatch config
 from moejax.sharding import RULES
-
-COMMS = ("all_to_all", "all_gather")
 
 
 class _Axes(NamedTuple):

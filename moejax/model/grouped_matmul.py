@@ -54,7 +54,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-IMPLS = ("auto", "ragged", "tiled", "hybrid")
+from moejax.schema import IMPLS  # declared with the dispatch config
+
 # "auto" on CPU: "hybrid" when an even share of rows per expert is at least this many, else
 # "tiled". Measured (idle 2-core machine, 2026-12-02): at 128 rows per expert (64 experts top-4,
 # one MoE layer fwd+bwd) "tiled" is 1.10-1.24x "hybrid"; at 512 (the peer architecture) and 1024

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-BALANCES = ("drop", "llep")
+from moejax.schema import BALANCES  # noqa: F401 (declared with the dispatch config)
 
 
 class Plan(NamedTuple):

@@ -10,6 +10,7 @@ from moejax.model.balancing import Balancer, BalanceState
 from moejax.model.dispatch import dispatch
 from moejax.model.layers import MLP, param
 from moejax.model.router import Router, expert_load, routing_entropy
+from moejax.schema import MoEConfig
 
 
 class MoE(nnx.Module):
@@ -18,7 +19,8 @@ class MoE(nnx.Module):
     Each sequence is one dispatch group (capacity is counted per sequence). The shared experts are
     fused into one SwiGLU of width ``num_shared_experts * shared_expert_dim`` (as DeepSeek does).
     With ``shared_gate`` their output is scaled per token by sigmoid(x . w_shared_gate_d), as in
-    Qwen2-MoE.
+    Qwen2-MoE. ``cfg`` (:class:`~moejax.schema.MoEConfig`) holds the layer's knobs, its dispatch's
+    among them; ``d`` is the model width, ``std`` the init std of its input matrices.
 
     With a ``balancer`` and this layer's ``balance_state`` (leaves [E]), the objectives' selection
     bias moves the top-k choice and their losses are returned. Returns the output and float32
@@ -29,29 +31,19 @@ class MoE(nnx.Module):
     input in float32), which the Transformer drops unless asked.
     """
 
-    def __init__(self, cfg, *, out_std: float, rngs: nnx.Rngs, dtype, param_dtype):
-        moe = cfg.moe
-        d, e, f, std = cfg.d_model, moe.num_experts, moe.expert_dim, cfg.init_std
-        self.router = Router(d, moe, std=std, rngs=rngs)
+    def __init__(self, d: int, cfg: MoEConfig, *, std: float, out_std: float, rngs: nnx.Rngs, dtype, param_dtype):
+        e, f = cfg.num_experts, cfg.expert_dim
+        self.router = Router(d, cfg, std=std, rngs=rngs)
         self.w_gate_edf = param(rngs, (e, d, f), ("experts", "embed", "expert_mlp"), std, param_dtype)
         self.w_up_edf = param(rngs, (e, d, f), ("experts", "embed", "expert_mlp"), std, param_dtype)
         self.w_down_efd = param(rngs, (e, f, d), ("experts", "expert_mlp", "embed"), out_std, param_dtype)
-        shared_f = moe.num_shared_experts * moe.shared_expert_dim
         self.shared = (
-            MLP(d, shared_f, std=std, out_std=out_std, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-            if shared_f else None
+            MLP(d, cfg.shared_dim, std=std, out_std=out_std, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+            if cfg.shared_dim else None
         )
-        self.w_shared_gate_d = param(rngs, (d,), ("embed",), std, param_dtype) if moe.shared_gate else None
+        self.w_shared_gate_d = param(rngs, (d,), ("embed",), std, param_dtype) if cfg.shared_gate else None
         self.num_experts = e
-        self.backend = moe.backend
-        self.capacity_factor = moe.capacity_factor
-        self.impl = moe.grouped_matmul
-        self.tile_size = moe.tile_size
-        self.ep_comm = moe.ep_comm
-        self.ep_capacity_factor = moe.ep_capacity_factor
-        self.ep_balance = moe.ep_balance
-        self.ep_spill_slots = moe.ep_spill_slots
-        self.ep_spill_capacity_factor = moe.ep_spill_capacity_factor
+        self.dispatch_cfg = cfg.dispatch
         self.dtype = dtype
 
     def __call__(
@@ -64,10 +56,7 @@ class MoE(nnx.Module):
         y_btd, stats = dispatch(
             x_btd, routing.idx_btk, routing.weight_btk,
             self.w_gate_edf[...].astype(dt), self.w_up_edf[...].astype(dt), self.w_down_efd[...].astype(dt),
-            backend=self.backend, capacity_factor=self.capacity_factor, impl=self.impl,
-            tile_size=self.tile_size, ep_comm=self.ep_comm, ep_capacity_factor=self.ep_capacity_factor,
-            ep_balance=self.ep_balance, ep_spill_slots=self.ep_spill_slots,
-            ep_spill_capacity_factor=self.ep_spill_capacity_factor,
+            cfg=self.dispatch_cfg,
         )
         if self.shared is not None:
             y_btd = y_btd + self.shared_output(x_btd)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.model.layers import linear, param
+from moejax.schema import MoEConfig
 
 
 class Routing(NamedTuple):
@@ -40,7 +41,7 @@ class Router(nnx.Module):
     of the ``topk_groups`` best groups may be selected.
     """
 
-    def __init__(self, d: int, moe_cfg, *, std: float, rngs: nnx.Rngs):
+    def __init__(self, d: int, moe_cfg: MoEConfig, *, std: float, rngs: nnx.Rngs):
         e = moe_cfg.num_experts
         self.w_de = param(rngs, (d, e), ("embed", "router_experts"), std, jnp.float32)
         self.select_bias_e = (

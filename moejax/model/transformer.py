@@ -13,6 +13,7 @@ from moejax.model.decode import KVCache
 from moejax.model.l3 import L3Layer, L3Rows, RowOffsets, allocation_from_config, l3_forward_flops, l3_param_counts
 from moejax.model.layers import MLP, Attention, RMSNorm, linear, param
 from moejax.model.moe import MoE
+from moejax.schema import ModelConfig
 from moejax.sharding import constrain
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -56,7 +57,7 @@ def layer_runs(cfg) -> list[tuple[bool, int]]:
 class Block(nnx.Module):
     """Pre-norm attention, then a dense MLP or an MoE, each added to the residual stream."""
 
-    def __init__(self, cfg, is_moe: bool, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cfg: ModelConfig, is_moe: bool, *, rngs: nnx.Rngs, dtype, param_dtype):
         out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
@@ -64,7 +65,7 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype)
         self.is_moe = is_moe
         if self.is_moe:
-            self.mlp = MoE(cfg, out_std=out_std, **kw)
+            self.mlp = MoE(cfg.d_model, cfg.moe, std=cfg.init_std, out_std=out_std, **kw)
         else:
             self.mlp = MLP(cfg.d_model, cfg.mlp_dim, std=cfg.init_std, out_std=out_std, **kw)
 
@@ -87,7 +88,7 @@ class Block(nnx.Module):
         return x_btd + y_btd, k_bskh, v_bskh
 
 
-def stacked_blocks(cfg, is_moe: bool, count: int, *, rngs: nnx.Rngs, dtype, param_dtype) -> Block:
+def stacked_blocks(cfg: ModelConfig, is_moe: bool, count: int, *, rngs: nnx.Rngs, dtype, param_dtype) -> Block:
     """``count`` blocks of one kind as one Block whose parameters have a leading "layers" axis."""
 
     @nnx.split_rngs(splits=count)
@@ -120,12 +121,19 @@ class Transformer(nnx.Module):
     decoder layers listed in ``cfg.l3.after_layers`` (sorted); they read the token ids. Their
     row allocation ``l3_offsets`` is static (part of the graph, not a parameter); without it the
     configured one is loaded (:func:`~moejax.model.l3.allocation_from_config`).
+
+    ``cfg`` is the typed :class:`~moejax.schema.ModelConfig` (``ModelConfig.from_config(cfg.model)``);
+    :func:`param_counts`, :func:`flops_per_token` and :func:`layer_runs` read either it or the
+    ``model`` group of the ConfigDict.
     """
 
     def __init__(
-        self, cfg, *, rngs: nnx.Rngs, compute_dtype: str = "float32", param_dtype: str = "float32",
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype: str = "float32", param_dtype: str = "float32",
         remat: str = "none", scan_layers: bool = True, l3_offsets: RowOffsets | None = None,
     ):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"Transformer takes a ModelConfig, got {type(cfg).__name__}; convert the config's "
+                            "model group once: Transformer(ModelConfig.from_config(cfg.model), ...)")
         dtype, pdtype = DTYPES[compute_dtype], DTYPES[param_dtype]
         self.embed_vd = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdtype)
         self.runs = tuple(layer_runs(cfg))

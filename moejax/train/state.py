@@ -32,6 +32,7 @@ from moejax.errors import ConfigError
 from moejax.model.balancing import Balancer, balancer_from_config
 from moejax.model.l3 import RowOffsets, allocation_from_config
 from moejax.model.transformer import Transformer, is_moe_layer
+from moejax.schema import ModelConfig
 from moejax.train.metrics import init_routing_health
 from moejax.train.optim import decay_mask, make_optimizer
 
@@ -43,7 +44,7 @@ def make_model(cfg, seed: int, l3_offsets: RowOffsets | None = None) -> Transfor
     (:func:`setup` loads it once; None: the model loads the configured one, if it has L3 layers)."""
     t = cfg.train
     return Transformer(
-        cfg.model, rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype, remat=t.remat,
+        ModelConfig.from_config(cfg.model), rngs=nnx.Rngs(seed), compute_dtype=t.compute_dtype, param_dtype=t.param_dtype, remat=t.remat,
         scan_layers=t.scan_layers,
         l3_offsets=l3_offsets,
     )

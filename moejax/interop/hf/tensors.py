@@ -13,6 +13,7 @@ from flax import nnx
 from moejax.config import ConfigDict
 from moejax.interop.hf.errors import InteropError
 from moejax.model.transformer import Transformer, layer_runs
+from moejax.schema import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,7 @@ def _path(key_path) -> tuple:
 
 def abstract_params(m: ConfigDict) -> dict:
     """The moejax parameter tree (shapes and dtypes only) of model config ``m``."""
-    model = nnx.eval_shape(lambda: Transformer(m, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Transformer(ModelConfig.from_config(m), rngs=nnx.Rngs(0)))
     return nnx.to_pure_dict(nnx.state(model))
 
 

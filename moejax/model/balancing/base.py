@@ -10,14 +10,14 @@ anything is compiled. All methods are pure functions of arrays, written for *one
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from moejax.model.router import Routing
+# The field helper is shared with the model's typed configs; re-exported for the objectives.
+from moejax.schema import Check, checked_fields, hparam, is_real, number, one_of, positive_int_or_none  # noqa: F401
 
 State = dict[str, jax.Array]  # one objective's state for one layer: name -> float32 [E]
 
@@ -51,43 +51,6 @@ class StepStats(NamedTuple):
 
     pbar_e: jax.Array  # float32 [E] mean routing probability
     load_e: jax.Array  # float32 [E] fraction of (token, choice) assignments (sums to 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """A predicate on a hyperparameter value and the words that say what it allows."""
-
-    ok: Callable[[Any], bool]
-    allowed: str
-
-
-def is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def number(lo: float, hi: float = math.inf, *, lo_open: bool = True, hi_open: bool = False) -> Check:
-    """A finite real in the interval from ``lo`` to ``hi`` (open or closed at each end)."""
-    above = (lambda x: x > lo) if lo_open else (lambda x: x >= lo)
-    below = (lambda x: x < hi) if hi_open or hi == math.inf else (lambda x: x <= hi)
-    if hi == math.inf:
-        allowed = f"a number {'>' if lo_open else '>='} {lo:g}"
-    else:
-        allowed = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    return Check(lambda x: is_real(x) and above(x) and below(x), allowed)
-
-
-def one_of(*choices: str) -> Check:
-    return Check(lambda x: x in choices, " | ".join(repr(c) for c in choices))
-
-
-def positive_int_or_none() -> Check:
-    ok = lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool) and x > 0)
-    return Check(ok, "a positive integer, or None")
-
-
-def hparam(default: Any = dataclasses.MISSING, *, check: Check, doc: str) -> Any:
-    """Declares a hyperparameter field; without ``default`` it is required."""
-    return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,7 +87,7 @@ class Objective:
 
     @classmethod
     def hparams(cls) -> tuple[dataclasses.Field, ...]:
-        return tuple(f for f in dataclasses.fields(cls) if "check" in f.metadata)
+        return checked_fields(cls)
 
     def check_setup(self) -> None:
         pass

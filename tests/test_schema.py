@@ -1,0 +1,53 @@
+"""The typed model configs (moejax/schema.py): one declaration per model.* key, equal to the
+command line's defaults, converted once from the ConfigDict, and the source of its checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from moejax.config import CHOICES, NON_NEGATIVE, POSITIVE, default_config, get_path
+from moejax.schema import DispatchConfig, ModelConfig, MoEConfig, declared_keys
+
+
+def test_every_model_key_is_declared_once_with_the_command_lines_default():
+    keys = dict(declared_keys(ModelConfig, "model"))
+    cfg = default_config()
+    flat = lambda group, prefix: [
+        (f"{prefix}.{k}", v) for k, v in group.items() if not hasattr(v, "items")
+    ]
+    model_keys = [*flat(cfg.model, "model"), *flat(cfg.model.moe, "model.moe"), *flat(cfg.model.l3, "model.l3")]
+    # Balancing objectives are built from the ConfigDict by moejax.model.balancing, not typed here.
+    expected = {key for key, _ in model_keys if key != "model.moe.balancing"}
+    assert set(keys) == expected
+    for key, field in keys.items():
+        assert field.default == get_path(cfg, key), key
+        assert field.metadata["doc"], key
+
+
+def test_from_config_converts_the_defaults_and_an_override():
+    cfg = default_config()
+    assert ModelConfig.from_config(cfg.model) == ModelConfig()
+    cfg.model.moe.grouped_matmul, cfg.model.moe.backend, cfg.model.l3.after_layers = "tiled", "capacity", (1,)
+    typed = ModelConfig.from_config(cfg.model)
+    assert typed.moe.dispatch == DispatchConfig(backend="capacity", impl="tiled")
+    assert typed.l3.after_layers == (1,) and typed.moe.num_experts == cfg.model.moe.num_experts
+    assert hash(typed) == hash(ModelConfig.from_config(cfg.model))  # static in the model graph
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        typed.d_model = 3  # type: ignore[misc]
+
+
+def test_config_checks_are_generated_from_the_declarations():
+    assert CHOICES["model.moe.backend"] == ("dropless", "capacity", "expert_parallel")  # default first
+    assert CHOICES["model.moe.grouped_matmul"] == ("auto", "ragged", "tiled", "hybrid")
+    assert "model.moe.tile_size" in POSITIVE and "model.moe.ep_spill_slots" in POSITIVE
+    assert "model.moe.num_shared_experts" in NON_NEGATIVE and "model.logits_z_loss" in NON_NEGATIVE
+    assert "train.steps" in POSITIVE  # keys outside model.* keep their hand lists
+
+
+def test_a_bad_field_is_an_error_when_built():
+    with pytest.raises(ValueError, match=r"num_experts must be an int >= 1, got 0"):
+        MoEConfig(num_experts=0)
+    with pytest.raises(ValueError, match=r"ep_comm must be one of \('all_to_all', 'all_gather'\), got 'ring'"):
+        DispatchConfig(ep_comm="ring")
