@@ -306,7 +306,8 @@ def rank_baselines(table, weights: dict, values: dict) -> dict[str, dict[str, di
 def merge_gaps(out: Path, rank: dict, fraction: float) -> dict[str, dict[str, dict]]:
     """Per expert seed and router at one expert budget: the merges' decision accuracy minus the best
     trivial ranker's that needs no training (closeness to uniform for the mean loss, the domain's own
-    weight for a domain's loss), paired over the same mixture resamples."""
+    weight for a domain's loss), paired over the same mixture resamples; and, per expert seed, the
+    budget's mean-loss decision accuracy minus each other budget's (linear router)."""
     from data_mixture.table import read_runs
 
     table = read_runs(out / "runs.csv")
@@ -315,13 +316,20 @@ def merge_gaps(out: Path, rank: dict, fraction: float) -> dict[str, dict[str, di
     base = baseline_predictions(table, weights)
     trivial = {"loss:mean": base["closeness_to_uniform"]["loss:mean"],
                **{f"loss:{d}": base["rank_by_weight"][f"loss:{d}"] for d in DOMAINS}}
+    def pred(key, metric):
+        return np.array([rank["proxy"][key][n][metric] for n in names])
+
     got = {}
     for seed in EXPERT_SEEDS:
         for router in ROUTERS:
-            proxy = rank["proxy"][f"s{seed}/{fraction}/{router}"]
-            got[f"s{seed}/{fraction}/{router}"] = {
-                k: decision_gap(np.array([proxy[n][k] for n in names]), np.array(p), [values[n][k] for n in names])
-                for k, p in trivial.items()}
+            key = f"s{seed}/{fraction}/{router}"
+            got[key] = {k: decision_gap(pred(key, k), np.array(p), [values[n][k] for n in names])
+                        for k, p in trivial.items()}
+        for other in FRACTIONS:  # the chosen budget against the others, on the mean loss (linear router)
+            if other != fraction:
+                got[f"s{seed}/{fraction} vs {other}/linear"] = {"loss:mean": decision_gap(
+                    pred(f"s{seed}/{fraction}/linear", "loss:mean"), pred(f"s{seed}/{other}/linear", "loss:mean"),
+                    [values[n]["loss:mean"] for n in names])}
     return got
 
 
@@ -624,8 +632,12 @@ def report_md(r: dict) -> str:
                           f"({g['fraction']:g} of the expert run): decision accuracy difference [paired 95%]; the "
                           "mean loss against closeness to uniform, each domain against its own weight.", "",
                       "| merges | mean loss | " + " | ".join(DOMAINS) + " |", "|---|---|" + "---|" * len(DOMAINS)]
-            lines += [f"| {k} | " + " | ".join(_iv(v[key]) for key in ["loss:mean"] + [f"loss:{d}" for d in DOMAINS])
-                      + " |" for k, v in g["by"].items()]
+            keys = ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]
+            lines += [f"| {k} | " + " | ".join(_iv(v[key]) if key in v else "" for key in keys) + " |"
+                      for k, v in g["by"].items() if " vs " not in k]
+            lines += ["", "The chosen budget against the others (mean loss, linear router, decision accuracy difference "
+                          "[paired 95%]):", "", "| comparison | difference |", "|---|---|"]
+            lines += [f"| {k} | {_iv(v['loss:mean'])} |" for k, v in g["by"].items() if " vs " in k]
         if "chosen" in m:
             c = m["chosen"]
             lines += ["", f"Chosen: expert budget {c['expert_share_of_base']:.0%} of the base's tokens, router "
