@@ -1,22 +1,20 @@
 """The memory allocator of the processes that launch.sh starts: mimalloc, preloaded.
 
 Why. XLA:CPU gives every execution of a compiled step one fresh buffer for all of its temporaries
-(570 MB for the tiny default's train step, 1.3 GB for the PyTorch peer's architecture, several GB
-for the small config). glibc's malloc serves a request that large with ``mmap`` and gives it back
-with ``munmap`` when the step ends, so every step page-faults the whole buffer in again: 146,000
-minor faults and about 0.3 s of kernel time per tiny step, on top of 0.45 s of work.
-mimalloc keeps freed memory mapped and hands it to the next step: the faults fall to a few
-thousand, and the bare train step runs 1.27-1.34x faster (tiny) and 1.17-1.23x (the peer's
-architecture); the default job's steps 0.58 -> 0.485 s on average, the whole job 4 min 35 s ->
-4 min 8 s (alternating processes on an idle machine; experiments/benchmarks/README.md, section
-2, change 6). Nothing numerical changes.
+(hundreds of MB for the tiny default's train step, GBs for larger configs). glibc's malloc serves
+a request that large with ``mmap`` and gives it back with ``munmap`` when the step ends, so every
+step page-faults the whole buffer in again, and a large share of the step goes to kernel time.
+mimalloc keeps freed memory mapped and hands it to the next step: nearly all of the faults go, the
+train step and the default job run measurably faster, and nothing numerical changes. The
+measurements (faults, kernel time, step and job times, alternating processes on an idle machine)
+are in experiments/benchmarks/LOG.md, section 2, change 6.
 
 How. ``launch.sh`` (training, ``test``, and ``python ...`` for any other command) runs
 ``python -m moejax.allocator``, which prints the path of the ``libmimalloc.so`` that the PyPI
 package ``cmeel-mimalloc`` (a base requirement in pyproject.toml) installs, and puts it in ``LD_PRELOAD``, with
 ``MIMALLOC_PURGE_DELAY=-1`` (freed memory is never given back to the OS: with the default 10 ms
 delay the host work between two steps of the training loop was enough for mimalloc to return the
-buffer, and the loop's steps ran 1.08x slower); child processes (the sweep's runs, the drills)
+buffer, and the loop's steps ran slower; LOG.md, change 6); child processes (the sweep's runs, the drills)
 inherit both. ``MOEJAX_ALLOCATOR=system`` keeps glibc's malloc. A process started without
 launch.sh (``.venv/bin/python -m ...``) computes the same numbers, only its CPU steps are slower;
 a training run then says so in its first line, and the benchmarks record the allocator in their

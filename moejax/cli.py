@@ -25,8 +25,9 @@ CONFIG is a file, or the name of a built-in config (``moejax/configs``; default 
 and the workdir defaults to ``runs/<config name>`` under the current directory.
 
 Like launch.sh, the commands run with mimalloc preloaded when the ``cmeel-mimalloc`` package is
-installed (:mod:`moejax.allocator`: XLA:CPU steps run 1.2-1.3x faster with the same numbers): the
-process re-executes itself once with ``LD_PRELOAD`` set, before anything heavy is imported.
+installed (:mod:`moejax.allocator`: XLA:CPU steps run faster with the same numbers; measured in
+experiments/benchmarks/LOG.md, section 2, change 6): the process re-executes itself once with
+``LD_PRELOAD`` set, before anything heavy is imported.
 ``MOEJAX_ALLOCATOR=system`` keeps the system allocator.
 """
 

@@ -61,7 +61,8 @@ def default_config() -> ConfigDict:
     # Same numbers either way; trades step time for activation memory (see experiments/tools/compile_check.py).
     c.train.remat = "none"
     # Apply each run of stacked layers with a scan: compile time independent of depth, and needed
-    # for remat to save memory. False unrolls it: same numbers, ~10% faster steps on CPU at 4 layers.
+    # for remat to save memory. False unrolls it: same numbers, faster steps on CPU for shallow models
+    # (measured in docs/memory.md).
     c.train.scan_layers = False
     c.train.peak_flops_per_device = 0.0  # FLOP/s peak for MFU; 0 means unknown (MFU reported n/a)
     c.train.max_bad_steps = 10  # stop after this many consecutive non-finite steps (each is skipped)

@@ -57,8 +57,8 @@ def _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd):
     """Each expert's SwiGLU over its slots of every group, as one [e, g * c] row block per expert.
 
     Expert-major ([e, g * c, d], one batched matmul per weight) rather than an einsum batched over
-    g and e, which XLA:CPU runs slower (the peer-architecture capacity step: x1.17 with this
-    layout, identical loss; experiments/benchmarks/README.md).
+    g and e, which XLA:CPU runs slower (the peer-architecture capacity step is faster with this
+    layout, identical loss; experiments/benchmarks/LOG.md, section 2, change 4).
     """
     g, e, c, d = x_gecd.shape
     x_ecd = x_gecd.transpose(1, 0, 2, 3).reshape(e, g * c, d)
@@ -81,8 +81,8 @@ def _capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, 
     kept_gtk = slot_gtk < c
 
     # The token in each slot (t, out of range, for an empty slot: reads zero); a dropped
-    # assignment (slot >= c) writes nothing. Gathers, not one-hot [g, t, e, c] einsums: the peer-
-    # architecture capacity step x1.08, the same loss.
+    # assignment (slot >= c) writes nothing. Gathers, not one-hot [g, t, e, c] einsums: a faster
+    # peer-architecture capacity step, the same loss (experiments/benchmarks/LOG.md, section 2, change 4).
     g_gtk = jnp.broadcast_to(jnp.arange(g)[:, None, None], idx_gtk.shape)
     t_gtk = jnp.broadcast_to(jnp.arange(t)[None, :, None], idx_gtk.shape)
     src_gec = jnp.full((g, e, c), t, jnp.int32).at[g_gtk, idx_gtk, slot_gtk].set(t_gtk, mode="drop")

@@ -30,10 +30,10 @@ def linear(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
     ``einsum("btnh,nhd->btd")``, but the operands are first flattened to [rows, K] x [K, cols]
     (free reshapes of row-major arrays). XLA:CPU runs the backward of the multi-dimensional
     einsum (the weight gradient contracts over batch and sequence) several times slower than the
-    same matmul on flattened operands when the einsum stands alone (SwiGLU at B 16, T 256, d 128,
-    f 256: 55 ms against 12.5 ms forward + backward); inside the whole train step XLA recovers
-    most of that itself, and flattening gains 4-6% (tiny and peer steps, A/B in one process; see
-    experiments/benchmarks/README.md). On GPU/TPU the reshapes are free.
+    same matmul on flattened operands when the einsum stands alone; inside the whole train step
+    XLA recovers most of that itself, and flattening still gains a few percent (tiny and peer
+    steps, A/B in one process; experiments/benchmarks/LOG.md, section 2, change 2). On GPU/TPU
+    the reshapes are free.
     """
     k_shape = w.shape[:contract]
     if x.shape[x.ndim - contract:] != k_shape:
@@ -93,9 +93,9 @@ def causal_attention(
     block). Each query row's softmax is still over all its visible keys at once (no running
     max), so the result is ``jax.nn.dot_product_attention`` with the causal and document mask
     up to float reassociation. Used on CPU only (GPU/TPU keep the fused kernels of
-    ``jax.nn.dot_product_attention``). On XLA:CPU this is about 1.4-1.6x faster forward and backward
-    than ``jax.nn.dot_product_attention`` at T=256 (which computes and masks the whole [T, T]
-    matrix); see experiments/benchmarks/README.md. Scores and softmax run in float32.
+    ``jax.nn.dot_product_attention``). On XLA:CPU this is faster forward and backward than
+    ``jax.nn.dot_product_attention`` (which computes and masks the whole [T, T] matrix); see
+    experiments/benchmarks/LOG.md, section 2, change 1. Scores and softmax run in float32.
 
     Shapes: q [b, t, n, h], k and v [b, t, k, h] with n a multiple of k; returns [b, t, n, h].
     """

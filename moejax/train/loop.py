@@ -204,7 +204,8 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
             f"mesh {mesh_shape}, {jax.device_count()} {jax.default_backend()} device(s), "
             f"{'resuming from step ' + str(step) if resumed else 'fresh start'}"
             + ("" if jax.default_backend() != "cpu" or allocator.active() == "mimalloc" else
-               "; system allocator: CPU steps 1.2-1.3x slower than with ./launch.sh's mimalloc (moejax/allocator.py)")
+               "; system allocator: CPU steps 1.2-1.3x slower than with ./launch.sh's mimalloc "
+               "(moejax/allocator.py; measured in experiments/benchmarks/LOG.md)")
         )
 
     summary: dict[str, Any] = {"start_step": step}

@@ -177,9 +177,10 @@ def _summary_writer():
 
     tensorboardX imports torch whenever it is installed (only to accept torch tensors; it is in
     the hf extra for the PyTorch peer benchmark). The loop logs Python floats, so torch is
-    hidden while tensorboardX loads: a training process starts 3.4 s sooner (import 3.6 s ->
-    0.2 s on the 2-core machines), which every sweep run and test subprocess pays. A process that
-    has already imported torch keeps it.
+    hidden while tensorboardX loads: importing torch is most of tensorboardX's import time, so every
+    training process, sweep run and test subprocess starts seconds sooner (measured in
+    experiments/benchmarks/LOG.md, section 2, change 7). A process that has already imported torch
+    keeps it.
     """
     if "torch" in sys.modules:
         from tensorboardX import SummaryWriter
