@@ -200,3 +200,25 @@ def test_train_experts_from_the_base(base, mergemix_experts, tmp_path):  # noqa:
     shutil.copytree(out, copy)
     again = ex.train_experts(ex.load_plan(copy), copy, eval_args=list(EXPERT_EVAL_ARGS), progress=False)
     assert sorted(again.skipped) == ["expert_code", "expert_math"] and again.launched == []
+
+
+def test_same_plan_from_another_checkout_is_accepted(base, tmp_path, monkeypatch):
+    import data_mixture.sweep.runner as runner
+    from data_mixture.sweep.record import portable_config
+
+    plan = ex.plan_experts(base, domains=["code"], expert_tokens=4 * TOKENS_PER_STEP)
+    config = plan["runs"][0]["config"]
+    moved = "/elsewhere/checkout/data_mixture/mergemix/experts.py" + config.split("experts.py", 1)[1]
+    assert portable_config(moved) == portable_config(config) == "data_mixture/mergemix/experts.py" + config.split("experts.py", 1)[1]
+    assert portable_config("/u/a/experiments/mine.py") == "/u/a/experiments/mine.py"  # a user's file: as given
+    (tmp_path / ex.PLAN_FILE).write_text(json.dumps({**plan, "runs": [{**plan["runs"][0], "config": moved}]}))
+
+    class Reached(Exception):
+        pass
+
+    def run_sweep(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(runner, "run_sweep", run_sweep)
+    with pytest.raises(Reached):  # the plan check passed; the sweep would resume the experts
+        ex.train_experts(plan, tmp_path, progress=False)

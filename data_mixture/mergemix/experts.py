@@ -31,8 +31,10 @@ each run's ``record.json``):
 - the checkpoint cadence (below).
 
 The file path is absolute so the plan works from any working directory (the runner starts every
-run from its own current directory); a plan is therefore tied to this checkout's location, like
-the base workdir it names.
+run from its own current directory); plans and run directories compare it by its path inside the
+checkout (``data_mixture.sweep.record.portable_config``), so experts trained from one checkout
+resume or are reused from another checkout of the same code (the base workdir must stay where it
+was).
 
 **Checkpoints at every fraction.** The expert budget's fractions (default 1/8, 1/4, 1/2, 1) give
 the steps ``ceil(f * steps)`` (duplicates merged; the final step is always written). moejax saves
@@ -304,6 +306,17 @@ def _check_with_moejax(plan: Mapping[str, Any]) -> None:
 # -------------------------------------------------------------------------------------- training
 
 
+def _comparable(runs):
+    """A plan's runs with each config as plans compare it (``record.portable_config``): the same plan
+    written from another checkout of the same code is the same plan."""
+    from data_mixture.sweep.record import portable_config
+
+    if not isinstance(runs, list):
+        return runs
+    return [{**r, "config": portable_config(r["config"])} if isinstance(r, dict) and isinstance(r.get("config"), str)
+            else r for r in runs]
+
+
 def train_experts(plan: Mapping[str, Any] | str | os.PathLike, out_dir: str | os.PathLike, *, backend: str = "local",
                   parallel: int | None = 1, retries: int = 1, eval_args: Sequence[str] = (), progress: bool = True,
                   **sweep_options: Any):
@@ -329,7 +342,7 @@ def train_experts(plan: Mapping[str, Any] | str | os.PathLike, out_dir: str | os
     path = out / PLAN_FILE
     if path.is_file():
         old = _load(path)
-        if old.get("runs") != json.loads(json.dumps(plan["runs"])):
+        if _comparable(old.get("runs")) != _comparable(json.loads(json.dumps(plan["runs"]))):
             raise MergeMixError(f"{path} holds a different experts plan (base, domains or budget changed); use a new "
                                 f"out_dir, or delete {out} to retrain.")
     out.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ import datetime as _dt
 import functools
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -217,8 +218,20 @@ def code_version() -> dict[str, Any]:
     return out
 
 
+# A file of moejax's or data_mixture's own source, wherever the checkout is, with its arguments.
+_PACKAGE_FILE = re.compile(r"^(?:.*/)?((?:moejax|data_mixture)/[^:]+\.py)(:.*)?$")
+
+
+def portable_config(config_file: str) -> str:
+    """``config_file`` as plans compare it: a file of moejax's or data_mixture's own source (MergeMix's
+    experts name ``.../data_mixture/mergemix/experts.py:STEP:BASE``) by its path inside the checkout,
+    so a plan written from another checkout of the same code names the same file; a built-in
+    config's old repository path (``experiments/tiny_moe.py``) as its current one."""
+    m = _PACKAGE_FILE.match(config_file)
+    return m[1] + (m[2] or "") if m else builtin_configs.repo_path(config_file)
+
+
 def record_key(config_file: str, overrides: dict[str, Any]) -> str:
-    """What must not change between attempts of one run directory: the experiment file + overrides.
-    A built-in config's old repository path (``experiments/tiny_moe.py``, which older plans name)
-    and its current one (``experiments/configs/tiny_moe.py``) are the same experiment file."""
-    return json.dumps({"config": builtin_configs.repo_path(config_file), "overrides": overrides}, sort_keys=True)
+    """What must not change between attempts of one run directory: the experiment file
+    (:func:`portable_config`) + overrides."""
+    return json.dumps({"config": portable_config(config_file), "overrides": overrides}, sort_keys=True)
