@@ -655,9 +655,11 @@ def report_md(r: dict) -> str:
     for name in OBJECTIVES:
         if f"mergemix_{name}" in c:
             f = c[f"mergemix_{name}"]
-            lines.append(f"| MergeMix ({name} objective): experts {f['experts']:.3g} + {f['merges_evaluated']} merge "
-                         f"evaluations {f['merges']:.3g} | {f['total']:.3g} | experts {f['experts_run_s'] / 60:.0f} + "
-                         f"search {f['search_s'] / 60:.0f} |")
+            lines.append(f"| MergeMix ({name} objective): its base {f['base']:.3g} (the ladder's s1b base) + experts "
+                         f"{f['experts']:.3g} (4 x the chosen budget) + {f['merges_evaluated']} merge evaluations "
+                         f"{f['merges']:.3g} | {f['total_with_base']:.3g} | experts {f['experts_run_s'] / 60:.0f} "
+                         f"(trained to 40% for the budget study, with every checkpoint evaluated) + search "
+                         f"{f['search_s'] / 60:.0f} |")
     return "\n".join(lines) + "\n"
 
 
