@@ -117,10 +117,15 @@ def _borrowed_note(borrowed: list[float], total: int, what: str) -> str:
             f"{max(borrowed):.3f})")
 
 
+def uniform_score(mix_cm: np.ndarray) -> np.ndarray:
+    """(C,) ``sum_j r_j log r_j`` of each mixture (0 log 0 = 0): the uniform mixture scores lowest."""
+    r = np.asarray(mix_cm, np.float64)
+    return np.sum(np.where(r > 0, r * np.log(np.where(r > 0, r, 1.0)), 0.0), axis=1)
+
+
 def uniform(held: Cells, loss_domains) -> dict:
-    """Score ``sum_j r_j log r_j`` (0 log 0 = 0): the uniform mixture scores lowest."""
-    r = held.mix_cm
-    score_c = np.sum(np.where(r > 0, r * np.log(np.where(r > 0, r, 1.0)), 0.0), axis=1)
+    """Rank by :func:`uniform_score`: closer to the uniform mixture, predicted better."""
+    score_c = uniform_score(held.mix_cm)
     return {"pred_cv": None, "rank_cv": np.repeat(score_c[:, None], len(loss_domains), axis=1), "rank_c": score_c, "notes": ""}
 
 

@@ -227,7 +227,8 @@ def stage_experts(out: Path, root: Path, parallel: int) -> tuple[str, float]:
         experts.train_experts(plan, root / f"experts_s{seed}", parallel=parallel, progress=False,
                               eval_args=["--max-items", "8", "--loss-batches", "1"])
         (out / "mergemix").mkdir(exist_ok=True)
-        shutil.copyfile(root / f"experts_s{seed}" / "sweep.log", out / "mergemix" / f"sweep_experts_s{seed}.log")
+        if not (out / "mergemix" / f"sweep_experts_s{seed}.log").exists():  # as the ladder's: the training's log
+            shutil.copyfile(root / f"experts_s{seed}" / "sweep.log", out / "mergemix" / f"sweep_experts_s{seed}.log")
     return base, EXPERT_SHARE * base_tokens
 
 
@@ -279,14 +280,16 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
 def baseline_predictions(table, weights: dict) -> dict[str, dict[str, list[float]]]:
     """The trivial rankers beside MergeMix's (lower = better, mixtures in sorted name order): a
     domain's loss by the domain's own weight (no training at all); the mean loss by closeness to
-    uniform (negative entropy of the weights); and every metric by the same mixtures' mid-training
-    runs at the next smaller proxy size (s1: a ladder's cost, not MergeMix's)."""
+    uniform (``evaluate``'s uniform baseline score); and every metric by the same mixtures'
+    mid-training runs at the next smaller proxy size (s1: a ladder's cost, not MergeMix's)."""
+    from data_mixture.baselines import uniform_score
+
     names = sorted(weights)
     small = final_cells(table, ladder_size("s1"))[1]
     keys = ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]
     return {
         "rank_by_weight": {f"loss:{d}": [-weights[n][d] for n in names] for d in DOMAINS},
-        "closeness_to_uniform": {"loss:mean": [sum(w * np.log(w) for w in weights[n].values() if w > 0) for n in names]},
+        "closeness_to_uniform": {"loss:mean": uniform_score(np.array([[weights[n][d] for d in DOMAINS] for n in names]))},
         "smaller_proxy_s1": {k: [float(np.mean(small[n][k])) for n in names] for k in keys},
     }
 
