@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from typing import Any, NoReturn
@@ -54,6 +55,8 @@ USAGE = (
 # A config override: --config.a.b=v, --config.a.b v, --noconfig.a.b (absl's false for booleans).
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
 _MIXTURE = "data.mixture"
+# ml_collections loads every experiment file as the one module "config_config" (below): one load at a time.
+_CONFIG_LOAD_LOCK = threading.Lock()
 
 
 def _die(message: str) -> NoReturn:
@@ -187,7 +190,7 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     """The config and workdir ``argv`` asks for; every mistake ends in ``_die`` (exit 2, one paragraph).
 
     A fresh ``FlagValues`` per call (not absl's global ``FLAGS``), so the function can be called
-    more than once in a process (the tests do).
+    more than once in a process (the tests do), from several threads at once (the sweep's runners).
     """
     args = list(argv[1:])
     if any(arg in ("-h", "--help", "--helpfull", "-help") for arg in args):
@@ -197,16 +200,12 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     changed = _check_override_paths(args)
     config_file = _config_file(args)
     if config_file is None:
-        _die(f"--config FILE is required, e.g. --config experiments/tiny_moe.py. {USAGE}")
+        _die(f"--config FILE is required, e.g. --config experiments/configs/tiny_moe.py. {USAGE}")
     if not os.path.isfile(config_file.split(":", 1)[0]):
         _die(f"config file {config_file!r} not found{paths.relative_to_note(config_file)}; give the path "
-             "of an experiment file, e.g. experiments/tiny_moe.py, or the name of a built-in config: "
+             "of an experiment file, e.g. experiments/configs/tiny_moe.py, or the name of a built-in config: "
              f"{', '.join(builtin_configs.BUILTIN)}.")
     values = flags.FlagValues()
-    # ml_collections loads the file as module "config_config" with the deprecated load_module(),
-    # which executes it into the module object a previous call left in sys.modules: a file that
-    # defines no get_config() would then return the previous file's config.
-    sys.modules.pop("config_config", None)
     argv = [argv[0], *args]
     config = config_flags.DEFINE_config_file(
         "config", None, "Experiment file with get_config().", flag_values=values, sys_argv=argv)
@@ -215,14 +214,19 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     verbose = flags.DEFINE_boolean("verbose", False, "Also show debug messages.", short_name="v", flag_values=values)
     quiet = flags.DEFINE_boolean("quiet", False, "Show only warnings and errors.", short_name="q", flag_values=values)
     try:
-        positional = values(argv)[1:]
+        with _CONFIG_LOAD_LOCK:
+            # ml_collections loads the file as module "config_config" with the deprecated load_module(),
+            # which executes it into the module object a previous call left in sys.modules: a file that
+            # defines no get_config() would then return the previous file's config.
+            sys.modules.pop("config_config", None)
+            positional = values(argv)[1:]
     except flags.Error as e:  # a bad override value, an unknown option, overrides in a bad order
         _die(_describe_flag_error(e, config_lib.default_config(), args))
     except (TypeError, ValueError) as e:  # a broken experiment file (the message holds its traceback)
         _die(_describe_config_file_error(str(e), config_file))
     except (AttributeError, SyntaxError, ImportError, NameError) as e:  # not an experiment file at all
         _die(f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}. An experiment file is "
-             "a Python file whose get_config() returns the config, e.g. experiments/tiny_moe.py.")
+             "a Python file whose get_config() returns the config, e.g. experiments/configs/tiny_moe.py.")
     if positional:
         _die(f"unexpected argument {positional[0]!r}. {USAGE}")
     if workdir.value is None:

@@ -5,6 +5,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 
 import jax
 import pytest
@@ -52,6 +53,31 @@ def test_old_config_paths_load_the_same_config_with_a_note(capsys, monkeypatch):
     err = capsys.readouterr().err.splitlines()
     assert err == ["note: experiments/tiny_moe.py is now experiments/configs/tiny_moe.py (the old path still works)"]
 
+
+
+def test_config_files_load_from_several_threads_at_once():
+    """The sweep resolves its runs from one thread per runner; each call gets its own file's config
+    (ml_collections loads every file as one module name, so unguarded loads raced: KeyError)."""
+    files = {"tiny_moe": "experiments/configs/tiny_moe.py", "small_moe": "experiments/configs/small_moe.py"}
+    expected = {name: parse_command_line(["m", "--config", f, "--workdir", "w"]).config.to_dict()
+                for name, f in files.items()}
+    failures = []
+
+    def load(name):
+        try:
+            for _ in range(10):
+                got = parse_command_line(["m", "--config", files[name], "--workdir", "w"]).config.to_dict()
+                if got != expected[name]:
+                    failures.append(f"{name}: got another file's config")
+        except BaseException as e:  # noqa: B036 -- SystemExit from _die included
+            failures.append(f"{name}: {e!r}")
+
+    threads = [threading.Thread(target=load, args=(name,)) for name in [*files] * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
 
 def test_launch_sh_takes_an_old_config_path_with_a_note(tmp_path):
     env = {**os.environ, "MOEJAX_PYTHON": sys.executable, "MOEJAX_ALLOCATOR": "system"}

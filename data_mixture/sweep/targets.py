@@ -38,6 +38,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,9 @@ def check_bases(targets: Sequence[RunTarget], plan_name: str) -> None:
                              "-1 (its latest).")
 
 
+_RESOLVE_LOCK = threading.Lock()
+
+
 def _resolve(target: RunTarget, where: str):
     """(config, changed keys) through moejax.main's parser + checks.validate; SweepError with its message."""
     from moejax.checks import validate
@@ -241,8 +245,8 @@ def _resolve(target: RunTarget, where: str):
 
     argv = ["moejax.main", "--config", target.config_file, "--workdir", str(target.run_dir), *target.override_args()]
     err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    try:  # the redirects swap the process's sys.stderr/stdout: one resolve at a time across runner threads
+        with _RESOLVE_LOCK, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             command = parse_command_line(argv)
             validate(command.config, _fit_devices(command.config.mesh), changed=command.changed)
     except SystemExit:
