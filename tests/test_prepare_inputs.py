@@ -93,6 +93,7 @@ BAD_FILES = [
      r"read.* named .jsonl.gz or .txt.gz: rename it if it holds one of those"),
     ("body.jsonl.zst", zstandard.ZstdCompressor().compress(b'{"text": "ok"}\n{"body": "x"}\n'),
      r"body.jsonl.zst: line 2 \(decompressed\) has no string field 'text'"),
+    ("cut.parquet", b"PAR1" + b"\x00" * 40, r"cut.parquet cannot be read as Parquet \(.*\): it is cut short or corrupt"),
 ]
 
 

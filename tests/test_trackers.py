@@ -16,7 +16,7 @@ from moejax.config import default_config
 from moejax.errors import ConfigError
 from moejax.train import trackers
 from moejax.train.trackers.run_id import resolve_run_id
-from tests.test_train import small_run  # noqa: F401  (the shared 6-step run, a fixture)
+from tests.test_train import copy_run, read_metrics, small_run, small_run_cfg  # noqa: F401 (small_run: shared fixture)
 
 ALL = ("jsonl", "tensorboard", "wandb", "mlflow")
 
@@ -210,7 +210,6 @@ def test_a_chosen_tracker_that_is_not_installed_is_refused_before_compiling(tmp_
 def test_training_logs_the_same_scalars_everywhere_and_a_resume_continues_the_same_runs(tmp_path, offline,
                                                                                         small_run):
     from moejax.train.loop import train
-    from tests.test_train import copy_run, read_metrics, small_run_cfg
 
     cfg = small_run_cfg(os.environ["MOEJAX_CACHE"])
     cfg.train.loggers, cfg.train.project, cfg.train.tags = ",".join(ALL), "moejax-tests", "smoke"

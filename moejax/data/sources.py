@@ -356,7 +356,11 @@ def _parquet_file(path: Path | str, text_field: str):
         raise DataError(f"{path}: reading Parquet needs pyarrow, which the base install leaves out: pip install "
                         "'moejax[parquet]' (or give the text as JSONL or plain text files).") from None
 
-    parquet = pq.ParquetFile(path)
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path} cannot be read as Parquet ({e}): it is cut short or corrupt. Write it "
+                        "again with a Parquet writer.") from None
     schema = parquet.schema_arrow
     if text_field not in schema.names:
         raise DataError(f"{path}: no column {text_field!r}; its columns are {schema.names}. Use "
