@@ -114,6 +114,7 @@ def test_bad_saved_datasets_are_refused_naming_the_directory_and_the_fix(tmp_pat
         (f"a=hf:{saved}:n", r"saved: column 'n' is Value\('int64'\), not a string column"),
         (f"a=hf:{tmp_path}", r"is not a dataset saved with save_to_disk \(it has no state.json\)"),
         (f"a=hf:{tmp_path / 'nowhere'}:body", r"nowhere' does not exist; hf: names a directory written by"),
+        ("a=hf:", r"--source 'a=hf:' must look like DOMAIN=hf:PATH or DOMAIN=hf:PATH:COLUMN"),
     ]
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["x"]})}).save_to_disk(str(tmp_path / "dd"))
     cases.append((f"a=hf:{tmp_path / 'dd'}", r"holds a DatasetDict \(splits: train\); name one split's directory, "

@@ -114,8 +114,8 @@ def parse_source(arg: str) -> Source:
         )
     if not path.startswith(hf_source.PREFIX):
         return Source(domain, path)
-    dataset, column = hf_source.split_spec(path[len(hf_source.PREFIX):])
-    if not dataset or (":" in path[len(hf_source.PREFIX):] and not column and not os.path.isdir(dataset)):
+    dataset, column = hf_source.split_spec(path[len(hf_source.PREFIX):])  # "PATH:" is PATH, its default column
+    if not dataset:
         raise DataError(f"--source {arg!r} must look like DOMAIN=hf:PATH or DOMAIN=hf:PATH:COLUMN, e.g. "
                         "--source web=hf:datasets/web_saved:text")
     return Source(domain, dataset, hf=True, column=column)
