@@ -75,9 +75,10 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def histograms(record: dict[str, Any]) -> dict[str, np.ndarray]:
-    """``{"expert_load/layer_<i>": loads [E]}``: each MoE layer's load per expert (the fraction of
-    routed assignments each expert took), for the writers that show histograms. Shown as a
-    histogram over the expert index whose bucket ``e`` holds expert ``e``'s load."""
+    """``{"expert_load/layer_<i>": loads [E], "expert_load_global/layer_<i>": ...}``: each MoE
+    layer's load per expert (the share of routed assignments each expert took, this step and over
+    the recent window), for the writers that show histograms: a histogram over the expert index
+    whose bucket ``e`` holds expert ``e``'s load."""
     out = {}
     for key in HISTOGRAM_KEYS:
         for layer, loads in enumerate(record.get(key) or ()):
