@@ -66,6 +66,21 @@ def default_config() -> ConfigDict:
     c.train.scan_layers = False
     c.train.peak_flops_per_device = 0.0  # FLOP/s peak for MFU; 0 means unknown (MFU reported n/a)
     c.train.max_bad_steps = 10  # stop after this many consecutive non-finite steps (each is skipped)
+    # Where the logged metrics go, comma-separated (docs/tracking.md): jsonl (WORKDIR/metrics.jsonl;
+    # always on: resuming, the run's summary and data_mixture read it) | tensorboard (event files in
+    # WORKDIR) | wandb | mlflow. Each gets the same scalars; tensorboard and wandb also get the expert
+    # loads as histograms. wandb and mlflow are opt-in: pip install "moejax[track]".
+    c.train.loggers = "jsonl,tensorboard"
+    c.train.project = "moejax"  # wandb: the project; mlflow: the experiment
+    c.train.run_name = ""  # wandb/mlflow run name; "": the workdir's name
+    c.train.tags = ""  # wandb/mlflow tags, comma-separated, e.g. "baseline,phi"
+    # The wandb/mlflow run to log to (letters, digits, '_', '-'): created if new, continued if it
+    # exists. "": an id made on the first start, kept in WORKDIR/tracker_run.json and reused on
+    # resume, so a resumed run continues the same run.
+    c.train.run_id = ""
+    # mlflow: the tracking URI (a server, sqlite:///..., or a file store); "": $MLFLOW_TRACKING_URI,
+    # else a file store in WORKDIR/mlruns.
+    c.train.mlflow_uri = ""
 
     c.optim = ConfigDict()
     c.optim.lr = 3e-3  # peak learning rate
@@ -247,6 +262,9 @@ FREE_KEYS = ("data.mixture",)
 PATH_KEYS = ("data.path", "data.mixture_file", "data.schedule", "data.cache_dir", "checkpoint.init_from",
              "model.l3.allocation")
 BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
+# Names train.loggers may list (the writers: moejax/train/trackers/); jsonl must be one of them.
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
@@ -530,6 +548,7 @@ def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes:
         log.warning(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
                     f"train.steps={t.steps}; warming up over {warmup} steps instead.")
 
+    _check_trackers(t)
     if cfg.data.benchmarks not in BENCHMARK_VERSIONS:
         _fail("data.benchmarks", cfg.data.benchmarks, " or ".join(map(repr, BENCHMARK_VERSIONS)))
     mixture = cfg.data.mixture
@@ -557,6 +576,28 @@ def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes:
         _fail("model.moe.num_experts", moe.num_experts, f"a multiple of mesh.expert={mesh['expert']}")
     _check_llep(moe, mesh)
     return mesh
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """The items of a comma-separated knob (``train.loggers``, ``train.tags``), stripped, empty ones dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _check_trackers(t: ConfigDict) -> None:
+    """train.loggers names known writers, jsonl among them; train.run_id is a usable id."""
+    names = split_list(t.loggers)
+    unknown = [name for name in names if name not in LOGGERS]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], LOGGERS, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        _fail("train.loggers", t.loggers, f"a comma-separated list of {' | '.join(LOGGERS)}",
+              f"{unknown[0]!r} is not a logger.{hint} E.g. --config.train.loggers=jsonl,tensorboard,wandb")
+    if "jsonl" not in names:
+        _fail("train.loggers", t.loggers, "a list that includes jsonl",
+              "WORKDIR/metrics.jsonl is what resuming, the run's summary and data_mixture read; add "
+              f"it, e.g. --config.train.loggers=jsonl,{','.join(n for n in names if n != 'jsonl') or 'tensorboard'}")
+    if len(t.run_id) > 64 or not RUN_ID_CHARS.issuperset(t.run_id):
+        _fail("train.run_id", t.run_id, "'' or up to 64 letters, digits, '_' or '-'")
 
 
 def _fail_pair(changed: Any, first: tuple[str, Any, str], second: tuple[str, Any, str], why: str = "") -> None:

@@ -45,8 +45,7 @@ def _make_user_files(user: Path) -> None:
     records = "".join(json.dumps({"text": _text(i)}) + "\n" for i in range(120))
     (user / "notes.jsonl").write_text(records)
     (user / "cut.jsonl").write_text(records + '{"text": "cut sho')
-    with gzip.open(user / "chat.jsonl.gz", "wt") as f:
-        f.write(records)
+    (user / "chat.jsonl.gz").write_bytes(gzip.compress(records.encode())[:200])  # cut short
     (user / "chat.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 32)
     (user / "poems.csv").write_text("title,text\n" + "".join(f"t{i},{_text(i, 10)}\n" for i in range(50)))
     (user / "fake.parquet").write_text("not parquet at all\n")
@@ -159,9 +158,9 @@ MERGEMIX = ["mergemix", "--base", "{user}/run", "--domains", "notes,other", "--e
 MATRIX = [
     # prepare: inputs
     ("prepare", ["--source", "a={user}/missing.jsonl", "--out", "{out}/p1"], "does not exist"),
-    ("prepare", ["--source", "a={user}/chat.jsonl.gz", "--out", "{out}/p2"], "gunzip"),
+    ("prepare", ["--source", "a={user}/chat.jsonl.gz", "--out", "{out}/p2"], "cut short or corrupt"),
     ("prepare", ["--source", "a={user}/chat.jsonl.zst", "--out", "{out}/p3"], "zstd-compressed"),
-    ("prepare", ["--source", "a={user}/*.gz", "--out", "{out}/p4"], "decompress it first"),
+    ("prepare", ["--source", "a={user}/*.gz", "--out", "{out}/p4"], "gzip -t"),
     ("prepare", ["--source", "a={user}/poems.csv", "--out", "{out}/p5"], "CSV table"),
     ("prepare", ["--source", "a={user}/fake.parquet", "--out", "{out}/p6"], "not a Parquet file"),
     ("prepare", ["--source", "a={user}/blob.bin", "--out", "{out}/p7"], "binary file"),

@@ -407,7 +407,7 @@ def test_files_are_read_by_what_they_are_not_by_their_name(tmp_path):
     records = "".join(json.dumps({"text": f"document {i} " * 30}) + "\n" for i in range(40))
     with gzip.open(tmp_path / "named_plain.jsonl", "wt") as f:  # gzip bytes behind a .jsonl name
         f.write(records)
-    with pytest.raises(DataError, match=r"named_plain.jsonl is gzip-compressed.*decompress it first \(gunzip "):
+    with pytest.raises(DataError, match=r"named_plain.jsonl is gzip-compressed.*Rename it to named_plain.jsonl.gz"):
         prepare_dataset([f"a={tmp_path / 'named_plain.jsonl'}"], tmp_path / "o1", **OPTIONS)
     (tmp_path / "t.csv").write_text("title,text\nx,hello\n")
     with pytest.raises(DataError, match=r"t.csv is a CSV table, which prepare does not read; it reads plain text"):

@@ -112,8 +112,7 @@ def prepare_dataset(
     parsed = [s if isinstance(s, Source) else sources_lib.parse_source(s) for s in sources]
     _check_options(parsed, tokenizer, heldout_fraction, shard_mb, bpe_sample_mb, workers, seq_len)
     shard_bytes = max(1, int(shard_mb * MB))
-    plans = {s.domain: sources_lib.plan_pieces(sources_lib.list_files(s), shard_bytes, text_field)
-             for s in parsed}
+    plans = {s.domain: sources_lib.plan_source(s, shard_bytes, text_field) for s in parsed}
     existing, progress = _read_existing(out)
     paths.make_dir(str(out), "--out")
     options = _tokenizer_options(tokenizer, vocab_size)
@@ -558,8 +557,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(config: data.path=OUT).",
     )
     parser.add_argument("--source", action="append", default=[], metavar="DOMAIN=PATH",
-                        help="a directory (its .txt/.jsonl/.parquet files), a file or a quoted glob; "
-                             "repeat for each domain")
+                        help="a directory (its .txt/.jsonl/.parquet files, and .txt/.jsonl compressed: "
+                             ".gz, .zst), a file, a quoted glob, or hf:PATH[:column] (a Hugging Face dataset "
+                             "saved with save_to_disk); repeat for each domain")
     parser.add_argument("--out", required=True,
                         help="dataset directory (created; an existing dataset is resumed or gains domains)")
     parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
@@ -613,10 +613,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _user_source(arg: str) -> str:
-    """``DOMAIN=PATH`` with PATH resolved as the user meant it (a malformed one is left to
-    ``parse_source`` to report)."""
-    domain, sep, path = arg.partition("=")
-    return f"{domain}={paths.user_path(path)}" if sep and path else arg
+    """``DOMAIN=PATH`` (or ``DOMAIN=hf:PATH[:column]``) with PATH resolved as the user meant it (a
+    malformed one is left to ``parse_source`` to report)."""
+    return sources_lib.user_source(arg, paths.user_path)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):

@@ -30,6 +30,7 @@ from moejax.data.mixture import MixtureWarning, resolved_data_values, stage_inde
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.errors import ConfigError
 from moejax.model.transformer import flops_per_token, param_counts
+from moejax.train import trackers
 from moejax.train.checkpoint import Checkpointer, Restored, any_process, check_same_on_every_process, load_params
 from moejax.train.preemption import Preempted, PreemptionGuard
 from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
@@ -133,6 +134,7 @@ def train(cfg, workdir: str, *, changed=()) -> dict[str, Any]:
     ``changed``: the config keys set on the command line (for the config errors' wording). A run
     refused for its config or data leaves no empty directory behind."""
     mesh_shape, data_info = check_config(cfg, changed, workdir)
+    trackers.check_installed(cfg.train.loggers)  # a chosen W&B/MLflow that is missing: before compiling
     cfg = resolved_config(cfg)
     existed = os.path.isdir(workdir)
     paths.make_dir(workdir, "--workdir")
@@ -197,7 +199,10 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
     tokens_per_step = t.global_batch_size * t.seq_len
     if is_main:
         truncate_metrics(workdir, step)  # records past the checkpoint are redone after a resume
-    logger = MetricsLogger(workdir, total_steps=t.steps, start_step=step, enabled=is_main)
+    # The writers of train.loggers; a W&B/MLflow run starts here, or continues on a resume.
+    writers = (trackers.open_writers(trackers.chosen(t.loggers), trackers.settings_from_config(cfg, workdir))
+               if is_main else [])
+    logger = MetricsLogger(workdir, total_steps=t.steps, start_step=step, enabled=is_main, writers=writers)
     if is_main:
         log.info(
             f"moejax: {counts['total'] / 1e6:.2f}M params ({counts['active'] / 1e6:.2f}M active), "
@@ -211,6 +216,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
     summary: dict[str, Any] = {"start_step": step}
     bad_streak = 0
     skipped_steps = data_state.get("skipped_steps", 0) if data_state else 0
+    stopped_by: BaseException | None = None  # what ended the run early, for the trackers' run status
 
     def save() -> None:
         data = {"iterator": data_iter.get_state(), "tokens_per_domain": domain_tokens.tolist(),
@@ -284,9 +290,12 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
                 if preempted:
                     checkpointer.wait()
                     raise Preempted(preemption.signum or signal.SIGTERM, step)
+    except BaseException as error:
+        stopped_by = error
+        raise
     finally:
         checkpointer.close()
-        logger.close()
+        logger.close(stopped_by)
     summary["final_step"] = step
     summary["resumed_from"] = summary["start_step"] if resumed else None
     if is_main:  # the whole run's first and last evaluation, also when this process resumed it

@@ -1,19 +1,22 @@
 """Where metrics go: a progress bar, a line per logged step (logged at INFO: on stdout from the
-command line, hidden by --quiet), WORKDIR/metrics.jsonl, TensorBoard."""
+command line, hidden by --quiet), and the writers of train.loggers (moejax/train/trackers/:
+WORKDIR/metrics.jsonl, TensorBoard, W&B, MLflow); and the routing-health metrics themselves."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
+
+from moejax.train import trackers
 
 log = logging.getLogger(__name__)
 
@@ -96,20 +99,26 @@ def routing_summary(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsLogger:
-    """One JSON object per logged step in metrics.jsonl (appended on resume) and TensorBoard scalars.
+    """Each logged step to the writers (moejax/train/trackers/: metrics.jsonl, appended on resume,
+    TensorBoard, W&B, MLflow), a progress bar and a log line.
 
-    Scalars go everywhere; lists (per-layer expert loads, drop rates) go to metrics.jsonl only,
-    and non-finite values (a skipped step's loss) to metrics.jsonl only. Only process 0 writes.
-    The progress bar is drawn on a terminal only; in a log file each logged step's line starts
-    with ``[step/total]`` instead of the bar's redraws.
+    The writers get the same record; each keeps what it shows (metrics.jsonl all of it, the others
+    the finite scalars, and TensorBoard and W&B the expert loads as histograms). Only process 0
+    writes. The progress bar is drawn on a terminal only; in a log file each logged step's line
+    starts with ``[step/total]`` instead of the bar's redraws.
     """
 
-    def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool = True):
+    def __init__(self, workdir: str, *, total_steps: int, start_step: int, enabled: bool = True,
+                 writers: Sequence[trackers.Writer] | None = None):
+        """``writers``: open writers (:func:`moejax.train.trackers.open_writers`), closed by
+        :meth:`close`; None: metrics.jsonl and TensorBoard."""
         self.enabled = enabled
         if not enabled:
             return
-        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-        self.tb = _summary_writer()(workdir)
+        if writers is None:
+            writers = trackers.open_writers(("jsonl", "tensorboard"), trackers.RunSettings(
+                workdir=workdir, project="", run_name="", tags=(), run_id="", mlflow_uri="", config={}))
+        self.writers = list(writers)
         self.total_steps = total_steps
         self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                              disable=not sys.stderr.isatty())
@@ -124,22 +133,19 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
-                self.tb.add_scalar(key, value, step)
-        self.tb.flush()
+        for writer in self.writers:
+            writer.write(step, record)
         shown = [f"{k}={_fmt(v)}" for k, v in record.items() if isinstance(v, (int, float, str)) and "/" not in k]
         if self.bar.disable:
             shown.insert(0, f"[{step}/{self.total_steps}]")
         log.info(" ".join(shown))
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
+        """Closes the bar and the writers; ``error``: what stopped the run (None: it ended normally)."""
         if self.enabled:
             self.bar.close()
-            self.jsonl.close()
-            self.tb.close()
+            for writer in self.writers:
+                writer.close(error)
 
 
 def _plain(value: Any) -> Any:
@@ -170,25 +176,3 @@ def truncate_metrics(workdir: str, step: int) -> None:
     with open(path + ".tmp", "w") as f:
         f.writelines(lines)
     os.replace(path + ".tmp", path)
-
-
-def _summary_writer():
-    """tensorboardX's ``SummaryWriter``, imported without torch.
-
-    tensorboardX imports torch whenever it is installed (only to accept torch tensors; it is in
-    the hf extra for the PyTorch peer benchmark). The loop logs Python floats, so torch is
-    hidden while tensorboardX loads: importing torch is most of tensorboardX's import time, so every
-    training process, sweep run and test subprocess starts seconds sooner (measured in
-    experiments/benchmarks/LOG.md, section 2, change 7). A process that has already imported torch
-    keeps it.
-    """
-    if "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    sys.modules["torch"] = None  # makes ``import torch`` raise ImportError
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]
-    return SummaryWriter
