@@ -56,7 +56,7 @@ def load(path: str) -> Any:
         import datasets
     except ImportError:
         raise DataError(f"{path}: reading a Hugging Face dataset needs the datasets package, which the base "
-                        "install leaves out: pip install datasets (or give the text as JSONL, Parquet or "
+                        "install leaves out: pip install 'moejax[parquet]' (or give the text as JSONL, Parquet or "
                         "plain text files).") from None
     try:
         dataset = datasets.load_from_disk(path)
