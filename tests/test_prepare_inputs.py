@@ -124,6 +124,6 @@ def test_bad_saved_datasets_are_refused_naming_the_directory_and_the_fix(tmp_pat
             prepare_dataset([source], tmp_path / "out", **OPTIONS)
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
     with pytest.raises(DataError, match=r"saved: reading a Hugging Face dataset needs the datasets package.*"
-                                        r"pip install datasets"):
+                                        r"pip install 'moejax\[parquet\]'"):
         prepare_dataset([f"a=hf:{saved}:body"], tmp_path / "out", **OPTIONS)
     assert not (tmp_path / "out" / layout.DATASET_FILE).exists()
