@@ -1,0 +1,254 @@
+"""Any Hugging Face tokenizer, end to end: prepare with it, import a model with it, train and
+generate with it, export it so transformers reads it; every mistake stops early, by name.
+
+The tokenizers are built here (BPE and Unigram/SentencePiece-style; Llama-style and Qwen-style
+special tokens); nothing is downloaded.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers.implementations import SentencePieceUnigramTokenizer
+
+from moejax.data import prepare
+from moejax.data.errors import DataError
+from moejax.data.tokenizer import load_tokenizer
+from moejax.interop import hf as interop
+
+TEXTS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i % 7} times, said Ada." for i in range(300)]
+SAMPLE = "Document 5: the quick brown fox, said Ada."
+
+
+def qwen_style(directory: Path) -> None:
+    """Byte-level BPE; <|endoftext|>, <|im_start|>, <|im_end|>; no BOS, EOS <|im_end|>, PAD <|endoftext|>."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "tokenizer_class": "Qwen2Tokenizer"}))
+
+
+def llama_style(directory: Path) -> None:
+    """SentencePiece-style BPE (▁ for spaces, byte fallback); <unk>, <s>, </s>; no PAD (EOS is used)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                                       show_progress=False))
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": {"content": "<s>", "__type": "AddedToken"}, "eos_token": "</s>", "pad_token": None,
+         "unk_token": "<unk>", "add_bos_token": True, "tokenizer_class": "LlamaTokenizer"}))
+
+
+def unigram_style(directory: Path) -> None:
+    """SentencePiece Unigram; special tokens named only by special_tokens_map.json."""
+    tok = SentencePieceUnigramTokenizer()
+    tok.train_from_iterator(TEXTS, vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                            show_progress=False)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "special_tokens_map.json").write_text(json.dumps({"eos_token": "</s>", "pad_token": "<pad>"}))
+
+
+STYLES = {"qwen": qwen_style, "llama": llama_style, "unigram": unigram_style}
+EXPECTED_SPECIALS = {
+    "qwen": {"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>"},
+    "llama": {"bos": "<s>", "eos": "</s>", "pad": "</s>"},
+    "unigram": {"bos": None, "eos": "</s>", "pad": "<pad>"},
+}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Tokenizer directories (one per style) and a JSONL source."""
+    root = tmp_path_factory.mktemp("hf_tok")
+    for name, build in STYLES.items():
+        (root / name).mkdir()
+        build(root / name)
+    with open(root / "docs.jsonl", "w") as f:
+        for i in range(400):
+            f.write(json.dumps({"text": f"Document {i}: the quick brown fox jumps over the lazy dog {i % 7} times, "
+                                        "said Ada. " * 3}) + "\n")
+    return root
+
+
+def run_prepare(root: Path, out: Path, *extra: str) -> str:
+    """``python -m moejax.data.prepare`` in-process; returns what it printed (stdout)."""
+    import contextlib
+    import io
+    import warnings
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
+        warnings.simplefilter("ignore", prepare.HeldoutWarning)  # a small source: a small held-out split
+        code = prepare.main(["--source", f"web={root / 'docs.jsonl'}", "--out", str(out), "--seq-len", "32",
+                             "--heldout-fraction", "0.1", "--workers", "1", *extra])
+    assert code == 0
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_prepare_with_a_hf_tokenizer_records_prints_and_decodes_it(root, tmp_path, style):
+    tok = load_tokenizer(root / style)  # the model directory: special tokens from its files
+    assert tok.name.startswith(f"hf-{tok.vocab_size}-") and tok.special_tokens == EXPECTED_SPECIALS[style]
+    assert tok.decode(tok.encode(SAMPLE)) == SAMPLE
+    printed = run_prepare(root, tmp_path / "ds", "--tokenizer", str(root / style))
+    assert f"tokenizer {tok.name} (from {root / style}; " in printed
+    dataset = json.loads((tmp_path / "ds" / "dataset.json").read_text())
+    assert dataset["tokenizer"] == tok.name and dataset["tokenizer_options"]["special_tokens"] == tok.special_tokens
+    from moejax.data.dataset import open_dataset
+
+    data = open_dataset(tmp_path / "ds")
+    assert data.tokenizer.name == tok.name
+    stream = data.streams("web", "train")[0]
+    starts = list(stream.doc_starts) + [stream.num_tokens]
+    first = stream.tokens[starts[0]:starts[1]]
+    assert first[-1] == tok.eos_id and tok.eos_id not in first[:-1]  # documents end with the tokenizer's EOS
+    assert data.tokenizer.decode(first).startswith("Document ")
+    # The same tokenizer from another path (a copy, or the dataset itself) has the same id.
+    assert load_tokenizer(tmp_path / "ds").name == tok.name
+
+
+def test_special_token_overrides_and_bad_tokenizers_stop_before_any_work(root, tmp_path):
+    tok = load_tokenizer(root / "llama", {"eos": "<s>", "pad": "<unk>"})
+    assert (tok.eos_id, tok.pad_id, tok.bos_id) == (1, 0, 1)
+    assert tok.name == load_tokenizer(root / "llama").name  # the id is the vocabulary's, not the specials'
+    out = tmp_path / "never"
+    source = [f"web={root / 'docs.jsonl'}"]
+    with pytest.raises(DataError, match=r"llama/tokenizer.json: the eos token '<\|nope\|>' is not in the tokenizer's "
+                                         r"vocabulary\. Allowed: one of its tokens, e\.g\. its special tokens \['<unk>', "
+                                         r"'<s>', '</s>'\]\. Pass --eos-token TOKEN"):
+        prepare.prepare_dataset(source, out, tokenizer=root / "llama", special_tokens={"eos": "<|nope|>"})
+    (tmp_path / "broken.json").write_text('{"model": 1')
+    with pytest.raises(DataError, match=r"broken\.json is not a tokenizer file the tokenizers library can read"):
+        prepare.prepare_dataset(source, out, tokenizer=tmp_path / "broken.json")
+    shutil.copy(root / "llama" / "tokenizer.json", tmp_path / "bare.json")
+    with pytest.raises(DataError, match=r"bare\.json: no EOS token is named .* Pass --eos-token TOKEN"):
+        prepare.prepare_dataset(source, out, tokenizer=tmp_path / "bare.json")
+    with pytest.raises(DataError, match=r"--tokenizer '.*nothere': no such file or directory\. Allowed: byte \| bpe"):
+        prepare.prepare_dataset(source, out, tokenizer=tmp_path / "nothere")
+    with pytest.raises(DataError, match=r"--eos-token apply to a Hugging Face tokenizer"):
+        prepare.prepare_dataset(source, out, tokenizer="byte", special_tokens={"eos": "x"})
+    assert not out.exists()
+    # A dataset holds one tokenizer: other special tokens are another token stream.
+    run_prepare(root, tmp_path / "ds", "--tokenizer", str(tmp_path / "bare.json"), "--eos-token", "</s>")
+    with pytest.raises(DataError, match=r"asks for \"hf-300-\w+ with special tokens \{'bos': None, 'eos': '<s>'"):
+        prepare.prepare_dataset(source, tmp_path / "ds", tokenizer=tmp_path / "bare.json", special_tokens={"eos": "<s>"},
+                                seq_len=32, heldout_fraction=0.1)
+
+
+# --- a model with a tokenizer: import, prepare, train, generate, export --------------------------
+
+
+def tiny_model_cfg(vocab_size: int):
+    from moejax.config import default_config
+
+    m = default_config().model
+    m.d_model, m.num_layers, m.mlp_dim, m.vocab_size, m.first_k_dense = 32, 2, 64, vocab_size, 1
+    m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
+    m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
+    return m
+
+
+def write_hf_model(directory: Path, vocab_size: int, tokenizer_dir: Path | None) -> None:
+    """A Qwen2-MoE checkpoint with random weights (no torch needed), and the tokenizer's files."""
+    import jax
+
+    m = tiny_model_cfg(vocab_size)
+    rng = np.random.default_rng(0)
+    draw = lambda path, s: (float(path[-1].key == "scale") + rng.normal(0, 0.1, s.shape)).astype(s.dtype)  # noqa: E731
+    params = jax.tree_util.tree_map_with_path(draw, interop.abstract_params(m))
+    arch = interop.choose_architecture(m)
+    tensors = interop.params_to_hf(interop.adapt_params(params, m, arch), interop.adapted_config(m, arch), arch)
+    interop.write_hf_dir(str(directory), interop.hf_config_from_model(m, arch), tensors)
+    for file in (tokenizer_dir.iterdir() if tokenizer_dir else ()):
+        shutil.copy(file, directory / file.name)
+
+
+@pytest.fixture(scope="module")
+def imported(root, tmp_path_factory):
+    """A Qwen-style checkpoint imported through the CLI: (workdir, what the import printed)."""
+    import contextlib
+    import io
+
+    base = tmp_path_factory.mktemp("import")
+    write_hf_model(base / "hf", 384, root / "qwen")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        interop.main(["import", "--hf-dir", str(base / "hf"), "--workdir", str(base / "workdir")])
+    return base / "workdir", buffer.getvalue()
+
+
+def test_import_copies_the_tokenizer_and_prints_the_prepare_command(root, imported):
+    from moejax.eval.restore import latest_meta
+
+    workdir, printed = imported
+    qwen = load_tokenizer(root / "qwen")
+    assert (workdir / "tokenizer" / "tokenizer.json").read_bytes() == (root / "qwen" / "tokenizer.json").read_bytes()
+    assert (workdir / "tokenizer" / "tokenizer_config.json").is_file()
+    assert latest_meta(str(workdir))["tokenizer"] == qwen.name
+    command = f"python -m moejax.data.prepare --tokenizer {workdir / 'tokenizer'} --source DOMAIN=PATH --out datasets/NAME"
+    assert command in printed
+
+
+def test_import_refuses_a_tokenizer_larger_than_the_embedding(root, tmp_path):
+    write_hf_model(tmp_path / "hf", 256, root / "qwen")  # 320 tokens, 256 embedding rows
+    with pytest.raises(interop.InteropError, match=r"hf/tokenizer\.json has a vocabulary of 320 tokens, but the model's "
+                                                   r"embedding \(.*config\.json: vocab_size 256\) has only 256 rows; "
+                                                   r"allowed: a tokenizer of at most 256 tokens"):
+        interop.import_to_workdir(str(tmp_path / "hf"), str(tmp_path / "workdir"))
+    assert not (tmp_path / "workdir").exists()
+
+
+def test_training_from_the_import_needs_its_tokenizer_then_generates_and_exports_it(root, imported, tmp_path, capsys):
+    from moejax.config import from_dict
+    from moejax.eval.restore import open_run
+    from moejax.generate import main as generate_main
+    from moejax.train.loop import train
+
+    workdir, _ = imported
+    qwen = load_tokenizer(root / "qwen")
+    run_prepare(root, tmp_path / "right", "--tokenizer", str(workdir / "tokenizer"))  # the printed command
+    run_prepare(root, tmp_path / "wrong", "--tokenizer", str(root / "llama"))
+    cfg = from_dict(json.loads((workdir / "config.json").read_text()))
+    cfg.checkpoint.init_from = str(workdir)  # what experiment.py sets
+    t = cfg.train
+    t.steps, t.global_batch_size, t.seq_len, t.eval_every, t.eval_batches, t.log_every = 2, 8, 32, 2, 1, 1
+    cfg.optim.warmup_steps, cfg.checkpoint.every_steps = 1, 2
+    cfg.mesh.data, cfg.mesh.fsdp = 8, 1
+    cfg.data.mixture = {"web": 1.0}
+    cfg.data.path = str(tmp_path / "wrong")
+    with pytest.raises(DataError, match=r"tokenizer mismatch: data\.path='.*wrong' is tokenized with 'hf-300-\w+', but "
+                                         rf"checkpoint\.init_from .*/0 was trained with '{qwen.name}'\. Prepare the data "
+                                         rf"with that tokenizer \(python -m moejax\.data\.prepare --tokenizer "
+                                         rf"{workdir / 'tokenizer'} "):
+        train(cfg, str(tmp_path / "refused"))
+    cfg.data.path = str(tmp_path / "right")
+    train(cfg, str(tmp_path / "run"))
+
+    erun = open_run(str(tmp_path / "run"))  # what moejax.eval and moejax.generate read
+    assert erun.tokenizer.name == qwen.name
+    capsys.readouterr()
+    generate_main(["--workdir", str(tmp_path / "run"), "--prompt", "Document 3: the", "--max-new-tokens", "6"])
+    out = capsys.readouterr().out
+    assert "--- step 2" in out and "\nDocument 3: the" in out
+
+    interop.main(["export", "--workdir", str(tmp_path / "run"), "--hf-dir", str(tmp_path / "hf_out")])
+    assert load_tokenizer(tmp_path / "hf_out").name == qwen.name
+    transformers = pytest.importorskip("transformers")
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf_out"))
+    ids = erun.tokenizer.encode(SAMPLE)
+    assert auto(SAMPLE, add_special_tokens=False)["input_ids"] == ids.tolist()
+    generated = np.random.default_rng(0).integers(3, qwen.vocab_size, 12)
+    assert auto.decode(generated.tolist(), skip_special_tokens=True) == erun.tokenizer.decode(generated)
+    assert auto.eos_token == "<|im_end|>"
