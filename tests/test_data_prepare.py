@@ -235,7 +235,7 @@ def test_load_tokenizer_and_tokenizer_checks(bpe_dataset, prepared, tmp_path):
         load_tokenizer(bpe_id)
     with pytest.raises(DataError, match=r"'wordpiece' is neither 'byte' nor an existing tokenizer.json"):
         load_tokenizer("wordpiece")
-    with pytest.raises(DataError, match=r"is not a valid tokenizers JSON file"):
+    with pytest.raises(DataError, match=r"broken.json is not a tokenizer file the tokenizers library can read"):
         (tmp_path / "broken.json").write_text("{}")
         load_tokenizer(tmp_path / "broken.json")
     # A replaced tokenizer.json no longer matches the id the data was tokenized with.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers.implementations import SentencePieceUnigramTokenizer
 
 from moejax.data import prepare
@@ -22,12 +22,19 @@ from moejax.interop import hf as interop
 
 TEXTS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i % 7} times, said Ada." for i in range(300)]
 SAMPLE = "Document 5: the quick brown fox, said Ada."
+QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+                r"\s+(?!\S)|\s+")
 
 
 def qwen_style(directory: Path) -> None:
-    """Byte-level BPE; <|endoftext|>, <|im_start|>, <|im_end|>; no BOS, EOS <|im_end|>, PAD <|endoftext|>."""
+    """Byte-level BPE with Qwen2's normalizer and split pattern (transformers' Qwen2Tokenizer sets
+    them); <|endoftext|>, <|im_start|>, <|im_end|>; no BOS, EOS <|im_end|>, PAD <|endoftext|>."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
         vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
@@ -202,53 +209,121 @@ def test_import_copies_the_tokenizer_and_prints_the_prepare_command(root, import
 
 
 def test_import_refuses_a_tokenizer_larger_than_the_embedding(root, tmp_path):
-    write_hf_model(tmp_path / "hf", 256, root / "qwen")  # 320 tokens, 256 embedding rows
-    with pytest.raises(interop.InteropError, match=r"hf/tokenizer\.json has a vocabulary of 320 tokens, but the model's "
+    write_hf_model(tmp_path / "hf", 256, root / "qwen")  # about 300 tokens, 256 embedding rows
+    vocab = load_tokenizer(root / "qwen").vocab_size
+    with pytest.raises(interop.InteropError, match=rf"hf/tokenizer\.json has a vocabulary of {vocab} tokens, but the model's "
                                                    r"embedding \(.*config\.json: vocab_size 256\) has only 256 rows; "
                                                    r"allowed: a tokenizer of at most 256 tokens"):
         interop.import_to_workdir(str(tmp_path / "hf"), str(tmp_path / "workdir"))
     assert not (tmp_path / "workdir").exists()
 
 
-def test_training_from_the_import_needs_its_tokenizer_then_generates_and_exports_it(root, imported, tmp_path, capsys):
+def training_cfg(workdir: Path, data_path: Path):
+    """The imported experiment (experiment.py: its config.json, init_from the workdir), shortened."""
     from moejax.config import from_dict
-    from moejax.eval.restore import open_run
-    from moejax.generate import main as generate_main
-    from moejax.train.loop import train
 
-    workdir, _ = imported
-    qwen = load_tokenizer(root / "qwen")
-    run_prepare(root, tmp_path / "right", "--tokenizer", str(workdir / "tokenizer"))  # the printed command
-    run_prepare(root, tmp_path / "wrong", "--tokenizer", str(root / "llama"))
     cfg = from_dict(json.loads((workdir / "config.json").read_text()))
-    cfg.checkpoint.init_from = str(workdir)  # what experiment.py sets
+    cfg.checkpoint.init_from = str(workdir)
     t = cfg.train
     t.steps, t.global_batch_size, t.seq_len, t.eval_every, t.eval_batches, t.log_every = 2, 8, 32, 2, 1, 1
     cfg.optim.warmup_steps, cfg.checkpoint.every_steps = 1, 2
     cfg.mesh.data, cfg.mesh.fsdp = 8, 1
     cfg.data.mixture = {"web": 1.0}
-    cfg.data.path = str(tmp_path / "wrong")
+    cfg.data.path = str(data_path)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def datasets(root, imported, tmp_path_factory):
+    """(data prepared with the printed command, data prepared with another tokenizer)."""
+    workdir, _ = imported
+    base = tmp_path_factory.mktemp("datasets")
+    run_prepare(root, base / "right", "--tokenizer", str(workdir / "tokenizer"))  # the printed command
+    run_prepare(root, base / "wrong", "--tokenizer", str(root / "llama"))
+    return base / "right", base / "wrong"
+
+
+def test_training_from_the_import_is_refused_on_data_of_another_tokenizer(root, imported, datasets, tmp_path):
+    from moejax.checks import check_config
+    from moejax.train.loop import check_init_from_tokenizer, train
+
+    workdir, _ = imported
+    qwen, (right, wrong) = load_tokenizer(root / "qwen"), datasets
     with pytest.raises(DataError, match=r"tokenizer mismatch: data\.path='.*wrong' is tokenized with 'hf-300-\w+', but "
                                          rf"checkpoint\.init_from .*/0 was trained with '{qwen.name}'\. Prepare the data "
                                          rf"with that tokenizer \(python -m moejax\.data\.prepare --tokenizer "
                                          rf"{workdir / 'tokenizer'} "):
-        train(cfg, str(tmp_path / "refused"))
-    cfg.data.path = str(tmp_path / "right")
-    train(cfg, str(tmp_path / "run"))
+        train(training_cfg(workdir, wrong), str(tmp_path / "refused"))  # before anything compiles
+    assert not (tmp_path / "refused").exists()
+    cfg = training_cfg(workdir, right)  # accepted: the config checks and the warm start's tokenizer check pass
+    _, info = check_config(cfg)
+    assert info.tokenizer.name == qwen.name
+    check_init_from_tokenizer(cfg, info.tokenizer.name)
+    # An embedding smaller than the data's vocabulary: the error names the tokenizer file and the fix.
+    cfg.model.vocab_size = 256
+    with pytest.raises(DataError, match=r"'model\.vocab_size' has value 256; allowed: at least the vocabulary of the "
+                                         rf"tokenizer of prepared dataset .*right \({qwen.name}, .*right/tokenizer\.json: "
+                                         rf"{qwen.vocab_size} tokens\)\. checkpoint\.init_from's embedding has 256 rows: prepare the data "
+                                         r"with the tokenizer that checkpoint was trained with"):
+        check_config(cfg)
 
-    erun = open_run(str(tmp_path / "run"))  # what moejax.eval and moejax.generate read
-    assert erun.tokenizer.name == qwen.name
+
+def as_trained_run(imported_workdir: Path, data_path: Path, run: Path) -> None:
+    """The imported checkpoint as a run on ``data_path`` records it (what ``train`` writes in
+    checkpoints' meta and config.json), without compiling a train step."""
+    shutil.copytree(imported_workdir, run, ignore=shutil.ignore_patterns("tokenizer"))
+    meta_file = run / "checkpoints" / "0" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    meta["config"]["data"]["path"], meta["config"]["data"]["mixture"] = str(data_path), {"web": 1.0}
+    meta_file.write_text(json.dumps(meta))
+    (run / "config.json").write_text(json.dumps(meta["config"]))
+
+
+def test_eval_and_export_use_the_runs_tokenizer_and_transformers_reads_it(root, imported, datasets, tmp_path):
+    from moejax.eval.restore import open_run
+
+    workdir, _ = imported
+    qwen, (right, wrong) = load_tokenizer(root / "qwen"), datasets
+    as_trained_run(workdir, right, tmp_path / "run")
+    erun = open_run(str(tmp_path / "run"))  # what moejax.eval and moejax.generate decode with
+    assert erun.tokenizer.name == qwen.name and erun.tokenizer.eos_id == qwen.eos_id
+    as_trained_run(workdir, wrong, tmp_path / "wrong_run")
+    with pytest.raises(DataError, match=r"tokenizer mismatch: data\.path='.*wrong' is tokenized with 'hf-300-"):
+        open_run(str(tmp_path / "wrong_run"))
+
+    interop.main(["export", "--workdir", str(tmp_path / "run"), "--hf-dir", str(tmp_path / "from_data")])
+    interop.main(["export", "--workdir", str(workdir), "--hf-dir", str(tmp_path / "from_import")])
+    assert (tmp_path / "from_import" / "tokenizer_config.json").read_bytes() == (
+        root / "qwen" / "tokenizer_config.json").read_bytes()  # an import's own files, as they were
+    transformers = pytest.importorskip("transformers")
+    generated = np.random.default_rng(0).integers(3, qwen.vocab_size, 24)
+    for out in ("from_data", "from_import"):
+        assert load_tokenizer(tmp_path / out).name == qwen.name
+        auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / out))
+        assert auto(SAMPLE, add_special_tokens=False)["input_ids"] == erun.tokenizer.encode(SAMPLE).tolist()
+        assert auto.decode(generated.tolist(), skip_special_tokens=True) == erun.tokenizer.decode(generated)
+        assert auto.eos_token == "<|im_end|>" and auto.pad_token == "<|endoftext|>"
+
+
+@pytest.mark.slow
+def test_train_generate_and_export_on_a_hf_tokenizer(root, imported, datasets, tmp_path, capsys):
+    """The whole path with real training: import, prepare, train two steps, generate, export."""
+    from moejax.generate import main as generate_main
+    from moejax.train.loop import train
+
+    workdir, _ = imported
+    qwen, (right, _) = load_tokenizer(root / "qwen"), datasets
+    train(training_cfg(workdir, right), str(tmp_path / "run"))
     capsys.readouterr()
     generate_main(["--workdir", str(tmp_path / "run"), "--prompt", "Document 3: the", "--max-new-tokens", "6"])
     out = capsys.readouterr().out
     assert "--- step 2" in out and "\nDocument 3: the" in out
-
     interop.main(["export", "--workdir", str(tmp_path / "run"), "--hf-dir", str(tmp_path / "hf_out")])
     assert load_tokenizer(tmp_path / "hf_out").name == qwen.name
     transformers = pytest.importorskip("transformers")
     auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf_out"))
-    ids = erun.tokenizer.encode(SAMPLE)
-    assert auto(SAMPLE, add_special_tokens=False)["input_ids"] == ids.tolist()
-    generated = np.random.default_rng(0).integers(3, qwen.vocab_size, 12)
-    assert auto.decode(generated.tolist(), skip_special_tokens=True) == erun.tokenizer.decode(generated)
-    assert auto.eos_token == "<|im_end|>"
+    continuation = out.split("Document 3: the", 1)[1].rstrip("\n")
+    prompt_ids = qwen.encode("Document 3: the").tolist()
+    assert auto.decode(auto("Document 3: the" + continuation, add_special_tokens=False)["input_ids"]) == (
+        "Document 3: the" + continuation)
+    assert auto("Document 3: the", add_special_tokens=False)["input_ids"] == prompt_ids
