@@ -6,7 +6,6 @@ special tokens); nothing is downloaded.
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 
