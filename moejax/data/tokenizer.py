@@ -135,7 +135,7 @@ def load_tokenizer(spec: str | os.PathLike[str], special_tokens: Mapping[str, st
         return tokenizer
     if str(spec).startswith(("bpe-", "hf-")):
         raise DataError(
-            f"tokenizer {str(spec)!r} is a tokenizer id: load it from the tokenizer.json beside its "
+            f"tokenizer {str(spec)!r} is a {'trained BPE' if str(spec).startswith('bpe-') else 'tokenizer id'}: load it from the tokenizer.json beside its "
             "data, e.g. load_tokenizer('<dataset dir>') or load_tokenizer('<dataset dir>/tokenizer.json')."
         )
     raise DataError(
