@@ -326,3 +326,35 @@ def test_train_generate_and_export_on_a_hf_tokenizer(root, imported, datasets, t
     assert auto.decode(auto("Document 3: the" + continuation, add_special_tokens=False)["input_ids"]) == (
         "Document 3: the" + continuation)
     assert auto("Document 3: the", add_special_tokens=False)["input_ids"] == prompt_ids
+
+
+@pytest.mark.filterwarnings("ignore::moejax.data.dataset.HeldoutWarning")
+def test_byte_and_bpe_runs_export_tokenizers_that_transformers_reads(root, tmp_path):
+    """Runs on moejax's own tokenizers export them too; an exported byte tokenizer imports as ``byte``."""
+    from moejax.config import default_config
+    from moejax.data.bpe import BPETokenizer
+    from moejax.data.hf_tokenizer import load_hf_tokenizer
+    from moejax.data.tokenizer import ByteTokenizer
+    from moejax.interop.hf import tokenizer_files
+
+    transformers = pytest.importorskip("transformers")
+    cfg = default_config()
+    text = "héllo wörld ✓\n\tDocument 7: the quick brown fox, said Ada. ü"
+    assert tokenizer_files.export_tokenizer(str(tmp_path), cfg, "byte", str(tmp_path / "byte")) == "the byte tokenizer"
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "byte"))
+    byte = ByteTokenizer()
+    assert auto(text, add_special_tokens=False)["input_ids"] == byte.encode(text).tolist()
+    ids = [104, 195, 105, 257, 256, 240, 159, 33]  # specials skipped; broken UTF-8 becomes U+FFFD either way
+    assert auto.decode(ids, skip_special_tokens=True) == byte.decode(ids) == "h\ufffdi\ufffd!"
+    assert isinstance(load_tokenizer(tmp_path / "byte"), ByteTokenizer)
+    assert tokenizer_files.tokenizer_id(load_hf_tokenizer(tmp_path / "byte"), str(tmp_path / "byte")) == "byte"
+
+    prepare.prepare_dataset([f"web={root / 'docs.jsonl'}"], tmp_path / "bpe_ds", tokenizer="bpe", vocab_size=300,
+                            seq_len=32, heldout_fraction=0.1, progress=False)
+    bpe = load_tokenizer(tmp_path / "bpe_ds")
+    assert isinstance(bpe, BPETokenizer)
+    cfg.data.path = str(tmp_path / "bpe_ds")
+    assert tokenizer_files.export_tokenizer(str(tmp_path), cfg, bpe.name, str(tmp_path / "bpe")) == cfg.data.path
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "bpe"))
+    assert auto(text, add_special_tokens=False)["input_ids"] == bpe.encode(text).tolist()
+    assert auto.eos_token == "<|eos|>" and load_tokenizer(tmp_path / "bpe").name.startswith("hf-")

@@ -17,6 +17,7 @@ tokens (``save_files``): a directory ``transformers.AutoTokenizer.from_pretraine
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
 
 from moejax.errors import DataError
 
@@ -134,6 +136,36 @@ class HFTokenizer:
         (out / CONFIG_FILE).write_text(json.dumps(self.tokenizer_config(), indent=2, sort_keys=True) + "\n",
                                        encoding="utf-8")
         return [out / TOKENIZER_FILE, out / CONFIG_FILE]
+
+
+@functools.cache
+def byte_tokenizer() -> HFTokenizer:
+    """moejax's byte tokenizer (``tokenizer.ByteTokenizer``) in the tokenizers format, for
+    ``transformers``: ids 0..255 are the UTF-8 bytes (GPT-2's byte-level alphabet, no merges),
+    256..258 ``<|bos|>``, ``<|eos|>``, ``<|pad|>``; invalid UTF-8 decodes to U+FFFD, as moejax's."""
+    tokenizer = tokenizers.Tokenizer(models.BPE(vocab={char: byte for byte, char in _byte_chars().items()}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(BYTE_SPECIAL_TOKENS))
+    bos, eos, pad = BYTE_SPECIAL_TOKENS
+    return HFTokenizer(tokenizer.to_str(), bos=bos, eos=eos, pad=pad, source="the byte tokenizer")
+
+
+BYTE_SPECIAL_TOKENS: Final = ("<|bos|>", "<|eos|>", "<|pad|>")
+
+
+def is_byte_tokenizer(tokenizer: HFTokenizer) -> bool:
+    """Whether ``tokenizer`` is ``byte_tokenizer()``: the same ids for the same text."""
+    reference = byte_tokenizer()
+    return tokenizer.json_text == reference.json_text and tokenizer.special_tokens == reference.special_tokens
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet (what ``ByteLevel`` pre-tokenizes a byte into): printable
+    Latin-1 bytes stand for themselves, the others for the characters from U+0100 up, in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
 def special_tokens(tokenizer: tokenizers.Tokenizer) -> list[str]:

@@ -275,7 +275,8 @@ def _check_options(parsed: list[Source], heldout_fraction: float,
 
 def _external_tokenizer(tokenizer: str | os.PathLike[str],
                         special_tokens: Mapping[str, str | None] | None) -> HFTokenizer | None:
-    """The tokenizer a ``--tokenizer PATH`` names (None for ``byte`` and ``bpe``); a ``DataError``
+    """The tokenizer a ``--tokenizer PATH`` names (None for ``byte``, ``bpe`` and a path that holds
+    the byte tokenizer); a ``DataError``
     naming the file when it does not exist or does not parse, or a special token is not in it."""
     given = {role: token for role, token in (special_tokens or {}).items() if token is not None}
     if str(tokenizer) in ("byte", "bpe"):
@@ -292,10 +293,7 @@ def _external_tokenizer(tokenizer: str | os.PathLike[str],
     from moejax.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer, given)
-    if not isinstance(tok, HFTokenizer):  # the byte tokenizer of a prepared dataset
-        raise DataError(f"--tokenizer {str(tokenizer)!r} is a dataset tokenized with {tok.name!r}: pass "
-                        f"--tokenizer {tok.name} instead.")
-    return tok
+    return tok if isinstance(tok, HFTokenizer) else None  # None: the byte tokenizer (a dataset, an export)
 
 
 def _tokenizer_options(tokenizer: str, vocab_size: int, external: Tokenizer | None) -> dict[str, Any]:

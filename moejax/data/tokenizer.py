@@ -95,8 +95,8 @@ def load_tokenizer(spec: str | os.PathLike[str], special_tokens: Mapping[str, st
     """
     # Imports HF tokenizers: only when a file is asked for.
     from moejax.data.bpe import SPECIAL_TOKENS, BPETokenizer
-    from moejax.data.hf_tokenizer import (CONFIG_FILE, TOKENIZER_FILE, load_hf_tokenizer, parse_tokenizer_json,
-                                          read_tokenizer_json)
+    from moejax.data.hf_tokenizer import (CONFIG_FILE, TOKENIZER_FILE, is_byte_tokenizer, load_hf_tokenizer,
+                                          parse_tokenizer_json, read_tokenizer_json)
 
     overrides = {role: token for role, token in (special_tokens or {}).items() if token is not None}
     path = Path(spec)
@@ -113,9 +113,11 @@ def load_tokenizer(spec: str | os.PathLike[str], special_tokens: Mapping[str, st
             parsed = parse_tokenizer_json(text, str(path))
             if None not in [parsed.token_to_id(token) for token in SPECIAL_TOKENS]:
                 return BPETokenizer(text, source=str(path))  # a BPE trained by moejax.data.prepare
-        return load_hf_tokenizer(path, overrides)
+        hf = load_hf_tokenizer(path, overrides)
+        return ByteTokenizer() if is_byte_tokenizer(hf) else hf
     if path.is_dir() and not is_dataset and (path / TOKENIZER_FILE).is_file():
-        return load_hf_tokenizer(path, overrides)
+        hf = load_hf_tokenizer(path, overrides)  # an export of a byte-tokenizer run is the byte tokenizer
+        return ByteTokenizer() if is_byte_tokenizer(hf) else hf
     if path.is_dir():
         recorded = dataset_tokenizer_id(path)
         if recorded == ByteTokenizer.name:

@@ -22,7 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Final
 
-from moejax.data.hf_tokenizer import CONFIG_FILE, SPECIAL_MAP_FILE, TOKENIZER_FILE, HFTokenizer, load_hf_tokenizer
+from moejax.data.hf_tokenizer import (CONFIG_FILE, SPECIAL_MAP_FILE, TOKENIZER_FILE, HFTokenizer, byte_tokenizer,
+                                      is_byte_tokenizer, load_hf_tokenizer)
 from moejax.interop.hf.errors import InteropError
 
 TOKENIZER_DIR: Final = "tokenizer"  # in an imported workdir
@@ -49,8 +50,11 @@ def source_tokenizer(hf_dir: str, model_vocab: int) -> HFTokenizer | None:
 
 
 def tokenizer_id(tokenizer: HFTokenizer | None, hf_dir: str) -> str:
-    """The id an import records: the tokenizer's, or a name that matches no dataset's tokenizer."""
-    return tokenizer.name if tokenizer is not None else f"{NO_TOKENIZER_PREFIX}{os.path.abspath(hf_dir)}"
+    """The id an import records: the tokenizer's (``byte`` for an export of a byte-tokenizer run),
+    or a name that matches no dataset's tokenizer."""
+    if tokenizer is None:
+        return f"{NO_TOKENIZER_PREFIX}{os.path.abspath(hf_dir)}"
+    return "byte" if is_byte_tokenizer(tokenizer) else tokenizer.name
 
 
 def copy_tokenizer(hf_dir: str, workdir: str) -> list[str]:
@@ -78,13 +82,16 @@ def prepare_command(workdir: str) -> str:
 def export_tokenizer(workdir: str, cfg: Any, tokenizer_id: str | None, out_dir: str) -> str | None:
     """Write the tokenizer a checkpoint was trained with (``tokenizer_id``) into ``out_dir``.
 
-    Returns where it came from, or None when no file holds it (the byte tokenizer, an import
-    without tokenizer files, a dataset that was moved).
+    Returns where it came from, or None when no file holds it (an import without tokenizer files,
+    a dataset that was moved). The byte tokenizer is written as ``byte_tokenizer()``.
     """
     from moejax.data.tokenizer import load_tokenizer
     from moejax.errors import ConfigError
 
-    if not tokenizer_id or tokenizer_id == "byte" or tokenizer_id.startswith(NO_TOKENIZER_PREFIX):
+    if tokenizer_id == "byte":
+        byte_tokenizer().save_files(out_dir)
+        return "the byte tokenizer"
+    if not tokenizer_id or tokenizer_id.startswith(NO_TOKENIZER_PREFIX):
         return None
     candidates = [os.path.join(workdir, TOKENIZER_DIR), cfg.data.path]
     if cfg.checkpoint.init_from:
