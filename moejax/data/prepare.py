@@ -1,7 +1,7 @@
 """Tokenize user sources into a prepared dataset: token shards plus manifests, resumably.
 
     python -m moejax.data.prepare --source code=./src --source web=./web.jsonl \\
-        --out datasets/mine [--tokenizer byte|bpe] [--vocab-size 8192] [--workers 2]
+        --out datasets/mine [--tokenizer byte|bpe|PATH] [--vocab-size 8192] [--workers 2]
 
 Each ``--source DOMAIN=PATH`` becomes one domain (see ``sources`` for what ``PATH`` may be).
 Its input is cut into shards of about ``--shard-mb`` input bytes, and the shards are tokenized
@@ -20,7 +20,8 @@ concatenation per window. The files are plain numpy, readable without moejax.
 Documents are split into train and held-out by a hash of their text (``heldout_fraction`` of
 them held out), so identical documents always land in the same split, on any machine. A dataset
 holds one tokenizer: adding a domain to an existing dataset reuses it, and asking for another
-tokenizer is refused, naming both ids.
+tokenizer is refused, naming both ids. ``--tokenizer PATH`` takes any Hugging Face tokenizer
+(``hf_tokenizer``): its files are copied beside the data, and its id and special tokens recorded.
 """
 
 from __future__ import annotations
@@ -276,8 +277,8 @@ def _check_options(parsed: list[Source], heldout_fraction: float,
 def _external_tokenizer(tokenizer: str | os.PathLike[str],
                         special_tokens: Mapping[str, str | None] | None) -> HFTokenizer | None:
     """The tokenizer a ``--tokenizer PATH`` names (None for ``byte``, ``bpe`` and a path that holds
-    the byte tokenizer); a ``DataError``
-    naming the file when it does not exist or does not parse, or a special token is not in it."""
+    the byte tokenizer); a ``DataError`` naming the file when it does not exist or does not parse,
+    or when a special token is not in it."""
     given = {role: token for role, token in (special_tokens or {}).items() if token is not None}
     if str(tokenizer) in ("byte", "bpe"):
         if given:
