@@ -160,7 +160,7 @@ def tiny_model_cfg(vocab_size: int):
     from moejax.config import default_config
 
     m = default_config().model
-    m.d_model, m.num_layers, m.mlp_dim, m.vocab_size, m.first_k_dense = 32, 2, 64, vocab_size, 1
+    m.d_model, m.num_layers, m.mlp_dim, m.vocab_size, m.first_k_dense = 32, 1, 64, vocab_size, 0
     m.num_heads, m.num_kv_heads, m.head_dim = 4, 2, 8
     m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
     return m
