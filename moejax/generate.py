@@ -48,10 +48,14 @@ class Generator:
 
     ``balancer`` (static) with the ``balance`` state passed to :meth:`generate` routes as training
     did (e.g. the loss-free selection bias) or with extra selection biases (expert pruning).
+    ``num_tokens``: the tokenizer's vocabulary; ids past it (embedding rows no token uses, as when
+    ``model.vocab_size`` is rounded up) are never chosen, so every new id decodes.
     """
 
-    def __init__(self, run: Run, cfg, *, max_len: int, balancer: Balancer | None = None):
+    def __init__(self, run: Run, cfg, *, max_len: int, balancer: Balancer | None = None,
+                 num_tokens: int | None = None):
         self.max_len = max_len
+        self._num_tokens = num_tokens
         self._graphdef = run.graphdef
         self._balancer = balancer
         self._model_cfg = cfg.model
@@ -67,12 +71,19 @@ class Generator:
     def _prefill_fn(self, params, balance, tokens_bp, lengths_b, key, temperature, top_p):
         cache = init_cache(self._model_cfg, tokens_bp.shape[0], self.max_len, self._dtype)
         logits_bpv, cache = self._forward(params, balance, tokens_bp, cache, jnp.zeros_like(lengths_b))
-        last_bv = jnp.take_along_axis(logits_bpv, (lengths_b - 1)[:, None, None], axis=1)[:, 0]
+        last_bv = self._allowed(jnp.take_along_axis(logits_bpv, (lengths_b - 1)[:, None, None], axis=1)[:, 0])
         return next_token(last_bv, key, temperature, top_p), last_bv, cache
 
     def _step_fn(self, params, balance, cache: KVCache, token_b, index_b, key, temperature, top_p):
         logits_b1v, cache = self._forward(params, balance, token_b[:, None], cache, index_b)
-        return next_token(logits_b1v[:, 0], key, temperature, top_p), logits_b1v[:, 0], cache
+        logits_bv = self._allowed(logits_b1v[:, 0])
+        return next_token(logits_bv, key, temperature, top_p), logits_bv, cache
+
+    def _allowed(self, logits_bv):
+        """Logits with the ids past the tokenizer's vocabulary at -inf."""
+        if self._num_tokens is None or self._num_tokens >= logits_bv.shape[-1]:
+            return logits_bv
+        return jnp.where(jnp.arange(logits_bv.shape[-1]) < self._num_tokens, logits_bv, -jnp.inf)
 
     def generate(
         self,
@@ -205,7 +216,8 @@ def _generate(erun, ckpt, args, prompts: list) -> None:
     """Samples from ``ckpt`` and prints each prompt with its continuation."""
     tokenizer = erun.tokenizer
     max_len = length_bucket(max(len(p) for p in prompts), 1 << 30) + args.max_new_tokens
-    generator = Generator(erun.run, erun.cfg, max_len=max_len, balancer=erun.run.balancer)
+    generator = Generator(erun.run, erun.cfg, max_len=max_len, balancer=erun.run.balancer,
+                          num_tokens=tokenizer.vocab_size)
     rows = generator.generate(
         ckpt.params, ckpt.balance, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_p=args.top_p, seed=args.seed, stop_ids=(tokenizer.eos_id,), progress=sys.stderr.isatty(),

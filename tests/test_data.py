@@ -549,5 +549,5 @@ def test_bad_mixture_file_and_config_conflicts(cache_dir, tmp_path):
     cfg = _cfg(cache_dir)
     cfg.model.vocab_size = 200
     with pytest.raises(DataError, match=r"'model.vocab_size' has value 200; allowed: at least the "
-                                        r"vocabulary of the tokenizer of the built-in corpus \(byte: 259\)"):
+                                        r"vocabulary of the tokenizer of the built-in corpus \(byte: 259 tokens\)"):
         make_data(cfg)

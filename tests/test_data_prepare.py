@@ -235,7 +235,7 @@ def test_load_tokenizer_and_tokenizer_checks(bpe_dataset, prepared, tmp_path):
         load_tokenizer(bpe_id)
     with pytest.raises(DataError, match=r"'wordpiece' is neither 'byte' nor an existing tokenizer.json"):
         load_tokenizer("wordpiece")
-    with pytest.raises(DataError, match=r"is not a valid tokenizers JSON file"):
+    with pytest.raises(DataError, match=r"broken.json is not a tokenizer file the tokenizers library can read"):
         (tmp_path / "broken.json").write_text("{}")
         load_tokenizer(tmp_path / "broken.json")
     # A replaced tokenizer.json no longer matches the id the data was tokenized with.
@@ -292,7 +292,7 @@ def test_bad_sources_fail_with_messages_naming_the_source(sources, tmp_path):
         prepare_dataset([f"web={sources['parquet']}"], out, text_field="body", **OPTIONS)
     with pytest.raises(DataError, match=r"--heldout-fraction 1.5: allowed: a number in \[0, 1\)"):
         prepare_dataset([f"a={sources['txt']}"], out, **{**OPTIONS, "heldout_fraction": 1.5})
-    with pytest.raises(DataError, match=r"--tokenizer 'wordpiece': allowed: byte \| bpe"):
+    with pytest.raises(DataError, match=r"--tokenizer 'wordpiece': no such file or directory\. Allowed: byte \| bpe \| a tokenizer.json"):
         prepare_dataset([f"a={sources['txt']}"], out, tokenizer="wordpiece", **OPTIONS)
     (tmp_path / "occupied").mkdir()
     (tmp_path / "occupied" / "thesis.tex").write_text("keep me")
@@ -373,7 +373,7 @@ def test_make_data_trains_on_a_prepared_dataset(prepared, bpe_dataset, tmp_path)
         make_data(_cfg(out))
     with pytest.raises(DataError, match=r"'model.vocab_size' has value 272; allowed: at least the "
                                         r"vocabulary of the tokenizer of prepared dataset "
-                                        r".*\(bpe-400-\w+: 400\)\. "
+                                        r".*\(bpe-400-\w+, .*tokenizer\.json: 400 tokens\)\. "
                                         r"Set --config.model.vocab_size=512"):
         make_data(_cfg(bpe_dataset, schedule='[[0, {"txt": 1}]]'))
     cfg = _cfg(bpe_dataset, schedule='[[0, {"txt": 1}], [10, {"jsonl": 1}]]')

@@ -3,7 +3,8 @@
 Modules, in the order data flows through them:
 
 - ``tokenizer``: the ``Tokenizer`` protocol, ``ByteTokenizer``, ``load_tokenizer`` and
-  ``check_tokenizer_matches``; ``bpe``: the byte-level BPE trained on the user's corpus.
+  ``check_tokenizer_matches``; ``bpe``: the byte-level BPE trained on the user's corpus;
+  ``hf_tokenizer``: any Hugging Face tokenizer (a ``tokenizer.json`` or a model directory).
 - ``stdlib_text``, ``synthetic_math``, ``synthetic_knowledge``: the built-in domains' documents.
 - ``corpus``: ``DOMAINS``, ``build_corpus`` (split + manifest of content hashes) and
   ``load_tokenized_corpus`` (atomic on-disk ``.npy`` cache); ``export``: the built-in corpus as

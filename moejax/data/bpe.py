@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from moejax.data.hf_tokenizer import HFTokenizer, parse_tokenizer_json
 from moejax.errors import DataError
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -35,23 +34,18 @@ def bpe_id(json_text: str, vocab_size: int) -> str:
     return f"bpe-{vocab_size}-{hashlib.sha256(json_text.encode('utf-8')).hexdigest()[:12]}"
 
 
-class BPETokenizer:
-    """A trained byte-level BPE; ``name`` is its id ``bpe-<vocab>-<sha>``."""
+class BPETokenizer(HFTokenizer):
+    """A trained byte-level BPE; ``name`` is its id ``bpe-<vocab>-<sha>`` (the hash of the file's text)."""
 
     def __init__(self, json_text: str, *, source: str = "<string>"):
-        try:
-            self._tokenizer = tokenizers.Tokenizer.from_str(json_text)
-        except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-            raise DataError(f"{source} is not a valid tokenizers JSON file ({e}); prepare the "
-                            "dataset again to recreate it.") from e
-        self.json_text = json_text
-        self.vocab_size = self._tokenizer.get_vocab_size()
-        self.name = bpe_id(json_text, self.vocab_size)
-        ids = [self._tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
-        if None in ids:
+        tokenizer = parse_tokenizer_json(json_text, source)
+        if None in [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]:
             raise DataError(f"{source} lacks the special tokens {SPECIAL_TOKENS}: it was not "
-                            "written by moejax.data.prepare. Prepare the dataset again.")
-        self.bos_id, self.eos_id, self.pad_id = ids
+                            "written by moejax.data.prepare. Prepare the dataset again, or pass it as an "
+                            "external tokenizer (prepare --tokenizer PATH).")
+        super().__init__(json_text, bos=BOS, eos=EOS, pad=PAD, source=source)
+        self.json_text = json_text
+        self.name = bpe_id(json_text, self.vocab_size)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> BPETokenizer:
@@ -64,24 +58,6 @@ class BPETokenizer:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the ``tokenizer.json`` (byte-identical to the text the id was computed from)."""
         Path(path).write_text(self.json_text, encoding="utf-8")
-
-    def encode(self, text: str) -> npt.NDArray[np.int32]:
-        """Token ids of ``text`` (int32); no special ids are added."""
-        return np.asarray(self._tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]]:
-        """``encode`` of each text, in parallel inside the Rust library."""
-        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [np.asarray(e.ids, np.int32) for e in encodings]
-
-    def decode(self, ids: npt.ArrayLike) -> str:
-        """The text of ``ids``, special ids skipped."""
-        ids_n = np.asarray(ids).reshape(-1)
-        outside = (ids_n < 0) | (ids_n >= self.vocab_size)
-        if outside.any():
-            bad = int(ids_n[outside][0])
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        return self._tokenizer.decode(ids_n.tolist(), skip_special_tokens=True)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:

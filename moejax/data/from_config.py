@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from moejax.data.layout import TOKENIZER_FILE
 from moejax.data.dataset import (DatasetInfo, HeldoutWarning, TokenDataset, describe_dataset, open_dataset,
                                  small_heldout_message)
 from moejax.data.mixture import Schedule, schedule_from_config
@@ -41,10 +43,14 @@ def check_data_config(cfg: Any) -> tuple[DatasetInfo, Schedule]:
     schedule = schedule_from_config(cfg.data, info.domains, info.description)
     vocab = info.tokenizer.vocab_size
     if cfg.model.vocab_size < vocab:
+        file = f", {Path(info.path) / TOKENIZER_FILE}" if info.path and (Path(info.path) / TOKENIZER_FILE).is_file() else ""
+        fix = (f"checkpoint.init_from's embedding has {cfg.model.vocab_size} rows: prepare the data with the "
+               "tokenizer that checkpoint was trained with (an imported one is in its tokenizer/ directory)"
+               if cfg.checkpoint.init_from else f"Set --config.model.vocab_size={_round_up(vocab)}")
         raise DataError(
             f"config key 'model.vocab_size' has value {cfg.model.vocab_size}; allowed: at least "
-            f"the vocabulary of the tokenizer of {info.description} ({info.tokenizer.name}: "
-            f"{vocab}). Set --config.model.vocab_size={_round_up(vocab)}."
+            f"the vocabulary of the tokenizer of {info.description} ({info.tokenizer.name}{file}: "
+            f"{vocab} tokens). {fix}."
         )
     return info, schedule
 

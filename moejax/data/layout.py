@@ -4,7 +4,8 @@
 
     DIR/
       dataset.json                      format, tokenizer id, heldout fraction, domain summaries
-      tokenizer.json                    the trained BPE (absent for the byte tokenizer)
+      tokenizer.json                    the trained BPE or the --tokenizer PATH one (absent for byte)
+      tokenizer_config.json             a --tokenizer PATH tokenizer's BOS/EOS/PAD, as transformers reads them
       <domain>/
         manifest.json                   documents, tokens, checksums, shards of the domain
         shard-00000.json                one shard's record, written last: the shard is complete

@@ -1,7 +1,7 @@
 """Tokenize user sources into a prepared dataset: token shards plus manifests, resumably.
 
     python -m moejax.data.prepare --source code=./src --source web=./web.jsonl \\
-        --out datasets/mine [--tokenizer byte|bpe] [--vocab-size 8192] [--workers 2]
+        --out datasets/mine [--tokenizer byte|bpe|PATH] [--vocab-size 8192] [--workers 2]
 
 Each ``--source DOMAIN=PATH`` becomes one domain (see ``sources`` for what ``PATH`` may be).
 Its input is cut into shards of about ``--shard-mb`` input bytes, and the shards are tokenized
@@ -20,7 +20,8 @@ concatenation per window. The files are plain numpy, readable without moejax.
 Documents are split into train and held-out by a hash of their text (``heldout_fraction`` of
 them held out), so identical documents always land in the same split, on any machine. A dataset
 holds one tokenizer: adding a domain to an existing dataset reuses it, and asking for another
-tokenizer is refused, naming both ids.
+tokenizer is refused, naming both ids. ``--tokenizer PATH`` takes any Hugging Face tokenizer
+(``hf_tokenizer``): its files are copied beside the data, and its id and special tokens recorded.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import tqdm
@@ -55,6 +56,9 @@ from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
 from moejax.errors import ConfigError, DataError, user_stacklevel
 from moejax.log import add_verbosity_flags, setup_logging
+
+if TYPE_CHECKING:
+    from moejax.data.hf_tokenizer import HFTokenizer
 
 DEFAULT_HELDOUT_FRACTION: Final = 0.01
 DEFAULT_SEQ_LEN: Final = default_config().train.seq_len
@@ -74,6 +78,7 @@ class ShardTask:
     index: int
     pieces: tuple[Piece, ...]
     tokenizer_json: str | None  # None: the byte tokenizer
+    special_tokens: tuple[str | None, ...] | None  # BOS, EOS, PAD of a Hugging Face tokenizer; else None
     heldout_fraction: float
     text_field: str
     fingerprint: str
@@ -87,7 +92,8 @@ def prepare_dataset(
     sources: Sequence[str | Source],
     out_dir: str | os.PathLike[str],
     *,
-    tokenizer: str = "byte",
+    tokenizer: str | os.PathLike[str] = "byte",
+    special_tokens: Mapping[str, str | None] | None = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     bpe_sample_mb: float = DEFAULT_BPE_SAMPLE_MB,
     heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
@@ -103,6 +109,12 @@ def prepare_dataset(
     tokens (the sequence length training will use), so that training on the dataset cannot stop
     at its start for want of data; ``heldout_fraction`` 0 asks for no held-out split.
 
+    ``tokenizer``: ``"byte"``, ``"bpe"`` (trained on the sources, ``vocab_size``), or a path: a
+    Hugging Face ``tokenizer.json``, a model directory holding one, or a prepared dataset whose
+    tokenizer to reuse. ``special_tokens`` (``bos``/``eos``/``pad`` -> token text) overrides the
+    special tokens a Hugging Face tokenizer's files name. The tokenizer's files are copied beside
+    the data and its id recorded in ``dataset.json``.
+
     Returns a summary: per-domain documents/tokens, shards tokenized and skipped, input bytes,
     seconds (and the BPE training time). Raises ``DataError`` on bad input: missing or empty
     sources and bad options before anything is written, unreadable records when they are read.
@@ -110,27 +122,36 @@ def prepare_dataset(
     start_time = time.perf_counter()
     out = Path(out_dir)
     parsed = [s if isinstance(s, Source) else sources_lib.parse_source(s) for s in sources]
-    _check_options(parsed, tokenizer, heldout_fraction, shard_mb, bpe_sample_mb, workers, seq_len)
+    _check_options(parsed, heldout_fraction, shard_mb, bpe_sample_mb, workers, seq_len)
+    external = _external_tokenizer(tokenizer, special_tokens)  # read before anything is written
     shard_bytes = max(1, int(shard_mb * MB))
     plans = {s.domain: sources_lib.plan_source(s, shard_bytes, text_field) for s in parsed}
-    existing, progress = _read_existing(out)
+    existing, unfinished = _read_existing(out)
     paths.make_dir(str(out), "--out")
-    options = _tokenizer_options(tokenizer, vocab_size)
+    options = _tokenizer_options(str(tokenizer), vocab_size, external)
     bpe_seconds = 0.0
-    tok_json = _reuse_tokenizer(out, existing or progress, options)
+    tok_json = _reuse_tokenizer(out, existing or unfinished, options)
     if tokenizer == "bpe" and tok_json is None:
         bpe_start = time.perf_counter()
         tok_json = _train_tokenizer(plans, vocab_size, bpe_sample_mb, text_field, out)
         bpe_seconds = time.perf_counter() - bpe_start
-    tok = _load(tok_json)
+    tok: Tokenizer
+    if external is not None:
+        tok, tok_json = external, external.json_text
+    else:
+        tok = _load(tok_json, None)
     dataset = existing or {"format": layout.FORMAT, "domains": {}}
     dataset.update(tokenizer=tok.name, tokenizer_options=options)
+    if external is not None:
+        dataset["tokenizer_source"] = str(tokenizer)
     # dataset.json is what makes a directory a dataset, so it is written last, only on success.
     # Until then a progress record holds the tokenizer (for a resumed run) and, after a failure,
     # the error, so that training on the directory says what happened.
     record = {"format": layout.FORMAT, "tokenizer": tok.name, "tokenizer_options": options,
               "domains": sorted(plans), "state": "running"}
     _write_json(out / PROGRESS_FILE, record)
+    if external is not None:
+        _save_tokenizer_files(external, out)
     try:
         summary = _tokenize_and_summarise(out, parsed, plans, dataset, tok, tok_json, heldout_fraction,
                                           text_field, shard_bytes, workers, progress, seq_len)
@@ -139,7 +160,9 @@ def prepare_dataset(
         raise
     _write_json(out / layout.DATASET_FILE, dataset)
     (out / PROGRESS_FILE).unlink()
-    return {**summary, "bpe_train_s": bpe_seconds, "seconds": time.perf_counter() - start_time}
+    return {**summary, "bpe_train_s": bpe_seconds, "seconds": time.perf_counter() - start_time,
+            "tokenizer_source": dataset.get("tokenizer_source"),
+            "special_tokens": {role: _special_token(tok, role) for role in ("bos", "eos", "pad")}}
 
 
 def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str, list[Piece]],
@@ -192,7 +215,7 @@ def tokenize_shard(task: ShardTask) -> dict[str, Any]:
 
     Runs in a worker process; returns the record (also saved as ``shard-NNNNN.json``).
     """
-    tok = _load(task.tokenizer_json)
+    tok = _load(task.tokenizer_json, task.special_tokens)
     docs: dict[str, list[str]] = {split: [] for split in layout.SPLITS}
     skipped = 0
     for piece in task.pieces:
@@ -229,7 +252,7 @@ def is_heldout(text: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "little") < fraction * 2**64
 
 
-def _check_options(parsed: list[Source], tokenizer: str, heldout_fraction: float,
+def _check_options(parsed: list[Source], heldout_fraction: float,
                    shard_mb: float, bpe_sample_mb: float, workers: int | None, seq_len: int) -> None:
     if not parsed:
         raise DataError("no --source given; name at least one, e.g. --source code=./src")
@@ -240,8 +263,6 @@ def _check_options(parsed: list[Source], tokenizer: str, heldout_fraction: float
                             f"{source}); one source per domain: put its files in one directory "
                             "or use a glob pattern.")
         seen[source.domain] = source
-    if tokenizer not in ("byte", "bpe"):
-        raise DataError(f"--tokenizer {tokenizer!r}: allowed: byte | bpe")
     if not (isinstance(heldout_fraction, (int, float)) and 0 <= heldout_fraction < 1):
         raise DataError(f"--heldout-fraction {heldout_fraction!r}: allowed: a number in [0, 1)")
     for flag, value in (("--shard-mb", shard_mb), ("--bpe-sample-mb", bpe_sample_mb)):
@@ -252,8 +273,54 @@ def _check_options(parsed: list[Source], tokenizer: str, heldout_fraction: float
             raise DataError(f"{flag} {value!r}: allowed: a positive int")
 
 
-def _tokenizer_options(tokenizer: str, vocab_size: int) -> dict[str, Any]:
+def _external_tokenizer(tokenizer: str | os.PathLike[str],
+                        special_tokens: Mapping[str, str | None] | None) -> HFTokenizer | None:
+    """The tokenizer a ``--tokenizer PATH`` names (None for ``byte``, ``bpe`` and a path that holds
+    the byte tokenizer); a ``DataError`` naming the file when it does not exist or does not parse,
+    or when a special token is not in it."""
+    given = {role: token for role, token in (special_tokens or {}).items() if token is not None}
+    if str(tokenizer) in ("byte", "bpe"):
+        if given:
+            flags = ", ".join(f"--{role}-token" for role in given)
+            raise DataError(f"{flags} apply to a Hugging Face tokenizer (--tokenizer PATH), not to --tokenizer "
+                            f"{tokenizer}, whose special tokens are fixed. Drop {flags}.")
+        return None
+    if not Path(tokenizer).exists():
+        raise DataError(f"--tokenizer {str(tokenizer)!r}: no such file or directory. Allowed: byte | bpe | a "
+                        "tokenizer.json | a directory holding one (a Hugging Face model directory, or the "
+                        "tokenizer/ of a workdir made by moejax hf import) | a prepared dataset.")
+    from moejax.data.hf_tokenizer import HFTokenizer
+    from moejax.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer, given)
+    return tok if isinstance(tok, HFTokenizer) else None  # None: the byte tokenizer (a dataset, an export)
+
+
+def _tokenizer_options(tokenizer: str, vocab_size: int, external: Tokenizer | None) -> dict[str, Any]:
+    if external is not None:
+        options: dict[str, Any] = {"kind": "file", "tokenizer": external.name}
+        if external.name.startswith("hf-"):
+            options["special_tokens"] = {role: _special_token(external, role) for role in ("bos", "eos", "pad")}
+        return options
     return {"kind": "bpe", "vocab_size": vocab_size} if tokenizer == "bpe" else {"kind": "byte"}
+
+
+def _special_token(tok: Tokenizer, role: str) -> str | None:
+    """The text of a tokenizer's BOS/EOS/PAD token (None where it has none)."""
+    token_id = getattr(tok, f"{role}_id", None)
+    if token_id is None:
+        return None
+    return getattr(tok, f"{role}_token", None) or f"<id {token_id}>"
+
+
+def _save_tokenizer_files(tok: HFTokenizer, out: Path) -> None:
+    """Copy an external tokenizer beside the data (so the dataset alone names and holds it)."""
+    from moejax.data.bpe import BPETokenizer
+
+    if isinstance(tok, BPETokenizer):
+        tok.save(out / layout.TOKENIZER_FILE)
+    else:
+        tok.save_files(out)
 
 
 def _read_existing(out: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -281,15 +348,21 @@ def _reuse_tokenizer(out: Path, existing: dict | None, options: dict) -> str | N
     """The tokenizer JSON of an existing BPE dataset; refuses a different tokenizer."""
     if existing is None:
         return None
-    if existing.get("tokenizer_options") != options:
-        wanted = "byte" if options["kind"] == "byte" else f"a new bpe-{options['vocab_size']}-<hash>"
+    same = existing.get("tokenizer_options") == options or (
+        options["kind"] == "file" and existing.get("tokenizer") == options["tokenizer"]
+        and existing.get("tokenizer_options", {}).get("special_tokens") == options.get("special_tokens"))
+    if not same:
+        wanted = {"byte": "byte", "file": options.get("tokenizer"), "bpe": f"a new bpe-{options.get('vocab_size')}-<hash>"}[
+            options["kind"]]
+        if options.get("special_tokens"):
+            wanted = f"{wanted} with special tokens {options['special_tokens']}"
         raise DataError(
             f"dataset {out} is tokenized with {existing['tokenizer']!r} "
             f"({existing.get('tokenizer_options')}), but this run asks for {wanted!r}. A dataset "
             f"holds one tokenizer: prepare into another --out directory, or rerun with the options "
             f"that made {existing['tokenizer']!r}."
         )
-    if options["kind"] == "byte":
+    if options["kind"] != "bpe":
         return None
     from moejax.data.bpe import BPETokenizer
 
@@ -332,17 +405,27 @@ def _sample(pieces: list[Piece], budget: int, text_field: str) -> Iterator[str]:
 
 
 @functools.lru_cache(maxsize=2)
-def _load(tokenizer_json: str | None) -> Tokenizer:
+def _load(tokenizer_json: str | None, special_tokens: tuple[str | None, ...] | None) -> Tokenizer:
+    """The tokenizer a worker rebuilds: byte (no JSON), a moejax BPE (no special tokens given), or
+    a Hugging Face tokenizer with the given BOS, EOS and PAD."""
     if tokenizer_json is None:
         return ByteTokenizer()
-    from moejax.data.bpe import BPETokenizer
+    if special_tokens is None:
+        from moejax.data.bpe import BPETokenizer
 
-    return BPETokenizer(tokenizer_json)
+        return BPETokenizer(tokenizer_json)
+    from moejax.data.hf_tokenizer import HFTokenizer
+
+    bos, eos, pad = special_tokens
+    assert eos is not None
+    return HFTokenizer(tokenizer_json, bos=bos, eos=eos, pad=pad)
 
 
 def _shard_tasks(out: Path, domain: str, pieces: list[Piece], tok: Tokenizer, tok_json: str | None,
                  heldout_fraction: float, text_field: str, shard_bytes: int) -> list[ShardTask]:
     """Consecutive pieces grouped into shards of at most ``shard_bytes`` (or one larger piece)."""
+    specials = (tuple(_special_token(tok, role) for role in ("bos", "eos", "pad"))
+                if tok.name.startswith("hf-") else None)
     groups: list[list[Piece]] = []
     size = 0
     for piece in pieces:
@@ -353,11 +436,12 @@ def _shard_tasks(out: Path, domain: str, pieces: list[Piece], tok: Tokenizer, to
         size += piece.size
     tasks = []
     for index, group in enumerate(groups):
-        fingerprint = hashlib.sha256(json.dumps({
-            "format": layout.FORMAT, "tokenizer": tok.name, "heldout_fraction": heldout_fraction,
-            "text_field": text_field, "inputs": [piece.fingerprint() for piece in group],
-        }, sort_keys=True).encode()).hexdigest()
-        tasks.append(ShardTask(str(out), domain, index, tuple(group), tok_json, heldout_fraction,
+        inputs = {"format": layout.FORMAT, "tokenizer": tok.name, "heldout_fraction": heldout_fraction,
+                  "text_field": text_field, "inputs": [piece.fingerprint() for piece in group]}
+        if specials is not None:  # EOS ends every document: another EOS is another token stream
+            inputs["special_tokens"] = specials
+        fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+        tasks.append(ShardTask(str(out), domain, index, tuple(group), tok_json, specials, heldout_fraction,
                                text_field, fingerprint))
     return tasks
 
@@ -562,7 +646,14 @@ def main(argv: list[str] | None = None) -> int:
                              "saved with save_to_disk); repeat for each domain")
     parser.add_argument("--out", required=True,
                         help="dataset directory (created; an existing dataset is resumed or gains domains)")
-    parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
+    parser.add_argument("--tokenizer", default="byte",
+                        help="byte | bpe (trained on the sources) | PATH: a Hugging Face tokenizer.json, a "
+                             "directory holding one (a model directory, a workdir's tokenizer/) or a prepared "
+                             "dataset whose tokenizer to reuse")
+    for role in ("bos", "eos", "pad"):
+        parser.add_argument(f"--{role}-token", default=None, metavar="TOKEN",
+                            help=f"PATH only: the {role.upper()} token (default: the one tokenizer_config.json "
+                                 "or special_tokens_map.json names" + ("; else EOS)" if role == "pad" else ")"))
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE only")
     parser.add_argument("--bpe-sample-mb", type=float, default=DEFAULT_BPE_SAMPLE_MB,
                         help="MB of text (over all domains) the BPE is trained on")
@@ -588,8 +679,10 @@ def main(argv: list[str] | None = None) -> int:
             checked = verify_dataset(out)
             print(f"{out}: {checked} files match their checksums")
             return 0
+        tokenizer = args.tokenizer if args.tokenizer in ("byte", "bpe") else paths.user_path(args.tokenizer)
+        special_tokens = {"bos": args.bos_token, "eos": args.eos_token, "pad": args.pad_token}
         summary = prepare_dataset(
-            [_user_source(s) for s in args.source], out, tokenizer=args.tokenizer,
+            [_user_source(s) for s in args.source], out, tokenizer=tokenizer, special_tokens=special_tokens,
             vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
             heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
             workers=args.workers, seq_len=args.seq_len,
@@ -605,6 +698,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{domain:>12}: " + ", ".join(
             f"{split} {s['documents']:,} docs / {s['tokens']:,} tokens" for split, s in splits.items()))
     trained = f" (BPE trained in {summary['bpe_train_s']:.1f} s)" if summary["bpe_train_s"] else ""
+    if summary["tokenizer_source"]:
+        specials = ", ".join(f"{role} {token!r}" for role, token in summary["special_tokens"].items() if token)
+        trained = f" (from {summary['tokenizer_source']}; {specials})"
     print(f"{summary['out']}: tokenizer {summary['tokenizer']}{trained}, {summary['shards_tokenized']} "
           f"shards tokenized, {summary['shards_skipped']} already done, "
           f"{summary['tokenized_bytes'] / MB:.1f} MB in {summary['seconds']:.1f} s "

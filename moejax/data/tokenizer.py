@@ -7,9 +7,11 @@ Two kinds:
 - ``BPETokenizer`` (id ``bpe-<vocab>-<sha>``, see ``bpe``): trained on the user's corpus by
   ``moejax.data.prepare`` and saved as ``tokenizer.json`` beside the data. The id ends with a
   hash of that file, so two BPEs with the same id are the same tokenizer.
+- ``HFTokenizer`` (id ``hf-<vocab>-<sha>``, see ``hf_tokenizer``): any Hugging Face tokenizer,
+  a ``tokenizer.json`` or a model directory, with the BOS/EOS/PAD its files name (or the caller's).
 
-``load_tokenizer`` turns any of ``"byte"``, a ``tokenizer.json`` path or a prepared dataset
-directory into a tokenizer; ``check_tokenizer_matches`` is the guard a resumed or evaluated
+``load_tokenizer`` turns any of ``"byte"``, a ``tokenizer.json`` path, a Hugging Face model
+directory or a prepared dataset directory into a tokenizer; ``check_tokenizer_matches`` is the guard a resumed or evaluated
 checkpoint goes through: the model only makes sense with the tokenizer it was trained with.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -82,24 +84,49 @@ def get_tokenizer(name: str) -> Tokenizer:
     return ByteTokenizer()
 
 
-def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
-    """The tokenizer named by ``spec``: ``"byte"``, a ``tokenizer.json`` or a prepared dataset dir.
+def load_tokenizer(spec: str | os.PathLike[str], special_tokens: Mapping[str, str | None] | None = None) -> Tokenizer:
+    """The tokenizer named by ``spec``: ``"byte"``, a prepared dataset directory, a moejax BPE's
+    ``tokenizer.json``, or any Hugging Face tokenizer (a ``tokenizer.json`` or a model directory
+    holding one; see ``hf_tokenizer``).
 
-    A dataset directory yields the tokenizer its ``dataset.json`` records; for a BPE, the
-    ``tokenizer.json`` beside it must hash to the recorded id.
+    A dataset directory yields the tokenizer its ``dataset.json`` records; the ``tokenizer.json``
+    beside it must hash to the recorded id. ``special_tokens`` (role ``bos``/``eos``/``pad`` ->
+    token text) overrides those a Hugging Face tokenizer's files name.
     """
-    from moejax.data.bpe import BPETokenizer  # Imports HF tokenizers: only when a BPE is asked for.
+    # Imports HF tokenizers: only when a file is asked for.
+    from moejax.data.bpe import SPECIAL_TOKENS, BPETokenizer
+    from moejax.data.hf_tokenizer import (CONFIG_FILE, TOKENIZER_FILE, is_byte_tokenizer, load_hf_tokenizer,
+                                          parse_tokenizer_json, read_tokenizer_json)
 
+    overrides = {role: token for role, token in (special_tokens or {}).items() if token is not None}
+    path = Path(spec)
+    is_dataset = path.is_dir() and (path / layout.DATASET_FILE).is_file()
+    if overrides and (str(spec) == ByteTokenizer.name or is_dataset):
+        flags = ", ".join(f"--{role}-token" for role in overrides)
+        raise DataError(f"{flags} apply to a Hugging Face tokenizer file or model directory, not to tokenizer "
+                        f"{str(spec)!r}, whose special tokens are fixed. Drop {flags}, or pass a tokenizer.json.")
     if str(spec) == ByteTokenizer.name:
         return ByteTokenizer()
-    path = Path(spec)
     if path.is_file():
-        return BPETokenizer.from_file(path)
+        if not overrides and not (path.parent / CONFIG_FILE).is_file():
+            text = read_tokenizer_json(path)
+            parsed = parse_tokenizer_json(text, str(path))
+            if None not in [parsed.token_to_id(token) for token in SPECIAL_TOKENS]:
+                return BPETokenizer(text, source=str(path))  # a BPE trained by moejax.data.prepare
+        hf = load_hf_tokenizer(path, overrides)
+        return ByteTokenizer() if is_byte_tokenizer(hf) else hf
+    if path.is_dir() and not is_dataset and (path / TOKENIZER_FILE).is_file():
+        hf = load_hf_tokenizer(path, overrides)  # an export of a byte-tokenizer run is the byte tokenizer
+        return ByteTokenizer() if is_byte_tokenizer(hf) else hf
     if path.is_dir():
         recorded = dataset_tokenizer_id(path)
         if recorded == ByteTokenizer.name:
             return ByteTokenizer()
-        tokenizer = BPETokenizer.from_file(path / layout.TOKENIZER_FILE)
+        tokenizer: Tokenizer
+        if recorded.startswith("hf-"):
+            tokenizer = load_hf_tokenizer(path)
+        else:
+            tokenizer = BPETokenizer.from_file(path / layout.TOKENIZER_FILE)
         if tokenizer.name != recorded:
             raise DataError(
                 f"{path / layout.TOKENIZER_FILE} is tokenizer {tokenizer.name!r}, but "
@@ -108,15 +135,15 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
                 "prepare the sources again into a new directory."
             )
         return tokenizer
-    if str(spec).startswith("bpe-"):
+    if str(spec).startswith(("bpe-", "hf-")):
         raise DataError(
-            f"tokenizer {str(spec)!r} is a trained BPE: load it from the tokenizer.json beside its "
+            f"tokenizer {str(spec)!r} is a {'trained BPE' if str(spec).startswith('bpe-') else 'tokenizer id'}: load it from the tokenizer.json beside its "
             "data, e.g. load_tokenizer('<dataset dir>') or load_tokenizer('<dataset dir>/tokenizer.json')."
         )
     raise DataError(
-        f"tokenizer {str(spec)!r} is neither 'byte' nor an existing tokenizer.json or prepared "
-        "dataset directory. Pass 'byte', a tokenizer.json path or a directory written by "
-        "python -m moejax.data.prepare."
+        f"tokenizer {str(spec)!r} is neither 'byte' nor an existing tokenizer.json, Hugging Face model "
+        "directory or prepared dataset directory. Pass 'byte', a tokenizer.json path, a directory holding "
+        "one, or a directory written by python -m moejax.data.prepare."
     )
 
 
@@ -138,18 +165,20 @@ def check_tokenizer_matches(
     *,
     data_source: str = "the data",
     checkpoint: str = "the checkpoint",
+    fix: str | None = None,
 ) -> None:
     """Raise a ``DataError`` unless the data and the checkpoint use the same tokenizer.
 
     Call it before resuming or evaluating a checkpoint: token ids from another tokenizer would
     index the wrong embedding rows and produce meaningless losses without any other error.
-    ``data_source`` and ``checkpoint`` (e.g. a path) make the message name both sides.
+    ``data_source`` and ``checkpoint`` (e.g. a path) make the message name both sides; ``fix``
+    replaces the default advice.
     """
     if data_tokenizer_id == checkpoint_tokenizer_id:
         return
     raise DataError(
         f"tokenizer mismatch: {data_source} is tokenized with {data_tokenizer_id!r}, but "
-        f"{checkpoint} was trained with {checkpoint_tokenizer_id!r}. Use the data the checkpoint "
-        "was trained on (the data.path recorded in its config.json, tokenized with the same "
-        "tokenizer), or train from scratch in a fresh --workdir."
+        f"{checkpoint} was trained with {checkpoint_tokenizer_id!r}. "
+        + (fix or "Use the data the checkpoint was trained on (the data.path recorded in its config.json, "
+           "tokenized with the same tokenizer), or train from scratch in a fresh --workdir.")
     )

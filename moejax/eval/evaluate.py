@@ -92,7 +92,7 @@ class Evaluator:
         )
         self.scorer = Scorer(erun.run, balancer, cfg.model.moe.num_experts)
         self.generator = (
-            Generator(erun.run, cfg, max_len=settings.max_len, balancer=balancer)
+            Generator(erun.run, cfg, max_len=settings.max_len, balancer=balancer, num_tokens=erun.tokenizer.vocab_size)
             if any(t.kind == EXACT_MATCH for t in self.tasks) else None
         )
         self.moe_layers = [layer for layer in range(cfg.model.num_layers) if is_moe_layer(cfg.model, layer)]

@@ -219,12 +219,8 @@ def check_same_on_every_process(items: dict[str, Any]) -> None:
         )
 
 
-def load_params(path: str, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
-    """Parameters only from a checkpoint (a workdir, its checkpoints/ dir, or one step's dir).
-
-    For continued training with a fresh optimizer and data mixture, and for MergeMix experts.
-    Checks shapes first and names every mismatched parameter.
-    """
+def _init_from_step(path: str, step: int | None) -> tuple[str, int]:
+    """(the checkpoints directory, the step) that ``checkpoint.init_from=path`` names."""
     path = os.path.abspath(path)
     if os.path.isdir(os.path.join(path, "checkpoints")):
         path = os.path.join(path, "checkpoints")
@@ -239,6 +235,25 @@ def load_params(path: str, abstract_params: Any, step: int | None = None) -> tup
             f"config key 'checkpoint.init_from' has value {path!r}; it holds no checkpoint"
             + (f" at step {step}" if step is not None else "") + f" (steps: {steps})."
         )
+    return path, step
+
+
+def init_from_meta(path: str, step: int | None = None) -> tuple[str, dict]:
+    """(the step directory, its run metadata: config, tokenizer id, ...) of the checkpoint that
+    ``load_params(path, ..., step)`` reads; the metadata is {} if the checkpoint has none."""
+    path, step = _init_from_step(path, step)
+    meta = epath.Path(path) / str(step) / "meta"
+    found = ocp.JsonCheckpointHandler().restore(meta, args=ocp.args.JsonRestore()) if meta.is_dir() else None
+    return os.path.join(path, str(step)), found or {}
+
+
+def load_params(path: str, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+    """Parameters only from a checkpoint (a workdir, its checkpoints/ dir, or one step's dir).
+
+    For continued training with a fresh optimizer and data mixture, and for MergeMix experts.
+    Checks shapes first and names every mismatched parameter.
+    """
+    path, step = _init_from_step(path, step)
     # The state item's own handler, not a CheckpointManager: a manager restoring one item logs a
     # warning for each other item of the step (meta, data), which reads like a failure.
     handler = ocp.PyTreeCheckpointHandler()

@@ -31,7 +31,8 @@ from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.errors import ConfigError
 from moejax.model.transformer import flops_per_token, param_counts
 from moejax.train import trackers
-from moejax.train.checkpoint import Checkpointer, Restored, any_process, check_same_on_every_process, load_params
+from moejax.train.checkpoint import (Checkpointer, Restored, any_process, check_same_on_every_process, init_from_meta,
+                                     load_params)
 from moejax.train.preemption import Preempted, PreemptionGuard
 from moejax.train.metrics import MetricsLogger, routing_summary, truncate_metrics
 from moejax.train.precompile import Precompile
@@ -116,6 +117,25 @@ def restore_checked(run: Run, checkpointer: Checkpointer, tokenizer_name: str, d
     return restored
 
 
+def check_init_from_tokenizer(cfg, tokenizer_name: str) -> None:
+    """A warm start's parameters only make sense with the tokenizer they were trained (or imported)
+    with; a ``DataError`` naming both, and the ``prepare`` command that fits, otherwise. A Hugging
+    Face import without tokenizer files carries no tokenizer to check against."""
+    init_step = None if cfg.checkpoint.init_step < 0 else cfg.checkpoint.init_step
+    step_dir, meta = init_from_meta(cfg.checkpoint.init_from, init_step)
+    recorded = str(meta.get("tokenizer", ""))
+    if not recorded or recorded.startswith("huggingface:"):
+        return
+    tokenizer_dir = os.path.join(cfg.checkpoint.init_from, "tokenizer")  # written by moejax hf import
+    source = tokenizer_dir if os.path.isdir(tokenizer_dir) else "the data.path of its config.json"
+    check_tokenizer_matches(
+        tokenizer_name, recorded, data_source=f"data.path={cfg.data.path!r}",
+        checkpoint=f"checkpoint.init_from {step_dir}",
+        fix=f"Prepare the data with that tokenizer (python -m moejax.data.prepare --tokenizer {source} "
+            "--source DOMAIN=PATH --out DIR) and set data.path=DIR, or drop checkpoint.init_from.",
+    )
+
+
 def fresh_state(cfg, run: Run, init=None) -> dict[str, Any]:
     """A fresh start (with ``init``, the run's jitted state initialiser, if given), or a warm one
     from ``checkpoint.init_from``'s parameters."""
@@ -158,6 +178,8 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
         os.path.join(workdir, "checkpoints"), max_to_keep=c.max_to_keep, keep_period=c.keep_period
     )
     restored = restore_checked(run, checkpointer, data_info.tokenizer.name, cfg.data.path)
+    if restored is None and cfg.checkpoint.init_from:
+        check_init_from_tokenizer(cfg, data_info.tokenizer.name)
 
     # Compile while the data loads (moejax/train/precompile.py): the initialiser (unless resuming),
     # the eval step (for the evaluation at step 0 or the resumed step) and the train step.

@@ -10,7 +10,7 @@ from absl import logging as absl_logging
 
 from moejax import paths
 from moejax.config import ConfigError
-from moejax.interop.hf import workdir  # called as workdir.<name>, so a patched function is the one run
+from moejax.interop.hf import tokenizer_files, workdir  # called as workdir.<name>, so a patched function is the one run
 from moejax.interop.hf.configs import SUPPORTED
 from moejax.interop.hf.errors import InteropError
 from moejax.log import add_verbosity_flags, setup_logging
@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
                   f"./launch.sh {os.path.join(args.workdir, workdir.EXPERIMENT_FILE)} --workdir runs/NAME"
                   f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
+            if os.path.isdir(os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)):
+                print(f"its tokenizer is in {os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)}; prepare data for "
+                      f"it with: {tokenizer_files.prepare_command(args.workdir)}, and train with "
+                      "--config.data.path=datasets/NAME")
+            else:
+                print(f"{args.hf_dir} has no tokenizer.json: no tokenizer was imported")
         else:
             arch = workdir.export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch,
                                                dtype=args.dtype, force=args.force)

@@ -13,6 +13,7 @@ from moejax import checks, code_version, paths, sharding
 from moejax import config as config_lib
 from moejax.config import ConfigDict
 from moejax.interop.hf.configs import adapted_config, choose_architecture, hf_config_from_model, model_config_from_hf
+from moejax.interop.hf import tokenizer_files
 from moejax.interop.hf.errors import InteropError
 from moejax.interop.hf.files import read_hf_dir, write_hf_dir
 from moejax.interop.hf.tensors import adapt_params, fold_selection_bias, params_from_hf, params_to_hf
@@ -65,15 +66,14 @@ def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False) -> Conf
     hf, tensors = read_hf_dir(hf_dir)
     cfg = config_lib.default_config()
     cfg.model = model_config_from_hf(hf)
+    tokenizer = tokenizer_files.source_tokenizer(hf_dir, cfg.model.vocab_size)
     params = params_from_hf(tensors, cfg.model, hf["model_type"])
     cfg, run = _one_device_run(cfg)
     state = init_state(cfg, run)
     state["params"] = jax.device_put(params, run.state_shardings["params"])
     meta = {
-        "config": config_lib.to_dict(cfg), "code_version": code_version(),
-        # The HF tokenizer is not converted: this id matches no moejax tokenizer, so resuming
-        # this workdir on moejax data stops with a tokenizer-mismatch error instead of training.
-        "tokenizer": f"huggingface:{os.path.abspath(hf_dir)}",
+        "config": config_lib.to_dict(cfg), "code_version": code_version(), "hf_source": os.path.abspath(hf_dir),
+        "tokenizer": tokenizer_files.tokenizer_id(tokenizer, hf_dir),  # only data prepared with it is accepted
     }
     with paths.replace_dir(workdir) as tmp:
         checkpointer = Checkpointer(os.path.join(tmp, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
@@ -85,6 +85,7 @@ def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False) -> Conf
             json.dump(hf, f, indent=2)
         with open(os.path.join(tmp, EXPERIMENT_FILE), "w") as f:
             f.write(EXPERIMENT_SOURCE.format(workdir=workdir))
+        tokenizer_files.copy_tokenizer(hf_dir, tmp)
     return cfg
 
 
@@ -101,9 +102,10 @@ def import_source(workdir: str, cfg: ConfigDict) -> str | None:
     from moejax.eval.restore import latest_meta
 
     for candidate in (workdir, cfg.checkpoint.init_from):
-        tokenizer = str((latest_meta(candidate) if candidate else {}).get("tokenizer", ""))
-        if tokenizer.startswith("huggingface:"):
-            return tokenizer.split(":", 1)[1]
+        meta = latest_meta(candidate) if candidate else {}
+        tokenizer = str(meta.get("tokenizer", ""))
+        if meta.get("hf_source") or tokenizer.startswith("huggingface:"):
+            return meta.get("hf_source") or tokenizer.split(":", 1)[1]
     return None
 
 
@@ -157,7 +159,14 @@ def export_from_workdir(
     tensors = params_to_hf(adapt_params(params, m, arch), adapted_config(m, arch), arch)
     with paths.replace_dir(hf_dir) as tmp:
         write_hf_dir(tmp, hf, {k: _cast(k, v, dtype) for k, v in tensors.items()})
+        tokenizer_files.export_tokenizer(workdir, cfg, _checkpoint_tokenizer(workdir, step), tmp)
     return arch
+
+
+def _checkpoint_tokenizer(workdir: str, step: int) -> str | None:
+    from moejax.eval.restore import read_meta
+
+    return read_meta(os.path.join(workdir, "checkpoints", str(step))).get("tokenizer")
 
 
 def _cast(name: str, value: np.ndarray, dtype: str) -> np.ndarray:
