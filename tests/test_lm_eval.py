@@ -15,13 +15,11 @@ import pytest  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model, model_registry  # noqa: E402
 
-from moejax.eval.forward import Scorer  # noqa: E402
 from moejax.eval.harness import choice_logliks, score_exact_match, score_multiple_choice  # noqa: E402
 from moejax.eval.lm_eval.__main__ import main  # noqa: E402
 from moejax.eval.lm_eval.model import MoejaxLM, cut_at_stop  # noqa: E402
 from moejax.eval.lm_eval.rows import rolling_rows  # noqa: E402
 from moejax.eval.tasks import load_task_file  # noqa: E402
-from moejax.generate import Generator  # noqa: E402
 from tests.test_eval import model_logprobs, train_eval_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +63,7 @@ def test_command_runs_local_tasks_with_moejax_eval_numbers(workdir, lm, tmp_path
 
     # Multiple choice: every choice's log-likelihood equals moejax.eval's scoring of the same JSONL.
     task = load_task_file(TASKS / "moejax_mc.jsonl")
-    scorer = Scorer(lm.erun.run, lm.erun.run.balancer, lm.erun.cfg.model.moe.num_experts)
+    scorer = lm.scorer  # moejax.eval's Scorer; the rows, batches and tokenization are the harness's own
     ours, _, _ = choice_logliks(scorer, lm.ckpt, task, lm.tokenizer, max_len=lm.max_len, batch_size=BATCH,
                                 progress=False)
     samples = results["samples"]["moejax_mc"]
@@ -82,8 +80,7 @@ def test_command_runs_local_tasks_with_moejax_eval_numbers(workdir, lm, tmp_path
 
     # Generation: the KV-cache greedy decode that moejax.eval's exact match runs, cut at the newline.
     gen_task = load_task_file(TASKS / "moejax_gen.jsonl")
-    generator = Generator(lm.erun.run, lm.erun.cfg, max_len=lm.max_len, balancer=lm.erun.run.balancer)
-    exact, _ = score_exact_match(generator, lm.ckpt, gen_task, lm.tokenizer, max_new_tokens=16, batch_size=BATCH,
+    exact, _ = score_exact_match(lm.generator, lm.ckpt, gen_task, lm.tokenizer, max_new_tokens=16, batch_size=BATCH,
                                  progress=False)
     generated = {s["doc_id"]: s["resps"][0][0] for s in results["samples"]["moejax_gen"]}
     for doc_id, example in enumerate(exact["examples"]):

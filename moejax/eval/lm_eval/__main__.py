@@ -91,7 +91,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     results = simple_evaluate(
         model=lm, tasks=args.tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager,
         log_samples=args.log_samples, random_seed=args.seed, numpy_random_seed=args.seed,
-        torch_random_seed=args.seed, fewshot_random_seed=args.seed,
+        torch_random_seed=None, fewshot_random_seed=args.seed,  # no torch in moejax: not imported to seed it
     )
     if results is None:
         return

@@ -100,6 +100,14 @@ class MoejaxLM(LM):
         return results
 
     @property
+    def generator(self) -> Generator:
+        """The KV-cache generator over the training context (built on first use)."""
+        if self._generator is None:
+            self._generator = Generator(self.erun.run, self.erun.cfg, max_len=self.max_len,
+                                        balancer=self.erun.run.balancer)
+        return self._generator
+
+    @property
     def tokenizer_name(self) -> str:
         return self.tokenizer.name
 
@@ -147,12 +155,9 @@ class MoejaxLM(LM):
 
     def _generate(self, prompts: list[np.ndarray], until: tuple[str, ...], max_gen_toks: int,
                   temperature: float, top_p: float) -> list[str]:
-        if self._generator is None:
-            self._generator = Generator(self.erun.run, self.erun.cfg, max_len=self.max_len,
-                                        balancer=self.erun.run.balancer)
         decode = self.tokenizer.decode
         padded = prompts + [prompts[0]] * (self.batch_size - len(prompts))  # one batch shape: one compile
-        rows = self._generator.generate(
+        rows = self.generator.generate(
             self.ckpt.params, self.ckpt.balance, padded, max_new_tokens=max_gen_toks, temperature=temperature,
             top_p=top_p, stop_ids=(self.tokenizer.eos_id,),
             done=(lambda ids: any(s in decode(ids) for s in until)) if until else None,
