@@ -59,6 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     go_offline()
+    from moejax.train.precompile import use_persistent_cache
+
+    use_persistent_cache()  # a second evaluation of the run (or of a run of its shape) skips the compiles
     if argv and argv[0] in LM_EVAL_COMMANDS:
         _lm_eval_cli(argv)
         return

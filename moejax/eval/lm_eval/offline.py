@@ -57,7 +57,12 @@ def check_offline(manager: TaskManager, specs: Iterable[str]) -> None:
                 f"task {spec!r} is neither an lm-eval task name nor a task YAML file. Tasks found under "
                 f"--include_path: {', '.join(local) or 'none'}."
             )
-        _check_entry(manager, entry, seen=set())
+        try:
+            _check_entry(manager, entry, seen=set())
+        except OfflineTaskError as e:
+            if entry.name == spec:
+                raise
+            raise OfflineTaskError(f"{spec!r} includes {e}") from None
 
 
 def _entry(manager: TaskManager, spec: str) -> Entry | None:
