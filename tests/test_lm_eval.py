@@ -158,3 +158,5 @@ def test_task_that_needs_a_download_is_refused_before_the_model_loads(tmp_path, 
 def test_registered_as_moejax_beside_lm_evals_own_models():
     assert get_model("moejax") is MoejaxLM
     assert "hf" in model_registry and "dummy" in model_registry
+    with pytest.raises(ValueError, match=r"unknown model argument\(s\) \['stpe'\]; allowed: workdir, step"):
+        get_model("moejax").create_from_arg_string("workdir=runs/x,stpe=5", {"batch_size": 8, "device": "cpu"})

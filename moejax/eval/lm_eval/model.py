@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 NAME = "moejax"
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default for generate_until
+# Passed by lm-eval to every model and ignored: JAX places the model on the devices it sees.
+IGNORED_OPTIONS = {"max_batch_size", "device", "trust_remote_code"}
 
 
 class MoejaxLM(LM):
@@ -46,8 +48,10 @@ class MoejaxLM(LM):
     def __init__(self, workdir: str, step: int | None = None, batch_size: int | str | None = None,
                  progress: bool = True, **lm_eval_options: Any):
         super().__init__()
-        # lm-eval also passes max_batch_size and device; JAX places the model on the devices it sees.
-        del lm_eval_options
+        unknown = sorted(set(lm_eval_options) - IGNORED_OPTIONS)
+        if unknown:
+            raise ValueError(f"moejax: unknown model argument(s) {unknown}; allowed: workdir, step, batch_size, "
+                             "progress (e.g. --model_args workdir=runs/tiny_moe,step=400).")
         self.erun = open_run(str(workdir))
         self.ckpt = self.erun.load(None if step in (None, "") else int(step))
         self.tokenizer = self.erun.tokenizer
@@ -57,6 +61,7 @@ class MoejaxLM(LM):
         self.progress = progress
         self.scorer = Scorer(self.erun.run, self.erun.run.balancer, self.erun.cfg.model.moe.num_experts)
         self._generator: Generator | None = None
+        self._warned: set[str] = set()
 
     # -- lm-eval's interface --------------------------------------------------------------------
 
@@ -133,12 +138,12 @@ class MoejaxLM(LM):
     def _generation_settings(self, gen_kwargs: dict[str, Any]) -> tuple[tuple[str, ...], int, float, float]:
         kwargs = dict(gen_kwargs or {})
         until = kwargs.pop("until", None) or ()
-        until = (until,) if isinstance(until, str) else tuple(until)
+        until = tuple(s for s in ((until,) if isinstance(until, str) else until) if s)
         max_gen_toks = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
         cap = self.max_len // 2
         if max_gen_toks > cap:
-            log.warning("moejax: max_gen_toks=%d cut to %d: half of the %d positions the model was trained on "
-                        "(train.seq_len), so that the prompt keeps the other half.", max_gen_toks, cap, self.max_len)
+            self._warn_once(f"moejax: max_gen_toks={max_gen_toks} cut to {cap}: half of the {self.max_len} positions "
+                            "the model was trained on (train.seq_len), so that the prompt keeps the other half.")
             max_gen_toks = cap
         do_sample = bool(kwargs.pop("do_sample", False))
         temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
@@ -146,8 +151,13 @@ class MoejaxLM(LM):
         if not do_sample:
             temperature = 0.0
         if kwargs:
-            log.warning("moejax: generation options %s are not supported and are ignored.", sorted(kwargs))
+            self._warn_once(f"moejax: generation options {sorted(kwargs)} are not supported and are ignored.")
         return until, max(max_gen_toks, 1), temperature, top_p
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning(message)
 
     def _prompt(self, context: str) -> np.ndarray:
         ids = self.tokenizer.encode(context) if context else np.zeros(0, np.int32)
