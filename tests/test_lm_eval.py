@@ -153,6 +153,11 @@ def test_task_that_needs_a_download_is_refused_before_the_model_loads(tmp_path, 
         assert error.startswith("python -m moejax.eval.lm_eval: error: task ") and name in error
         for part in expected:
             assert part in error
+    # lm-eval's own command line through moejax checks the same, before lm-eval parses anything
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--model", "moejax", "--model_args", f"workdir={tmp_path / 'no_run'}", "--tasks", "hub_task",
+              "--include_path", str(tasks)])
+    assert exit_info.value.code == 2 and "needs a dataset download" in capsys.readouterr().err
 
 
 def test_registered_as_moejax_beside_lm_evals_own_models():

@@ -87,7 +87,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     from moejax.eval.lm_eval.table import results_table
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on the items a params-only read skips
-    manager = task_manager(args.tasks, args.include_path)
+    include_path = [paths.user_path(p) for p in args.include_path] if args.include_path else None
+    manager = task_manager(args.tasks, include_path)
     check_offline(manager, args.tasks)
     lm = MoejaxLM(paths.user_path(args.workdir), step=args.step, batch_size=args.batch_size,
                   progress=not args.no_progress)
