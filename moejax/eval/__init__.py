@@ -14,6 +14,7 @@ Modules, in the order the data flows:
 ``masking``     masking experts out of the top-k (pruning studies)
 ``evaluate``    one checkpoint's whole evaluation as a dict (``step_N.json``)
 ``report``      the printed table; ``plots``: curves over checkpoints
+``lm_eval``     the lm-evaluation-harness adapter: the lm-eval model ``moejax`` and its command
 ==============  ==================================================================================
 
 Generation lives in :mod:`moejax.generate`; keys, options and measured numbers in ``docs/eval.md``.

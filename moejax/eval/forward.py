@@ -45,7 +45,7 @@ def routing_sums(routing: Routing | None, weight_bt: jax.Array, num_experts: int
 
 class Scorer:
     """``scorer(params, balance, batch)``: per-row sums of target log-probabilities and scored
-    tokens; with ``routing=True`` also the :func:`routing_sums` of the real tokens. One compile
+    tokens, and whether every scored target is the model's most probable token; with ``routing=True`` also the :func:`routing_sums` of the real tokens. One compile
     per batch shape, reused across checkpoints (parameters are arguments)."""
 
     def __init__(self, run: Run, balancer: Balancer | None, num_experts: int):
@@ -78,7 +78,9 @@ def _score(params, balance, batch, *, graphdef, balancer, num_experts, with_rout
     )
     logprob_bt = -optax.softmax_cross_entropy_with_integer_labels(logits_btv, batch["targets"])
     mask_bt = batch["loss_mask"]
-    out = {"logprob_b": jnp.sum(logprob_bt * mask_bt, axis=-1), "tokens_b": jnp.sum(mask_bt, axis=-1)}
+    greedy_bt = (jnp.argmax(logits_btv, axis=-1) == batch["targets"]) | (mask_bt == 0)
+    out = {"logprob_b": jnp.sum(logprob_bt * mask_bt, axis=-1), "tokens_b": jnp.sum(mask_bt, axis=-1),
+           "greedy_b": jnp.all(greedy_bt, axis=-1)}
     if with_routing:
         weight_bt = (batch["segment_ids"] > 0).astype(jnp.float32)
         out["routing"] = routing_sums(aux.get("routing"), weight_bt, num_experts)
