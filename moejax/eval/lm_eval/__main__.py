@@ -3,7 +3,7 @@
     python -m moejax.eval.lm_eval --workdir DIR --tasks T [T ...] [--include_path DIR] [--step N]
         [--batch_size 32] [--num_fewshot K] [--limit N] [--output_path FILE] [--log_samples]
 
-prints lm-eval's results table (:mod:`.table`) and, with ``--output_path``, writes lm-eval's results as JSON.
+prints lm-eval's results table and, with ``--output_path``, writes lm-eval's results as JSON.
 
     python -m moejax.eval.lm_eval run --model moejax --model_args workdir=DIR --tasks T ... [any lm-eval option]
 
@@ -79,12 +79,11 @@ def main(argv: list[str] | None = None) -> None:
 def _evaluate(args: argparse.Namespace) -> None:
     from absl import logging as absl_logging
     from lm_eval import simple_evaluate
-    from lm_eval.utils import handle_non_serializable
+    from lm_eval.utils import handle_non_serializable, make_table
 
     from moejax import paths
     from moejax.eval.lm_eval.model import MoejaxLM
     from moejax.eval.lm_eval.offline import check_offline, task_manager
-    from moejax.eval.lm_eval.table import results_table
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on the items a params-only read skips
     include_path = [paths.user_path(p) for p in args.include_path] if args.include_path else None
@@ -101,9 +100,9 @@ def _evaluate(args: argparse.Namespace) -> None:
         return
     print(f"moejax ({lm.erun.workdir}, step {lm.ckpt.step}), limit: {args.limit}, num_fewshot: {args.num_fewshot}, "
           f"batch_size: {lm.batch_size}")
-    print(results_table(results))
+    print(make_table(results))
     if results.get("groups"):
-        print("\n" + results_table(results, "groups"))
+        print("\n" + make_table(results, "groups"))
     if args.output_path:
         text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
         path = paths.user_path(args.output_path)
