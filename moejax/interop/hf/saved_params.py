@@ -1,6 +1,12 @@
-"""A moejax checkpoint step's parameters read one at a time (orbax partial restores into numpy),
-so an export never holds the whole train state: the optimizer state is never read, and a
-parameter is read in the dtype it was saved in."""
+"""Params-only moejax checkpoints: written from numpy parameters without copying them (an import),
+and read one parameter at a time (orbax partial restores into numpy, an export), so neither
+holds a whole train state: no optimizer state is made or read, and every parameter keeps the
+dtype it was saved in.
+
+The layout is the train checkpoint's (``checkpoints/<step>/{state,data,meta}``, see
+``moejax.train.checkpoint``) with ``state`` = ``{"params": ...}``: ``load_params``
+(``checkpoint.init_from``) and evaluation read it; resuming it is refused by name.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,29 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from moejax.interop.hf.errors import InteropError
+
+
+def write_params_checkpoint(directory: str, step: int, params: Any, data: dict, meta: dict) -> None:
+    """Saves ``{"params": params}`` (numpy arrays) with the data and meta items of a train checkpoint.
+
+    orbax deep-copies numpy arrays before an asynchronous save by default, which would double the
+    memory; these arrays are never modified, so they are written from where they are.
+    """
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+        (jax.Array, ocp.type_handlers.ArrayHandler()),  # unused; without it orbax warns
+    )
+    handlers = {"state": ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False),
+                "data": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    manager = ocp.CheckpointManager(os.path.abspath(directory), item_handlers=handlers,
+                                    options=ocp.CheckpointManagerOptions(create=True))
+    try:
+        manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeSave({"params": params}), data=ocp.args.JsonSave(data),
+            meta=ocp.args.JsonSave(meta)), force=True)
+        manager.wait_until_finished()
+    finally:
+        manager.close()
 
 
 def _key(key_path) -> str:

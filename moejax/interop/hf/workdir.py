@@ -17,7 +17,7 @@ from moejax.interop.hf.configs import adapted_config, choose_architecture, hf_co
 from moejax.interop.hf.errors import InteropError
 from moejax.interop.hf.files import open_hf_dir, write_config
 from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE, Spec, parse_size, write_shards
-from moejax.interop.hf.saved_params import SavedParams
+from moejax.interop.hf.saved_params import SavedParams, write_params_checkpoint
 from moejax.interop.hf.tensors import (
     param_path,
     abstract_params,
@@ -87,8 +87,7 @@ def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False, with_op
             jax.tree.map(lambda p, s: p.astype(s.dtype), params, run.abstract_state["params"]),
             run.state_shardings["params"],
         )
-    else:
-        state = {"params": params}
+        del params
     meta = {
         "config": config_lib.to_dict(cfg), "code_version": code_version(),
         # The HF tokenizer is not converted: this id matches no moejax tokenizer, so resuming
@@ -96,10 +95,13 @@ def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False, with_op
         "tokenizer": f"huggingface:{os.path.abspath(hf_dir)}",
     }
     with paths.replace_dir(workdir) as tmp:
-        checkpointer = Checkpointer(os.path.join(tmp, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
-        checkpointer.save(0, state, {"imported_from": os.path.abspath(hf_dir)}, meta)
-        checkpointer.close()
-        del state, params
+        data = {"imported_from": os.path.abspath(hf_dir)}
+        if with_optimizer:
+            checkpointer = Checkpointer(os.path.join(tmp, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
+            checkpointer.save(0, state, data, meta)
+            checkpointer.close()
+        else:
+            write_params_checkpoint(os.path.join(tmp, "checkpoints"), 0, params, data, meta)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(meta["config"], f, indent=2)
         with open(os.path.join(tmp, HF_CONFIG_COPY), "w") as f:
