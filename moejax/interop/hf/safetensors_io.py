@@ -194,7 +194,7 @@ def plan_shards(specs: list[Spec], max_shard_size: int) -> list[list[Spec]]:
             f"tensor {largest.name!r} {list(largest.shape)} {largest.dtype.name} takes {largest.nbytes} bytes "
             f"({format_size(largest.nbytes)}), more than --max-shard-size {max_shard_size} bytes "
             f"({format_size(max_shard_size)}); a tensor is never split across shards. Pass --max-shard-size "
-            f"{largest.nbytes} or more (e.g. {format_size(largest.nbytes).replace(' ', '')} rounded up)."
+            f"{largest.nbytes} or more."
         )
     shards: list[list[Spec]] = [[]]
     size = 0
