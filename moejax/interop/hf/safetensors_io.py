@@ -243,6 +243,7 @@ def write_shards(
                 if key != spec.name or tuple(value.shape) != spec.shape or value.dtype != spec.dtype:
                     raise AssertionError(f"tensor {key} {value.shape} {value.dtype} does not match the plan {spec}")
                 f.write(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+                del value  # (often a view of a larger array the source is about to release)
     if next(source, None) is not None:
         raise AssertionError("more tensors than planned")
     if len(shards) > 1:

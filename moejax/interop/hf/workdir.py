@@ -200,7 +200,7 @@ def export_from_workdir(
                 value = exported_leaf(path, saved, m, arch, bias_le)
                 for name, tensor in hf_tensors(path, value, target, arch):
                     yield name, tensor.astype(_out_dtype(name, tensor.dtype, dtype), copy=False)
-                del value
+                del value, tensor  # a tensor is a view: it would keep the parameter alive during the next read
 
         with paths.replace_dir(hf_dir) as tmp:
             write_config(tmp, hf)
