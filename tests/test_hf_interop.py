@@ -315,8 +315,8 @@ def test_bf16_sharded_checkpoint_round_trips_bit_identically_through_a_params_on
 
 def test_training_starts_from_a_params_only_import_with_a_fresh_optimizer(bf16_round_trip, tmp_path):
     """init_from reads the imported parameters (cast to float32) with fresh AdamW moments; resuming
-    the import itself is refused by name and leaves its checkpoint in place; --with-optimizer
-    writes a train state that resumes."""
+    the import itself is refused by name and leaves its checkpoint in place; evaluation reads it;
+    --with-optimizer writes a train state that resumes."""
     from moejax import sharding
     from moejax.train.checkpoint import Checkpointer, ParamsOnlyCheckpoint
     from moejax.train.loop import fresh_state
@@ -341,6 +341,13 @@ def test_training_starts_from_a_params_only_import_with_a_fresh_optimizer(bf16_r
         checkpointer.restore_latest(run.abstract_state)
     checkpointer.close()
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]  # not set aside as corrupt
+
+    from moejax.eval.restore import EvalRun  # evaluation reads it; a balancing state it lacks starts fresh
+
+    cfg.model.moe.balancing = (("loss_free", {"u": 1e-3}),)
+    loaded = EvalRun(workdir, cfg, setup(cfg, mesh), None, None, (0,)).load()
+    np.testing.assert_array_equal(jax.device_get(loaded.params["embed_vd"]), jax.device_get(imported["embed_vd"]))
+    assert loaded.balance["loss_free"]["bias_e"].shape == (3, 4) and not np.any(loaded.balance["loss_free"]["bias_e"])
 
     full = str(tmp_path / "full")
     interop.main(["import", "--hf-dir", bf16_round_trip[0], "--workdir", full, "--with-optimizer"])
