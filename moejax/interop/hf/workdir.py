@@ -19,12 +19,12 @@ from moejax.interop.hf.files import open_hf_dir, write_config
 from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE, Spec, parse_size, write_shards
 from moejax.interop.hf.saved_params import SavedParams, write_params_checkpoint
 from moejax.interop.hf.tensors import (
-    param_path,
     abstract_params,
     exported_leaf,
     folded_config,
     hf_specs,
     hf_tensors,
+    param_path,
     params_from_hf,
 )
 from moejax.model.transformer import DTYPES
