@@ -353,6 +353,12 @@ def test_training_starts_from_a_params_only_import_with_a_fresh_optimizer(bf16_r
     interop.main(["import", "--hf-dir", bf16_round_trip[0], "--workdir", full, "--with-optimizer"])
     restored = Checkpointer(os.path.join(full, "checkpoints"), max_to_keep=3).restore_latest(run.abstract_state)
     assert restored.step == 0 and restored.state["params"]["embed_vd"].dtype == jnp.float32
+    # a train state saved from device arrays exports too; float32 back to bfloat16 is exact
+    interop.main(["export", "--workdir", full, "--hf-dir", str(tmp_path / "out"), "--dtype", "bfloat16"])
+    _, original = interop.open_hf_dir(bf16_round_trip[0])
+    _, exported = interop.open_hf_dir(str(tmp_path / "out"))
+    assert sorted(exported) == sorted(original)
+    assert all(np.array_equal(exported[k].view(np.uint16), original[k].view(np.uint16)) for k in original)
 
 
 def test_missing_shard_and_a_too_small_max_shard_size_are_named_before_any_work(bf16_round_trip, tmp_path, capsys):
