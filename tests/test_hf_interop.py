@@ -260,3 +260,128 @@ def test_export_never_overwrites_the_import_source_or_mixes_old_shards(root, tmp
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporaries left
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     assert max_diff(hf_logits(reloaded), reference) < TOLERANCE
+
+
+# ------------------------------------------------------------------ sharded, bf16, params only
+
+
+@pytest.fixture(scope="module")
+def bf16_round_trip(root, tmp_path_factory):
+    """A bfloat16 Mixtral saved by transformers in shards, imported (params only) and exported
+    with a tiny --max-shard-size through the CLI: (hf dir, workdir, export dir, float32 logits)."""
+    base = tmp_path_factory.mktemp("bf16")
+    path, _ = hf_checkpoint("mixtral", root)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    source, workdir, out = str(base / "hf"), str(base / "run"), str(base / "hf_out")
+    model.save_pretrained(source, max_shard_size="100KB")
+    reference = hf_logits(transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval())
+    interop.main(["import", "--hf-dir", source, "--workdir", workdir])
+    interop.main(["export", "--workdir", workdir, "--hf-dir", out, "--max-shard-size", "60KB"])
+    return source, workdir, out, reference
+
+
+def test_bf16_sharded_checkpoint_round_trips_bit_identically_through_a_params_only_workdir(bf16_round_trip):
+    source, workdir, out, reference = bf16_round_trip
+    assert os.path.isfile(os.path.join(source, interop.INDEX_FILE))  # the import read shards
+    saved = interop.SavedParams(os.path.join(workdir, "checkpoints", "0"))
+    try:
+        assert saved.items() == ["params"]  # no optimizer state
+        assert saved.dtype("embed_vd") == np.dtype("bfloat16")  # bf16 stays bf16
+    finally:
+        saved.close()
+    with open(f"{workdir}/config.json") as f:
+        cfg = from_dict(json.load(f))
+    params, _ = load_params(workdir, interop.abstract_params(cfg.model))  # what init_from does (float32)
+    _, original = interop.open_hf_dir(source)
+    assert np.array_equal(params["embed_vd"], original["model.embed_tokens.weight"].astype(np.float32))
+    expert = original["model.layers.2.block_sparse_moe.experts.3.w2.weight"].astype(np.float32)
+    assert np.array_equal(params["layers"][0]["mlp"]["w_down_efd"][2, 3], expert.T)
+
+    with open(os.path.join(out, interop.INDEX_FILE)) as f:
+        index = json.load(f)
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 3 and sorted(os.listdir(out)) == sorted(["config.json", interop.INDEX_FILE, *shards])
+    assert all(os.path.getsize(os.path.join(out, s)) < 60_000 + 4_000 for s in shards)  # data + header
+    _, exported = interop.open_hf_dir(out)
+    assert sorted(exported) == sorted(original)
+    for name in original:
+        a, b = original[name], exported[name]
+        assert b.dtype == a.dtype == np.dtype("bfloat16") and np.array_equal(a.view(np.uint16), b.view(np.uint16))
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["dtype"] == "bfloat16"
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert max_diff(hf_logits(reloaded), reference) == 0
+
+
+def test_training_starts_from_a_params_only_import_with_a_fresh_optimizer(bf16_round_trip, tmp_path):
+    """init_from reads the imported parameters (cast to float32) with fresh AdamW moments; resuming
+    the import itself is refused by name and leaves its checkpoint in place; evaluation reads it;
+    --with-optimizer writes a train state that resumes."""
+    from moejax import sharding
+    from moejax.train.checkpoint import Checkpointer, ParamsOnlyCheckpoint
+    from moejax.train.loop import fresh_state
+    from moejax.train.state import setup
+
+    _, workdir, _, _ = bf16_round_trip
+    with open(f"{workdir}/config.json") as f:
+        cfg = from_dict(json.load(f))
+    cfg.train.global_batch_size, cfg.train.seq_len = 2, 16
+    cfg.checkpoint.init_from = workdir
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}, jax.devices()[:1])
+    run = setup(cfg, mesh)
+    state = fresh_state(cfg, run)
+    imported, _ = load_params(workdir, interop.abstract_params(cfg.model))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state["params"]), jax.device_get(imported))
+    assert state["params"]["embed_vd"].dtype == jnp.float32 and int(state["step"]) == 0
+    moments = [x for x in jax.tree.leaves(jax.device_get(state["opt_state"])) if np.ndim(x)]
+    assert moments and not any(np.any(x) for x in moments)  # fresh AdamW moments
+
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3)
+    with pytest.raises(ParamsOnlyCheckpoint, match=rf"parameters only .*--config.checkpoint.init_from={workdir} "):
+        checkpointer.restore_latest(run.abstract_state)
+    checkpointer.close()
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]  # not set aside as corrupt
+
+    from moejax.eval.restore import EvalRun  # evaluation reads it; a balancing state it lacks starts fresh
+
+    cfg.model.moe.balancing = (("loss_free", {"u": 1e-3}),)
+    loaded = EvalRun(workdir, cfg, setup(cfg, mesh), None, None, (0,)).load()
+    np.testing.assert_array_equal(jax.device_get(loaded.params["embed_vd"]), jax.device_get(imported["embed_vd"]))
+    assert loaded.balance["loss_free"]["bias_e"].shape == (3, 4) and not np.any(loaded.balance["loss_free"]["bias_e"])
+
+    full = str(tmp_path / "full")
+    interop.main(["import", "--hf-dir", bf16_round_trip[0], "--workdir", full, "--with-optimizer"])
+    restored = Checkpointer(os.path.join(full, "checkpoints"), max_to_keep=3).restore_latest(run.abstract_state)
+    assert restored.step == 0 and restored.state["params"]["embed_vd"].dtype == jnp.float32
+    # a train state saved from device arrays exports too; float32 back to bfloat16 is exact
+    interop.main(["export", "--workdir", full, "--hf-dir", str(tmp_path / "out"), "--dtype", "bfloat16"])
+    _, original = interop.open_hf_dir(bf16_round_trip[0])
+    _, exported = interop.open_hf_dir(str(tmp_path / "out"))
+    assert sorted(exported) == sorted(original)
+    assert all(np.array_equal(exported[k].view(np.uint16), original[k].view(np.uint16)) for k in original)
+
+
+def test_missing_shard_and_a_too_small_max_shard_size_are_named_before_any_work(bf16_round_trip, tmp_path, capsys):
+    import shutil
+
+    source, workdir, _, _ = bf16_round_trip
+    broken = str(tmp_path / "broken")
+    shutil.copytree(source, broken)
+    with open(os.path.join(broken, interop.INDEX_FILE)) as f:
+        shard = sorted(set(json.load(f)["weight_map"].values()))[1]
+    os.remove(os.path.join(broken, shard))
+    with pytest.raises(SystemExit) as exit_:
+        interop.main(["import", "--hf-dir", broken, "--workdir", str(tmp_path / "run")])
+    assert exit_.value.code == 2 and not os.path.exists(tmp_path / "run")
+    assert f"lists shard '{shard}'" in capsys.readouterr().err
+
+    # the embedding [300, 64] bf16 is the largest tensor: 38400 bytes
+    with pytest.raises(SystemExit) as exit_:
+        interop.main(["export", "--workdir", workdir, "--hf-dir", str(tmp_path / "out"), "--max-shard-size", "30KB"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and not os.path.exists(tmp_path / "out")
+    assert "tensor 'model.embed_tokens.weight' [300, 64] bfloat16 takes 38400 bytes" in err
+    assert "more than --max-shard-size 30000 bytes" in err and "Pass --max-shard-size 38400 or more" in err
+    assert interop.parse_size("2GiB") == 2**31 and interop.parse_size("5GB") == 5 * 10**9
+    with pytest.raises(interop.InteropError, match="'5 apples' is not a size"):
+        interop.parse_size("5 apples")

@@ -27,7 +27,7 @@ from moejax.config import ConfigError, ConfigDict
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
-from moejax.train.state import Run, setup
+from moejax.train.state import Run, num_moe_layers, setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,8 @@ class EvalRun:
         if self.run.abstract_state["balance"]:
             abstract["balance"] = self.run.abstract_state["balance"]
         restored = _restore_state_items(os.path.join(self.checkpoint_dir, str(step)), abstract)
+        if "balance" in abstract and "balance" not in restored:  # a params-only checkpoint (an import)
+            restored["balance"] = self.run.balancer.init_state(num_moe_layers(self.cfg.model))
         return Checkpoint(step, restored["params"], restored.get("balance", {}))
 
 
@@ -162,6 +164,7 @@ def _restore_state_items(step_dir: str, abstract: dict[str, Any]) -> dict[str, A
     try:
         saved = handler.metadata(path)
         saved = getattr(saved, "tree", saved)
+        abstract = {k: v for k, v in abstract.items() if k in saved}  # params-only: no balance
         problems = describe_mismatch(flat_shapes(saved["params"]), flat_shapes(abstract["params"]))
         if problems:
             raise CheckpointMismatch(f"checkpoint {step_dir} does not fit the configured model:\n  "

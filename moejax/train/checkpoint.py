@@ -48,6 +48,11 @@ class CheckpointMismatch(ConfigError):
     """The checkpoint's parameters do not fit the configured model (different shapes or tree)."""
 
 
+class ParamsOnlyCheckpoint(CheckpointMismatch):
+    """The checkpoint holds parameters but no optimizer state (e.g. a Hugging Face import):
+    training starts from it with ``checkpoint.init_from``, it is not resumed."""
+
+
 @dataclasses.dataclass
 class Restored:
     step: int
@@ -119,7 +124,17 @@ class Checkpointer:
     def check_compatible(self, step: int, abstract_state: Any) -> None:
         """Raises CheckpointMismatch naming every parameter whose shape or presence differs."""
         saved = self.manager.item_metadata(step)["state"]
-        saved_params = flat_shapes(getattr(saved, "tree", saved)["params"])
+        saved = getattr(saved, "tree", saved)
+        missing = sorted(set(abstract_state) - set(saved))
+        if "params" in saved and missing:
+            workdir = os.path.dirname(self.directory)
+            raise ParamsOnlyCheckpoint(
+                f"checkpoint {self.directory}/{step} holds {sorted(saved)} but no {missing}: parameters only "
+                "(as `python -m moejax.interop.hf import` writes), so it cannot be resumed. Train from its "
+                f"parameters in a new workdir with --config.checkpoint.init_from={workdir} (an import's "
+                "experiment.py sets it), or import with --with-optimizer to resume the workdir itself."
+            )
+        saved_params = flat_shapes(saved["params"])
         wanted_params = flat_shapes(abstract_state["params"])
         problems = describe_mismatch(saved_params, wanted_params)
         if problems:

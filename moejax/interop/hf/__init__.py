@@ -13,14 +13,16 @@ docs/hf_interop.md.
 
 Modules, in the order a conversion uses them (every public name is also importable from here):
 
-===========  ======================================================================================
-``errors``   :class:`InteropError`
-``configs``  ``config.json`` <-> moejax model config per architecture (defaults, refusals, REQUIRES)
-``tensors``  tensor names and layouts per architecture <-> the moejax parameter tree
-``files``    a checkpoint directory (config.json + safetensors) read and written
-``workdir``  import into a moejax workdir, export from one
-``cli``      ``python -m moejax.interop.hf`` (``__main__``)
-===========  ======================================================================================
+==================  ===============================================================================
+``errors``          :class:`InteropError`
+``configs``         ``config.json`` <-> moejax model config per architecture (defaults, refusals, REQUIRES)
+``tensors``         tensor names and layouts per architecture <-> the moejax parameter tree
+``safetensors_io``  safetensors read one tensor at a time, written as a stream of shards
+``files``           a checkpoint directory (config.json + safetensors) read and written
+``saved_params``    a moejax checkpoint's parameters read one at a time (export)
+``workdir``         import into a moejax workdir, export from one
+``cli``             ``python -m moejax.interop.hf`` (``__main__``)
+==================  ===============================================================================
 """
 
 from moejax.interop.hf.cli import main
@@ -41,7 +43,9 @@ from moejax.interop.hf.configs import (
     model_config_from_hf,
 )
 from moejax.interop.hf.errors import InteropError
-from moejax.interop.hf.files import INDEX_FILE, SINGLE_FILE, read_hf_dir, write_hf_dir
+from moejax.interop.hf.files import INDEX_FILE, SINGLE_FILE, open_hf_dir, read_hf_dir, write_hf_dir
+from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE, HFTensors, parse_size
+from moejax.interop.hf.saved_params import SavedParams, write_params_checkpoint
 from moejax.interop.hf.tensors import (
     IGNORED_SUFFIXES,
     LINEAR_IN,
@@ -55,6 +59,7 @@ from moejax.interop.hf.tensors import (
     Names,
     abstract_params,
     adapt_params,
+    exported_leaf,
     fold_selection_bias,
     params_from_hf,
     params_to_hf,
@@ -70,10 +75,10 @@ from moejax.interop.hf.workdir import (
 )
 
 __all__ = [
-    "CLASS_NAMES", "COMMON_DEFAULTS", "DEFAULTS", "EXPERIMENT_FILE", "EXPERIMENT_SOURCE", "FROM_HF", "HF_CONFIG_COPY",
+    "CLASS_NAMES", "COMMON_DEFAULTS", "DEFAULTS", "DEFAULT_MAX_SHARD_SIZE", "HFTensors", "EXPERIMENT_FILE", "EXPERIMENT_SOURCE", "FROM_HF", "HF_CONFIG_COPY",
     "IGNORED_SUFFIXES", "INDEX_FILE", "LINEAR_IN", "LINEAR_OUT", "MOE_NAMES", "REQUIRES", "ROW", "SAME", "SINGLE_FILE",
-    "STALE_KEYS", "SUPPORTED", "TOP_LEVEL", "TO_HF", "VECTOR", "InteropError", "Layout", "Names", "abstract_params",
+    "STALE_KEYS", "SUPPORTED", "SavedParams", "TOP_LEVEL", "TO_HF", "VECTOR", "InteropError", "Layout", "Names", "abstract_params",
     "adapt_params", "adapted_config", "architecture", "cannot_express", "check_export_target", "choose_architecture",
-    "export_from_workdir", "fold_selection_bias", "hf_config_from_model", "import_source", "import_to_workdir", "main",
-    "model_config_from_hf", "params_from_hf", "params_to_hf", "read_hf_dir", "write_hf_dir",
+    "export_from_workdir", "exported_leaf", "fold_selection_bias", "hf_config_from_model", "import_source", "import_to_workdir", "main",
+    "model_config_from_hf", "open_hf_dir", "params_from_hf", "parse_size", "write_params_checkpoint", "params_to_hf", "read_hf_dir", "write_hf_dir",
 ]

@@ -13,6 +13,7 @@ from moejax.config import ConfigError
 from moejax.interop.hf import tokenizer_files, workdir  # called as workdir.<name>, so a patched function is the one run
 from moejax.interop.hf.configs import SUPPORTED
 from moejax.interop.hf.errors import InteropError
+from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE
 from moejax.log import add_verbosity_flags, setup_logging
 from moejax.model.transformer import DTYPES
 
@@ -27,12 +28,19 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--hf-dir", required=True, help="directory written by save_pretrained")
     imp.add_argument("--workdir", required=True, help="new moejax workdir to write")
     imp.add_argument("--force", action="store_true", help="replace an existing non-empty --workdir (as a whole)")
+    imp.add_argument("--with-optimizer", action="store_true",
+                     help="write a whole train state (fresh AdamW moments, float32 by default) instead of the "
+                          "parameters only, so a run in --workdir itself resumes it")
     exp = sub.add_parser("export", help="moejax workdir checkpoint -> HF directory")
     exp.add_argument("--workdir", required=True, help="moejax workdir with checkpoints/")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     exp.add_argument("--hf-dir", required=True, help="output directory (config.json, model.safetensors)")
     exp.add_argument("--arch", choices=SUPPORTED, default=None, help="target model_type (default: chosen)")
-    exp.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="tensor dtype written")
+    exp.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                     help="cast the tensors to this dtype (default: keep the checkpoint's)")
+    exp.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
+                     help="largest safetensors file, e.g. 5GB, 500MB, 2GiB (default: %(default)s); more "
+                          "than one file: model-0000i-of-0000n.safetensors + model.safetensors.index.json")
     exp.add_argument("--force", action="store_true",
                      help="replace an existing non-empty --hf-dir (as a whole), even the run's import source")
     for command in (imp, exp):
@@ -47,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on items a restore skips
     try:
         if args.command == "import":
-            cfg = workdir.import_to_workdir(args.hf_dir, args.workdir, force=args.force)
+            cfg = workdir.import_to_workdir(args.hf_dir, args.workdir, force=args.force,
+                                           with_optimizer=args.with_optimizer)
             print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
                   f"./launch.sh {os.path.join(args.workdir, workdir.EXPERIMENT_FILE)} --workdir runs/NAME"
                   f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
@@ -59,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{args.hf_dir} has no tokenizer.json: no tokenizer was imported")
         else:
             arch = workdir.export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch,
-                                               dtype=args.dtype, force=args.force)
+                                               dtype=args.dtype, force=args.force,
+                                               max_shard_size=args.max_shard_size)
             print(f"exported {args.workdir} as {arch} to {args.hf_dir}")
     except (InteropError, ConfigError) as e:
         sys.stderr.write(f"moejax: error: {e}\n")

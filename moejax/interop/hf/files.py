@@ -1,5 +1,5 @@
 """Files: a Hugging Face checkpoint directory (``config.json`` + safetensors, one file or shards
-listed by an index) read and written with numpy only."""
+listed by an index) read and written with numpy only (the streaming parts: ``safetensors_io``)."""
 
 from __future__ import annotations
 
@@ -8,55 +8,51 @@ import os
 from typing import Any, Mapping
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
 
 from moejax.interop.hf.errors import InteropError
+from moejax.interop.hf.safetensors_io import (
+    DEFAULT_MAX_SHARD_SIZE,
+    INDEX_FILE,
+    SINGLE_FILE,
+    HFTensors,
+    Spec,
+    parse_size,
+    read_json,
+    write_shards,
+)
 
-SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+__all__ = ["INDEX_FILE", "SINGLE_FILE", "open_hf_dir", "read_hf_dir", "write_config", "write_hf_dir"]
 
 
-def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """config.json and every tensor of model.safetensors (or the shards its index lists)."""
+def open_hf_dir(path: str) -> tuple[dict[str, Any], HFTensors]:
+    """config.json and the checkpoint's tensors, read lazily (one tensor per lookup).
+
+    A missing config.json, a missing shard or an unreadable header is an error here, before any
+    tensor is read."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise InteropError(f"{path} has no config.json; expected a directory written by save_pretrained.")
-    hf = _read_hf_json(config_path)
-    index = os.path.join(path, INDEX_FILE)
-    if os.path.isfile(index):
-        files = sorted(set(_read_hf_json(index).get("weight_map", {}).values()))
-    elif os.path.isfile(os.path.join(path, SINGLE_FILE)):
-        files = [SINGLE_FILE]
-    else:
-        raise InteropError(
-            f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE}; only safetensors checkpoints are read "
-            "(re-save a .bin checkpoint with save_pretrained(..., safe_serialization=True))."
-        )
-    tensors: dict[str, np.ndarray] = {}
-    for name in files:
-        try:
-            tensors.update(load_file(os.path.join(path, name)))
-        except (OSError, SafetensorError) as e:
-            raise InteropError(f"{os.path.join(path, name)} cannot be read as safetensors ({e}); re-save the "
-                               "checkpoint with save_pretrained(..., safe_serialization=True).") from None
-    return hf, tensors
+    return read_json(config_path), HFTensors(path)
 
 
-def _read_hf_json(path: str) -> dict[str, Any]:
-    """A JSON object file of an HF directory; an ``InteropError`` naming it if it is not one."""
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InteropError(f"{path} is not readable JSON ({e}); is the checkpoint complete?") from None
-    if not isinstance(value, dict):
-        raise InteropError(f"{path} holds {type(value).__name__}, not a JSON object; is it a save_pretrained file?")
-    return value
+def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """config.json and every tensor of model.safetensors (or the shards its index lists), in memory."""
+    hf, tensors = open_hf_dir(path)
+    return hf, dict(tensors)
 
 
-def write_hf_dir(path: str, hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
-    """config.json and one model.safetensors (with the metadata transformers checks for)."""
+def write_config(path: str, hf: Mapping[str, Any]) -> None:
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf, f, indent=2, sort_keys=True)
-    save_file(dict(tensors), os.path.join(path, SINGLE_FILE), metadata={"format": "pt"})
+
+
+def write_hf_dir(
+    path: str, hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+) -> list[str]:
+    """config.json and the tensors as model.safetensors, or as shards of at most
+    ``max_shard_size`` with model.safetensors.index.json; returns the safetensors file names."""
+    write_config(path, hf)
+    specs = [Spec(name, tuple(v.shape), v.dtype) for name, v in tensors.items()]
+    return write_shards(path, specs, tensors.items(), parse_size(max_shard_size))

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping, Protocol
 
 import jax
 import numpy as np
 from flax import nnx
 
 from moejax.config import ConfigDict
+from moejax.interop.hf.configs import adapted_config
 from moejax.interop.hf.errors import InteropError
 from moejax.model.transformer import Transformer, layer_runs
 from moejax.schema import ModelConfig
@@ -114,7 +115,8 @@ def _leaf_names(m: ConfigDict, arch: str) -> Callable[[tuple], tuple[list[str], 
     return lookup
 
 
-def _path(key_path) -> tuple:
+def param_path(key_path) -> tuple:
+    """A tree path as a tuple of its keys (dict keys, list indices)."""
     return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in key_path)
 
 
@@ -124,22 +126,48 @@ def abstract_params(m: ConfigDict) -> dict:
     return nnx.to_pure_dict(nnx.state(model))
 
 
+def _items(prefixes: list[str], names: Names) -> Iterator[tuple[tuple[int, ...], str]]:
+    """(index into the moejax leaf, HF tensor name) for every HF tensor of one leaf."""
+    layered = prefixes != [""]
+    for i, prefix in enumerate(prefixes):
+        base = (i,) if layered else ()
+        if isinstance(names, list):
+            for j, name in enumerate(names):
+                yield (*base, j), prefix + name
+        else:
+            yield base, prefix + names
+
+
+def _hf_shape(layout: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The HF shape of a moejax array of ``shape`` (computed on a zero-strided view: no memory)."""
+    return tuple(layout.to_hf(np.broadcast_to(np.float32(0), shape)).shape)
+
+
 class _Tensors:
-    """The HF state dict being consumed: every tensor must be used exactly once, or be ignorable."""
+    """The HF state dict being consumed (a dict, or tensors read lazily from files): every tensor
+    must be used exactly once, or be ignorable."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray], tied: bool):
         self.tensors, self.used = tensors, set()
         self.ignorable = {"lm_head.weight"} if tied else set()
 
-    def take(self, name: str, layout: Layout, shape: tuple[int, ...], dtype) -> np.ndarray:
+    def dtype(self, name: str) -> np.dtype:
+        self.check(name)
+        dtype = getattr(self.tensors, "dtype", None)
+        return dtype(name) if callable(dtype) else np.asarray(self.tensors[name]).dtype
+
+    def check(self, name: str) -> None:
         if name not in self.tensors:
             raise InteropError(f"the checkpoint has no tensor {name!r}, which the config implies.")
+
+    def take(self, name: str, layout: Layout, shape: tuple[int, ...]) -> np.ndarray:
+        self.check(name)
         w = self.tensors[name]
-        want = layout.to_hf(np.broadcast_to(np.float32(0), shape)).shape
+        want = _hf_shape(layout, shape)
         if tuple(w.shape) != want:
             raise InteropError(f"tensor {name!r} has shape {tuple(w.shape)}; the config implies {want}.")
         self.used.add(name)
-        return layout.to_moejax(np.asarray(w), shape).astype(dtype)
+        return layout.to_moejax(np.asarray(w), shape)
 
     def check_all_used(self) -> None:
         left = sorted(
@@ -153,50 +181,83 @@ class _Tensors:
             )
 
 
-def _gather(tensors: _Tensors, prefix: str, names: Names, layout: Layout, shape, dtype) -> np.ndarray:
-    if isinstance(names, list):
-        return np.stack([tensors.take(prefix + n, layout, shape[1:], dtype) for n in names])
-    return tensors.take(prefix + names, layout, shape, dtype)
-
-
 def params_from_hf(tensors: Mapping[str, np.ndarray], m: ConfigDict, arch: str) -> dict:
-    """moejax parameters (pure dict of numpy arrays, layers stacked per run) from an HF state dict."""
+    """moejax parameters (pure dict of numpy arrays, layers stacked per run) from an HF state dict.
+
+    Each parameter keeps its tensors' dtype (bfloat16 stays bfloat16) and is filled one HF tensor
+    at a time, so with a lazily read ``tensors`` (``open_hf_dir``) the memory in flight is the
+    parameters built so far plus one tensor.
+    """
     lookup, source = _leaf_names(m, arch), _Tensors(tensors, m.tie_embeddings)
 
     def leaf(key_path, spec):
-        prefixes, names, layout = lookup(_path(key_path))
-        if prefixes == [""]:
-            return _gather(source, "", names, layout, spec.shape, spec.dtype)
-        return np.stack([_gather(source, p, names, layout, spec.shape[1:], spec.dtype) for p in prefixes])
+        prefixes, names, layout = lookup(param_path(key_path))
+        items = list(_items(prefixes, names))
+        out = np.empty(spec.shape, np.result_type(*{source.dtype(name) for _, name in items}))
+        for index, name in items:
+            out[index] = source.take(name, layout, out.shape[len(index):])
+        return out
 
     params = jax.tree_util.tree_map_with_path(leaf, abstract_params(m))
     source.check_all_used()
     return params
 
 
+def leaf_key(key_path) -> str:
+    """'layers/1/mlp/w_gate_edf': a parameter's path, as checkpoint metadata names it."""
+    return "/".join(str(k) for k in param_path(key_path))
+
+
+def hf_specs(path: tuple, shape: tuple[int, ...], m: ConfigDict, arch: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(HF name, HF shape) of each tensor one moejax parameter of ``shape`` becomes."""
+    prefixes, names, layout = _leaf_names(m, arch)(path)
+    return [(name, _hf_shape(layout, tuple(shape[len(index):]))) for index, name in _items(prefixes, names)]
+
+
+def hf_tensors(path: tuple, value: np.ndarray, m: ConfigDict, arch: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, tensor) of each tensor one moejax parameter becomes (per layer, per expert)."""
+    prefixes, names, layout = _leaf_names(m, arch)(path)
+    for index, name in _items(prefixes, names):
+        yield name, layout.to_hf(value[index])
+
+
 def params_to_hf(params: Mapping, m: ConfigDict, arch: str) -> dict[str, np.ndarray]:
     """The HF state dict (per-expert tensors, as ``save_pretrained`` writes) of moejax parameters."""
-    lookup, out = _leaf_names(m, arch), {}
-
-    def emit(prefix: str, names: Names, layout: Layout, value: np.ndarray) -> None:
-        if isinstance(names, list):
-            for name, v in zip(names, value):
-                emit(prefix, name, layout, v)
-        else:
-            out[prefix + names] = np.ascontiguousarray(layout.to_hf(value))
-
-    def leaf(key_path, value):
-        prefixes, names, layout = lookup(_path(key_path))
-        value = np.asarray(value)
-        for i, prefix in enumerate(prefixes):
-            emit(prefix, names, layout, value if prefix == "" else value[i])
-
-    jax.tree_util.tree_map_with_path(leaf, params)
+    out = {}
+    for key_path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
+        for name, tensor in hf_tensors(param_path(key_path), np.asarray(value), m, arch):
+            out[name] = np.ascontiguousarray(tensor)
     return out
 
 
-def _moe_runs(params: dict, m: ConfigDict):
-    """(run key, first MoE-layer index, layer count) for each stacked MoE run of ``params``."""
+class LeafSource(Protocol):
+    """Saved parameters by key (``leaf_key``): an in-memory tree, or a checkpoint read leaf by leaf."""
+
+    def has(self, key: str) -> bool: ...
+    def read(self, key: str) -> np.ndarray: ...
+    def dtype(self, key: str) -> np.dtype: ...
+
+
+class TreeSource:
+    """A :class:`LeafSource` over a parameter tree in memory."""
+
+    def __init__(self, params: Mapping):
+        self.flat = {leaf_key(k): v for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+    def has(self, key: str) -> bool:
+        return key in self.flat
+
+    def read(self, key: str) -> np.ndarray:
+        if key not in self.flat:
+            raise InteropError(f"the parameters have no {key}, which the model config implies.")
+        return np.asarray(self.flat[key])
+
+    def dtype(self, key: str) -> np.dtype:
+        return np.asarray(self.flat[key]).dtype
+
+
+def _moe_runs(m: ConfigDict) -> Iterator[tuple[int, int, int]]:
+    """(run index, first MoE-layer index, layer count) for each stacked MoE run of model ``m``."""
     moe_layer = 0
     for run, (is_moe, count) in enumerate(layer_runs(m)):
         if is_moe:
@@ -204,23 +265,59 @@ def _moe_runs(params: dict, m: ConfigDict):
             moe_layer += count
 
 
-def adapt_params(params: dict, m: ConfigDict, arch: str) -> dict:
-    """Exact rewrites that let ``arch`` hold what it lacks a switch for (``adapted_config``).
+def exported_leaf(
+    path: tuple, source: LeafSource, m: ConfigDict, arch: str | None, bias_le: np.ndarray | None,
+) -> np.ndarray:
+    """One parameter of the exported model, computed from the saved parameter(s) it comes from.
 
-    qwen2_moe always gates its shared expert: a zero gate weight gives sigmoid(0) = 1/2, and the
-    doubled down projection undoes it exactly (both are powers of two). dots1 always has a
-    selection bias: zeros when moejax has none.
+    ``path`` is a parameter of the exported model's config (``adapted_config`` of ``m`` for
+    ``arch``, with ``router_bias`` when ``bias_le`` is folded); ``m`` is the saved model's config.
+    The rewrites (the only ones; everything else is the saved parameter unchanged):
+
+    - a router's selection bias gets ``bias_le`` [L_moe, E] (e.g. the loss-free balancing state)
+      added for its layers; a model without one starts from zeros (dots1 always has one). Routing
+      with the folded bias and no balancing bias is the same as before.
+    - qwen2_moe always gates its shared expert: a zero gate weight gives sigmoid(0) = 1/2, and the
+      doubled down projection undoes it exactly (both are powers of two).
     """
-    params = jax.tree.map(np.asarray, params)
-    d, e = m.d_model, m.moe.num_experts
-    for key, _, count in _moe_runs(params, m):
-        mlp = params["layers"][key]["mlp"]
-        if arch == "qwen2_moe" and "shared" in mlp and "w_shared_gate_d" not in mlp:
-            mlp["w_shared_gate_d"] = np.zeros((count, d), mlp["shared"]["w_down_fd"].dtype)
-            mlp["shared"]["w_down_fd"] = mlp["shared"]["w_down_fd"] * 2
-        if arch == "dots1" and "select_bias_e" not in mlp["router"]:
-            mlp["router"]["select_bias_e"] = np.zeros((count, e), np.float32)
-    return params
+    def key(*parts) -> str:
+        return "/".join(map(str, parts))
+
+    runs = {run: (first, count) for run, first, count in _moe_runs(m)}
+    run = int(path[1]) if path[0] == "layers" else None
+    tail = tuple(path[2:])
+    if run in runs:
+        first, count = runs[run]
+        if tail == ("mlp", "router", "select_bias_e"):
+            own = key(*path)
+            value = source.read(own) if source.has(own) else np.zeros((count, m.moe.num_experts), np.float32)
+            return value if bias_le is None else value + bias_le[first:first + count].astype(np.float32)
+        if arch == "qwen2_moe" and not source.has(key(*path[:2], "mlp", "w_shared_gate_d")):
+            if tail == ("mlp", "w_shared_gate_d"):
+                return np.zeros((count, m.d_model), source.dtype(key(*path[:2], "mlp", "shared", "w_down_fd")))
+            if tail == ("mlp", "shared", "w_down_fd"):
+                return source.read(key(*path)) * 2
+    return source.read(key(*path))
+
+
+def _rewritten(params: Mapping, m: ConfigDict, target: ConfigDict, arch: str | None, bias_le) -> dict:
+    source = TreeSource(params)
+    return jax.tree_util.tree_map_with_path(
+        lambda key_path, _: exported_leaf(param_path(key_path), source, m, arch, bias_le), abstract_params(target)
+    )
+
+
+def adapt_params(params: dict, m: ConfigDict, arch: str) -> dict:
+    """Exact rewrites that let ``arch`` hold what it lacks a switch for (``adapted_config``;
+    the rewrites: :func:`exported_leaf`)."""
+    return _rewritten(params, m, adapted_config(m, arch), arch, None)
+
+
+def folded_config(m: ConfigDict) -> ConfigDict:
+    """``m`` with a router selection bias (what :func:`fold_selection_bias` gives)."""
+    m = ConfigDict(m.to_dict())
+    m.moe.router_bias = True
+    return m
 
 
 def fold_selection_bias(params: dict, bias_le: np.ndarray, m: ConfigDict) -> tuple[dict, ConfigDict]:
@@ -229,10 +326,5 @@ def fold_selection_bias(params: dict, bias_le: np.ndarray, m: ConfigDict) -> tup
     Routing with the folded router bias and no balancing bias is the same as before, so a model
     trained with loss-free balancing exports with its selection bias (as e_score_correction_bias).
     """
-    params, m = jax.tree.map(np.asarray, params), ConfigDict(m.to_dict())
-    m.moe.router_bias = True
-    for key, first, count in _moe_runs(params, m):
-        router = params["layers"][key]["mlp"]["router"]
-        own = router.get("select_bias_e", np.zeros((count, m.moe.num_experts), np.float32))
-        router["select_bias_e"] = own + bias_le[first:first + count].astype(np.float32)
-    return params, m
+    folded = folded_config(m)
+    return _rewritten(params, m, folded, None, bias_le), folded

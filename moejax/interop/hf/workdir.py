@@ -8,6 +8,7 @@ import os
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from moejax import checks, code_version, paths, sharding
 from moejax import config as config_lib
@@ -15,10 +16,20 @@ from moejax.config import ConfigDict
 from moejax.interop.hf.configs import adapted_config, choose_architecture, hf_config_from_model, model_config_from_hf
 from moejax.interop.hf import tokenizer_files
 from moejax.interop.hf.errors import InteropError
-from moejax.interop.hf.files import read_hf_dir, write_hf_dir
-from moejax.interop.hf.tensors import adapt_params, fold_selection_bias, params_from_hf, params_to_hf
+from moejax.interop.hf.files import open_hf_dir, write_config
+from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE, Spec, parse_size, write_shards
+from moejax.interop.hf.saved_params import SavedParams, write_params_checkpoint
+from moejax.interop.hf.tensors import (
+    abstract_params,
+    exported_leaf,
+    folded_config,
+    hf_specs,
+    hf_tensors,
+    param_path,
+    params_from_hf,
+)
 from moejax.model.transformer import DTYPES
-from moejax.train.checkpoint import Checkpointer
+from moejax.train.checkpoint import Checkpointer, CheckpointMismatch, describe_mismatch, flat_shapes
 from moejax.train.state import init_state, setup
 
 HF_CONFIG_COPY = "hf_config.json"  # the imported config.json, kept in the workdir for export
@@ -54,31 +65,43 @@ def _one_device_run(cfg: ConfigDict):
     return cfg, setup(cfg, sharding.make_mesh({a: 1 for a in config_lib.MESH_AXES}, jax.devices()[:1]))
 
 
-def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False) -> ConfigDict:
+def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False, with_optimizer: bool = False) -> ConfigDict:
     """Writes a moejax workdir (step-0 checkpoint, config.json, experiment.py) from an HF directory.
 
-    The checkpoint is a whole train state (fresh optimizer and balancing state) holding the
-    imported parameters, so ``checkpoint.init_from=workdir``, evaluation and resuming all read it.
+    The checkpoint holds the parameters only, each in the dtype of its tensors (bfloat16 stays
+    bfloat16), read one tensor at a time: ``checkpoint.init_from=workdir`` (what ``experiment.py``
+    sets), ``load_params``, evaluation and export read it; training starts a fresh optimizer.
+    ``with_optimizer``: a whole train state instead (parameters cast to ``train.param_dtype``,
+    fresh AdamW moments and balancing state), which a run in this workdir itself resumes.
     An existing non-empty ``workdir`` is refused unless ``force``; the workdir is written beside
     its final name and renamed into place when complete.
     """
     paths.check_new_output(workdir, "--workdir", force=force)
-    hf, tensors = read_hf_dir(hf_dir)
+    hf, tensors = open_hf_dir(hf_dir)
     cfg = config_lib.default_config()
     cfg.model = model_config_from_hf(hf)
     tokenizer = tokenizer_files.source_tokenizer(hf_dir, cfg.model.vocab_size)
+    cfg, run = _one_device_run(cfg)  # config errors before any tensor is read
     params = params_from_hf(tensors, cfg.model, hf["model_type"])
-    cfg, run = _one_device_run(cfg)
-    state = init_state(cfg, run)
-    state["params"] = jax.device_put(params, run.state_shardings["params"])
+    if with_optimizer:
+        state = init_state(cfg, run)
+        state["params"] = jax.device_put(
+            jax.tree.map(lambda p, s: p.astype(s.dtype), params, run.abstract_state["params"]),
+            run.state_shardings["params"],
+        )
+        del params
     meta = {
         "config": config_lib.to_dict(cfg), "code_version": code_version(), "hf_source": os.path.abspath(hf_dir),
         "tokenizer": tokenizer_files.tokenizer_id(tokenizer, hf_dir),  # only data prepared with it is accepted
     }
     with paths.replace_dir(workdir) as tmp:
-        checkpointer = Checkpointer(os.path.join(tmp, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
-        checkpointer.save(0, state, {"imported_from": os.path.abspath(hf_dir)}, meta)
-        checkpointer.close()
+        data = {"imported_from": os.path.abspath(hf_dir)}
+        if with_optimizer:
+            checkpointer = Checkpointer(os.path.join(tmp, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
+            checkpointer.save(0, state, data, meta)
+            checkpointer.close()
+        else:
+            write_params_checkpoint(os.path.join(tmp, "checkpoints"), 0, params, data, meta)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(meta["config"], f, indent=2)
         with open(os.path.join(tmp, HF_CONFIG_COPY), "w") as f:
@@ -121,45 +144,72 @@ def check_export_target(workdir: str, cfg: ConfigDict, hf_dir: str, force: bool)
 
 
 def export_from_workdir(
-    workdir: str, hf_dir: str, *, step: int | None = None, arch: str | None = None, dtype: str = "float32",
-    force: bool = False,
+    workdir: str, hf_dir: str, *, step: int | None = None, arch: str | None = None, dtype: str | None = None,
+    force: bool = False, max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
 ) -> str:
-    """Writes config.json + model.safetensors of a workdir's checkpoint; returns the architecture.
+    """Writes config.json + safetensors of a workdir's checkpoint; returns the architecture.
 
-    The balancing objectives' selection bias (loss-free) is folded into the router bias. Without
-    ``arch``: the architecture the workdir was imported from, else the first that fits exactly.
-    An existing non-empty ``hf_dir`` is refused unless ``force``; then it is replaced as a whole
-    (written beside it and renamed into place), so no file of the old checkpoint stays beside
-    the new one.
+    Reads the parameters (and the small balancing state) only, one parameter at a time, and
+    streams the HF tensors into shards of at most ``max_shard_size`` (one ``model.safetensors``
+    when all fit, else ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``).
+    ``dtype``: cast every tensor to it (except ``e_score_correction_bias``, float32); None keeps
+    each parameter's saved dtype. The balancing objectives' selection bias (loss-free) is folded
+    into the router bias. Without ``arch``: the architecture the workdir was imported from, else
+    the first that fits exactly. An existing non-empty ``hf_dir`` is refused unless ``force``;
+    then it is replaced as a whole (written beside it and renamed into place), so no file of the
+    old checkpoint stays beside the new one.
     """
+    max_bytes = parse_size(max_shard_size)
     raw = _read_json(os.path.join(workdir, "config.json"))
     if raw is None:
         raise InteropError(f"--workdir {workdir} has no config.json; is it a moejax workdir?")
     check_export_target(workdir, config_lib.from_dict(raw), hf_dir, force)
     cfg, run = _one_device_run(config_lib.from_dict(raw))
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep)
-    steps = checkpointer.steps()
+    checkpoint_dir = os.path.join(workdir, "checkpoints")
+    steps = sorted(ocp.utils.checkpoint_steps(checkpoint_dir)) if os.path.isdir(checkpoint_dir) else []
     step = steps[-1] if step is None and steps else step
     if step not in steps:
-        checkpointer.close()
         raise InteropError(f"--workdir {workdir} has no checkpoint at step {step} (steps: {steps}).")
-    checkpointer.check_compatible(step, run.abstract_state)
-    state = jax.device_get(checkpointer.restore(step, run.abstract_state).state)
-    checkpointer.close()
-    params, m = state["params"], cfg.model
-    bias_le = jax.vmap(run.balancer.selection_bias)(state["balance"]) if state["balance"] else None
-    if bias_le is not None and np.any(bias_le):
-        params, m = fold_selection_bias(params, np.asarray(bias_le), m)
-    base = _read_json(os.path.join(workdir, HF_CONFIG_COPY))
-    arch = arch or choose_architecture(m, preferred=(base or {}).get("model_type"))
-    hf = hf_config_from_model(
-        m, arch, dtype=dtype, max_positions=cfg.train.seq_len,
-        base=base if (base or {}).get("model_type") == arch else None,
-    )
-    tensors = params_to_hf(adapt_params(params, m, arch), adapted_config(m, arch), arch)
-    with paths.replace_dir(hf_dir) as tmp:
-        write_hf_dir(tmp, hf, {k: _cast(k, v, dtype) for k, v in tensors.items()})
-        tokenizer_files.export_tokenizer(workdir, cfg, _checkpoint_tokenizer(workdir, step), tmp)
+    saved = SavedParams(os.path.join(checkpoint_dir, str(step)))
+    try:
+        problems = describe_mismatch(saved.shapes(), flat_shapes(run.abstract_state["params"]))
+        if problems:
+            raise CheckpointMismatch(f"checkpoint {checkpoint_dir}/{step} does not fit the configured model:\n  "
+                                     + "\n  ".join(problems[:20]))
+        m, bias_le = cfg.model, None
+        if "balance" in saved.items() and run.abstract_state["balance"]:
+            bias_le = jax.vmap(run.balancer.selection_bias)(saved.read_item("balance"))
+            bias_le = np.asarray(bias_le) if bias_le is not None and np.any(bias_le) else None
+        m_out = folded_config(m) if bias_le is not None else m
+        base = _read_json(os.path.join(workdir, HF_CONFIG_COPY))
+        arch = arch or choose_architecture(m_out, preferred=(base or {}).get("model_type"))
+        target = adapted_config(m_out, arch)
+        leaves = [(param_path(k), spec.shape) for k, spec in jax.tree_util.tree_flatten_with_path(abstract_params(target))[0]]
+        probe = _DtypeProbe(saved)
+        leaf_dtypes = [exported_leaf(path, probe, m, arch, bias_le).dtype for path, _ in leaves]
+        specs = [
+            Spec(name, shape, _out_dtype(name, leaf_dtype, dtype))
+            for (path, leaf_shape), leaf_dtype in zip(leaves, leaf_dtypes)
+            for name, shape in hf_specs(path, leaf_shape, target, arch)
+        ]
+        hf = hf_config_from_model(
+            m_out, arch, dtype=dtype or np.dtype(saved.dtype("embed_vd")).name, max_positions=cfg.train.seq_len,
+            base=base if (base or {}).get("model_type") == arch else None,
+        )
+
+        def tensors():
+            for path, _ in leaves:
+                value = exported_leaf(path, saved, m, arch, bias_le)
+                for name, tensor in hf_tensors(path, value, target, arch):
+                    yield name, tensor.astype(_out_dtype(name, tensor.dtype, dtype), copy=False)
+                del value, tensor  # a tensor is a view: it would keep the parameter alive during the next read
+
+        with paths.replace_dir(hf_dir) as tmp:
+            write_config(tmp, hf)
+            write_shards(tmp, specs, tensors(), max_bytes)
+            tokenizer_files.export_tokenizer(workdir, cfg, _checkpoint_tokenizer(workdir, step), tmp)
+    finally:
+        saved.close()
     return arch
 
 
@@ -169,6 +219,25 @@ def _checkpoint_tokenizer(workdir: str, step: int) -> str | None:
     return read_meta(os.path.join(workdir, "checkpoints", str(step))).get("tokenizer")
 
 
-def _cast(name: str, value: np.ndarray, dtype: str) -> np.ndarray:
+class _DtypeProbe:
+    """A leaf source of one-element arrays of the saved dtypes: what ``exported_leaf`` returns for it
+    has the exported dtype, computed without reading the checkpoint."""
+
+    def __init__(self, saved: SavedParams):
+        self.saved = saved
+
+    def has(self, key: str) -> bool:
+        return self.saved.has(key)
+
+    def dtype(self, key: str) -> np.dtype:
+        return self.saved.dtype(key)
+
+    def read(self, key: str) -> np.ndarray:
+        return np.zeros(1, self.saved.dtype(key))
+
+
+def _out_dtype(name: str, dtype: np.dtype, cast: str | None) -> np.dtype:
     """The export dtype, except the selection bias: float32, as DeepSeek-V3 keeps it."""
-    return value if name.endswith("e_score_correction_bias") else value.astype(DTYPES[dtype])
+    if cast is None or name.endswith("e_score_correction_bias"):
+        return np.dtype(dtype)
+    return np.dtype(DTYPES[cast])
