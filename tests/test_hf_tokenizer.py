@@ -302,6 +302,8 @@ def test_eval_and_export_use_the_runs_tokenizer_and_transformers_reads_it(root, 
         assert auto(SAMPLE, add_special_tokens=False)["input_ids"] == erun.tokenizer.encode(SAMPLE).tolist()
         assert auto.decode(generated.tolist(), skip_special_tokens=True) == erun.tokenizer.decode(generated)
         assert auto.eos_token == "<|im_end|>" and auto.pad_token == "<|endoftext|>"
+        hf_config = json.loads((tmp_path / out / "config.json").read_text())
+        assert (hf_config["eos_token_id"], hf_config["pad_token_id"]) == (qwen.eos_id, qwen.pad_id)
 
 
 @pytest.mark.slow

@@ -79,6 +79,14 @@ def prepare_command(workdir: str) -> str:
             "--source DOMAIN=PATH --out datasets/NAME")
 
 
+def special_token_ids(out_dir: str) -> dict[str, int]:
+    """``{"bos_token_id": ..., "eos_token_id": ..., "pad_token_id": ...}`` of the tokenizer written to
+    ``out_dir`` (BOS left out when it has none), for the exported ``config.json``."""
+    tokenizer = load_hf_tokenizer(out_dir)
+    ids = {"bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "pad": tokenizer.pad_id}
+    return {f"{role}_token_id": int(i) for role, i in ids.items() if i is not None}
+
+
 def export_tokenizer(workdir: str, cfg: Any, tokenizer_id: str | None, out_dir: str) -> str | None:
     """Write the tokenizer a checkpoint was trained with (``tokenizer_id``) into ``out_dir``.
 

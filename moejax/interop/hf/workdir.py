@@ -205,9 +205,10 @@ def export_from_workdir(
                 del value, tensor  # a tensor is a view: it would keep the parameter alive during the next read
 
         with paths.replace_dir(hf_dir) as tmp:
+            if tokenizer_files.export_tokenizer(workdir, cfg, _checkpoint_tokenizer(workdir, step), tmp):
+                hf = {**tokenizer_files.special_token_ids(tmp), **hf}  # the checkpoint's own config wins
             write_config(tmp, hf)
             write_shards(tmp, specs, tensors(), max_bytes)
-            tokenizer_files.export_tokenizer(workdir, cfg, _checkpoint_tokenizer(workdir, step), tmp)
     finally:
         saved.close()
     return arch
