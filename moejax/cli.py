@@ -52,6 +52,8 @@ COMMANDS = {
     "export": ("moejax.data.export", "write a prepared dataset back out as JSONL"),
     "l3-alloc": ("moejax.data.l3_alloc", "allocate Large Lookup Layer rows per token"),
     "hf": ("moejax.interop.hf", "import/export Hugging Face MoE checkpoints"),
+    "lm-eval": ("moejax.eval.lm_eval.__main__", "run lm-evaluation-harness tasks on a checkpoint (offline; "
+                                                "the eval extra)"),
     "configs": ("", "list the built-in configs"),
 }
 _REEXEC_MARK = "MOEJAX_CLI_PRELOADED"

@@ -3,6 +3,7 @@ log-likelihoods against moejax.eval's on the same items, rolling windows, genera
 strings, and the offline error, on the tiny run test_eval.py trains."""
 
 import os
+import sys
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # nothing here may download (also set by the command itself)
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -166,3 +167,12 @@ def test_registered_as_moejax_beside_lm_evals_own_models():
     assert "hf" in model_registry and "dummy" in model_registry
     with pytest.raises(ValueError, match=r"unknown model argument\(s\) \['stpe'\]; allowed: workdir, step"):
         get_model("moejax").create_from_arg_string("workdir=runs/x,stpe=5", {"batch_size": 8, "device": "cpu"})
+
+
+def test_without_lm_eval_the_command_names_the_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--workdir", "unused", "--tasks", "moejax_mc"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs lm-evaluation-harness" in err and "pip install 'moejax[eval]'" in err

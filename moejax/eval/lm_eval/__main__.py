@@ -58,6 +58,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        sys.stderr.write(f"{PROG}: error: the lm-eval adapter needs lm-evaluation-harness, which the base install "
+                         "leaves out: pip install 'moejax[eval]'.\n")
+        sys.exit(2)
     go_offline()
     from moejax.train.precompile import use_persistent_cache
 
