@@ -287,6 +287,11 @@ def test_bf16_sharded_checkpoint_round_trips_bit_identically_through_a_params_on
     try:
         assert saved.items() == ["params"]  # no optimizer state
         assert saved.dtype("embed_vd") == np.dtype("bfloat16")  # bf16 stays bf16
+        for key in saved.shapes():  # what export indexes (one layer, one expert) is what a whole read holds
+            whole, parts = saved.read(key), saved.view(key)
+            assert (parts.shape, parts.dtype) == (whole.shape, whole.dtype)
+            index, bits = (0,) * min(whole.ndim, 2), f"u{whole.dtype.itemsize}"
+            assert np.array_equal(parts[index].view(bits), np.asarray(whole[index]).view(bits))
     finally:
         saved.close()
     with open(f"{workdir}/config.json") as f:

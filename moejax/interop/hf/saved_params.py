@@ -1,7 +1,7 @@
 """Params-only moejax checkpoints: written from numpy parameters without copying them (an import),
-and read one parameter at a time (orbax partial restores into numpy, an export), so neither
-holds a whole train state: no optimizer state is made or read, and every parameter keeps the
-dtype it was saved in.
+and read one parameter at a time (an export: orbax partial restores into numpy, or a parameter
+indexed part by part straight from its tensorstore array), so neither holds a whole train state:
+no optimizer state is made or read, and every parameter keeps the dtype it was saved in.
 
 The layout is the train checkpoint's (``checkpoints/<step>/{state,data,meta}``, see
 ``moejax.train.checkpoint``) with ``state`` = ``{"params": ...}``: ``load_params``
@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from etils import epath
 
 from moejax.interop.hf.errors import InteropError
@@ -66,6 +67,9 @@ class SavedParams:
         self.handler = ocp.PyTreeCheckpointHandler()
         metadata = self.handler.metadata(self.path)
         self.tree = getattr(metadata, "tree", metadata)
+        self.use_zarr3 = bool(getattr(metadata, "use_zarr3", False))
+        self.use_ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(self.path)
+        self.context = ocp.type_handlers.get_ts_context(use_ocdbt=self.use_ocdbt)  # shared OCDBT node cache
         if "params" not in self.tree:
             raise InteropError(f"{step_dir} holds no parameters (entries: {sorted(self.tree)}).")
         self.leaves = {
@@ -99,6 +103,26 @@ class SavedParams:
             restored = restored[k]
         return np.asarray(restored)
 
+    def view(self, key: str) -> SavedArray:
+        """One parameter to be read part by part (``view(key)[i, j]``), holding it once; see
+        :class:`SavedArray`."""
+        if key not in self.leaves:
+            raise InteropError(f"checkpoint {os.path.dirname(self.path)} has no parameter {key}.")
+        leaf = self.leaves[key][1]
+        # The decoded chunks go to a cache of their own, larger than the parameter, so none is
+        # evicted (and decoded again) while the parameter is read; it goes when the view does.
+        context = ts.Context(ts.Context.Spec({"cache_pool": {"total_bytes_limit": 2 * self.nbytes(key) + 2**20}}),
+                             parent=self.context)
+        info = ocp.type_handlers.ParamInfo(name=leaf.name, parent_dir=epath.Path(leaf.directory),
+                                           use_zarr3=self.use_zarr3, is_ocdbt_checkpoint=self.use_ocdbt,
+                                           ts_context=context)
+        spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self.use_ocdbt)
+        store = ts.open(ts.Spec(spec), open=True, read=True, context=context).result()
+        if tuple(store.shape) != tuple(leaf.shape) or np.dtype(store.dtype.numpy_dtype) != self.dtype(key):
+            raise InteropError(f"checkpoint {os.path.dirname(self.path)}: parameter {key} is stored as "
+                               f"{store.dtype.name}{list(store.shape)}; its metadata says {self.dtype(key)}{list(leaf.shape)}.")
+        return SavedArray(store)
+
     def read_item(self, name: str) -> Any:
         """A small top-level entry (e.g. the balancing state) as numpy arrays."""
         item = jax.tree.map(lambda _: 0, self.tree[name])
@@ -111,3 +135,21 @@ class SavedParams:
 
     def close(self) -> None:
         self.handler.close()
+
+
+class SavedArray:
+    """One saved parameter, read by indexing (``array[i, j]``: a numpy array of that part).
+
+    A whole read (:meth:`SavedParams.read`) holds the parameter twice at its peak: tensorstore's
+    decoded chunk and the array it is copied into. Here each chunk is decoded once into a cache
+    that lives as long as this object, and each index copies only its part out, so reading a
+    stacked parameter one HF tensor at a time holds it once, plus one part.
+    """
+
+    def __init__(self, store: ts.TensorStore):
+        self.store = store
+        self.shape = tuple(store.shape)
+        self.dtype = np.dtype(store.dtype.numpy_dtype)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return np.asarray(self.store[index].read().result())

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import jax
 import numpy as np
@@ -214,8 +214,20 @@ def hf_specs(path: tuple, shape: tuple[int, ...], m: ConfigDict, arch: str) -> l
     return [(name, _hf_shape(layout, tuple(shape[len(index):]))) for index, name in _items(prefixes, names)]
 
 
-def hf_tensors(path: tuple, value: np.ndarray, m: ConfigDict, arch: str) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, tensor) of each tensor one moejax parameter becomes (per layer, per expert)."""
+class Parts(Protocol):
+    """A parameter to be indexed: a numpy array, or a saved one read part by part on indexing
+    (``SavedArray``)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    def __getitem__(self, index: Any) -> np.ndarray: ...
+
+
+def hf_tensors(path: tuple, value: Parts, m: ConfigDict, arch: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, tensor) of each tensor one moejax parameter becomes (per layer, per expert),
+    each indexed out of ``value`` when it is yielded."""
     prefixes, names, layout = _leaf_names(m, arch)(path)
     for index, name in _items(prefixes, names):
         yield name, layout.to_hf(value[index])
@@ -235,6 +247,7 @@ class LeafSource(Protocol):
 
     def has(self, key: str) -> bool: ...
     def read(self, key: str) -> np.ndarray: ...
+    def view(self, key: str) -> Parts: ...  # the parameter as indexed parts (e.g. read on indexing)
     def dtype(self, key: str) -> np.dtype: ...
 
 
@@ -252,6 +265,9 @@ class TreeSource:
             raise InteropError(f"the parameters have no {key}, which the model config implies.")
         return np.asarray(self.flat[key])
 
+    def view(self, key: str) -> np.ndarray:
+        return self.read(key)
+
     def dtype(self, key: str) -> np.dtype:
         return np.asarray(self.flat[key]).dtype
 
@@ -267,8 +283,9 @@ def _moe_runs(m: ConfigDict) -> Iterator[tuple[int, int, int]]:
 
 def exported_leaf(
     path: tuple, source: LeafSource, m: ConfigDict, arch: str | None, bias_le: np.ndarray | None,
-) -> np.ndarray:
-    """One parameter of the exported model, computed from the saved parameter(s) it comes from.
+) -> Parts:
+    """One parameter of the exported model, computed from the saved parameter(s) it comes from:
+    a rewritten one as a numpy array, an unchanged one as ``source.view`` gives it.
 
     ``path`` is a parameter of the exported model's config (``adapted_config`` of ``m`` for
     ``arch``, with ``router_bias`` when ``bias_le`` is folded); ``m`` is the saved model's config.
@@ -297,7 +314,7 @@ def exported_leaf(
                 return np.zeros((count, m.d_model), source.dtype(key(*path[:2], "mlp", "shared", "w_down_fd")))
             if tail == ("mlp", "shared", "w_down_fd"):
                 return source.read(key(*path)) * 2
-    return source.read(key(*path))
+    return source.view(key(*path))
 
 
 def _rewritten(params: Mapping, m: ConfigDict, target: ConfigDict, arch: str | None, bias_le) -> dict:

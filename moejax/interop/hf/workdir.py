@@ -202,7 +202,9 @@ def export_from_workdir(
                 value = exported_leaf(path, saved, m, arch, bias_le)
                 for name, tensor in hf_tensors(path, value, target, arch):
                     yield name, tensor.astype(_out_dtype(name, tensor.dtype, dtype), copy=False)
-                del value, tensor  # a tensor is a view: it would keep the parameter alive during the next read
+                # a tensor may be a view of the parameter, and a SavedArray holds the parameter's decoded
+                # chunks: either would keep the parameter alive during the next read
+                del value, tensor
 
         with paths.replace_dir(hf_dir) as tmp:
             if tokenizer_files.export_tokenizer(workdir, cfg, _checkpoint_tokenizer(workdir, step), tmp):
@@ -235,6 +237,9 @@ class _DtypeProbe:
 
     def read(self, key: str) -> np.ndarray:
         return np.zeros(1, self.saved.dtype(key))
+
+    def view(self, key: str) -> np.ndarray:
+        return self.read(key)
 
 
 def _out_dtype(name: str, dtype: np.dtype, cast: str | None) -> np.dtype:
