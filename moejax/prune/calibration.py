@@ -89,10 +89,12 @@ def _value(leaf):
     return leaf.value if hasattr(leaf, "value") else leaf["value"] if isinstance(leaf, dict) else leaf
 
 
-def collect(erun: EvalRun, ckpt: Checkpoint, *, tokens: int, min_tokens: int = 0) -> Calibration:
+def collect(erun: EvalRun, ckpt: Checkpoint, *, tokens: int, min_tokens: int = 0, seed_offset: int = 1) -> Calibration:
     """About ``tokens`` calibration tokens (whole batches of the run's shape, real tokens only).
 
     ``min_tokens``: what the pruning objective needs; fewer real tokens is a ``ConfigError``.
+    ``seed_offset``: the data order is ``train.seed + seed_offset`` (another offset draws another
+    sample, e.g. to measure reconstruction error on tokens pruning did not see).
     """
     cfg = erun.cfg
     moe = cfg.model.moe
@@ -104,7 +106,7 @@ def collect(erun: EvalRun, ckpt: Checkpoint, *, tokens: int, min_tokens: int = 0
     batch_rows, seq = cfg.train.global_batch_size, cfg.train.seq_len
     batches = max(1, -(-tokens // (batch_rows * seq)))
     data = make_train_iterator(
-        dict(cfg.data.mixture), seq_len=seq, global_batch_size=batch_rows, seed=cfg.train.seed + 1,
+        dict(cfg.data.mixture), seq_len=seq, global_batch_size=batch_rows, seed=cfg.train.seed + seed_offset,
         dataset=erun.dataset,
     )
     forward = _forward(erun.run.graphdef, erun.run.balancer if ckpt.balance else None)
