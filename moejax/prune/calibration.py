@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+import optax  # type: ignore[import-untyped]
 from flax import nnx
 
 from moejax.data.pipeline import make_train_iterator
@@ -72,7 +72,7 @@ def moe_layer_params(params: Any, model_cfg) -> list[dict[str, np.ndarray]]:
 
     Keys: the :data:`EXPERT_WEIGHTS`, ``w_de`` (router) and, with ``router_bias``, ``select_bias_e``.
     """
-    out = []
+    out: list[dict[str, np.ndarray]] = []
     for run, (is_moe, count) in enumerate(layer_runs(model_cfg)):
         if not is_moe:
             continue

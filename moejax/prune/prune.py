@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from moejax.errors import ConfigError
 from moejax.eval.restore import open_run
 from moejax.model.transformer import is_moe_layer
@@ -88,8 +90,10 @@ def choose(cal: Calibration, method: str, budget: Budget, *, max_nodes: int = 20
             counts = knee_lib.allocate(curves, total) if total is not None else [knee_lib.knee(c) for c in curves]
         except ValueError as e:
             raise ConfigError(f"--auto: {e}") from None
-    route = dict(top_k=cal.top_k, renormalize=cal.renormalize, scaling=cal.routed_scaling, score_func=cal.score_func)
-    keep, replaced, infos = [], [], []
+    route: dict[str, Any] = dict(top_k=cal.top_k, renormalize=cal.renormalize, scaling=cal.routed_scaling, score_func=cal.score_func)
+    keep: list[tuple[int, ...]] = []
+    replaced: list[dict[str, np.ndarray] | None] = []
+    infos: list[dict[str, Any]] = []
     for data, q, k in zip(cal.layers, quads, counts):
         if layers is not None and data.layer not in layers:
             k = data.num_experts

@@ -107,7 +107,8 @@ def _tied_out(bound: float, best: float) -> bool:
 
 def brute_force(q: Quadratic, k: int) -> tuple[tuple[int, ...], float]:
     """The optimum by enumerating every K-subset (for tests and small layers)."""
-    best_keep, best = (), float("inf")
+    best_keep: tuple[int, ...] = ()
+    best = float("inf")
     for subset in itertools.combinations(range(q.num_experts), k):
         value = q.distortion(subset)
         if value < best:

@@ -25,8 +25,8 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from etils import epath
+import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+from etils import epath  # type: ignore[import-untyped]
 
 from moejax import checks, code_version, paths, sharding
 from moejax import config as config_lib
