@@ -2,6 +2,7 @@
 importance and refit, and the pruned checkpoint: it evaluates as the masked original does, exports
 to Hugging Face and loads back, and bad input is refused with a clear error."""
 
+import dataclasses
 import json
 import os
 from types import SimpleNamespace
@@ -19,10 +20,10 @@ from moejax.interop.hf import InteropError, import_to_workdir
 from moejax.model.balancing import RoutingSetup
 from moejax.model.transformer import Transformer, param_counts
 from moejax.prune import Budget, export_pruned, prune_workdir
-from moejax.prune.calibration import LayerData
+from moejax.prune.calibration import Calibration, LayerData
 from moejax.prune.knee import allocate, knee
 from moejax.prune.objectives import Quadratic, pruned_layer_error, quadratic
-from moejax.prune.prune import check_layers
+from moejax.prune.prune import check_layers, choose
 from moejax.prune.schur_astar import brute_force, schur_astar
 from moejax.prune.step import importance, refit_down
 from moejax.prune.write import _flat, prune_params
@@ -224,3 +225,23 @@ def test_per_layer_counts_refuse_hf_export_and_bad_configs(tmp_path):
     cfg.model.moe.backend = "expert_parallel"
     with pytest.raises(ConfigError, match="expert_parallel"):
         validate(cfg, 1, notes=False)
+
+
+def test_choose_every_method_and_auto_budget_on_synthetic_layers():
+    rng = np.random.default_rng(3)
+    layers = tuple(dataclasses.replace(random_layer(rng, e=6), layer=i) for i in range(2))
+    cal = Calibration(layers, rng.uniform(0.5, 3.0, 96), top_k=2, renormalize=True, routed_scaling=1.0,
+                      score_func="softmax")
+    for method in ("schur_astar", "step", "least_used"):
+        chosen = choose(cal, method, Budget(keep=3))
+        assert [len(k) for k in chosen["keep"]] == [3, 3]
+        assert all(0.0 <= info["recon_error"] for info in chosen["layers"])
+    best = choose(cal, "schur_astar", Budget(keep=3))
+    for method in ("step", "least_used"):  # the optimum of the objective is never beaten on it
+        other = choose(cal, method, Budget(keep=3))
+        assert all(b["objective"] <= o["objective"] + 1e-9 for b, o in zip(best["layers"], other["layers"]))
+    auto = choose(cal, "schur_astar", Budget(ratio=0.5, auto=True))
+    assert sum(len(k) for k in auto["keep"]) == 6
+    assert all(set(info["curve"]) == {"2", "3", "4", "5", "6"} for info in auto["layers"])
+    only = choose(cal, "least_used", Budget(keep=3), layers=(1,))
+    assert [len(k) for k in only["keep"]] == [6, 3]
