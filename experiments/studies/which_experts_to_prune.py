@@ -12,8 +12,9 @@ MoE layer's experts removed, on the same checkpoints:
   parameters, does not train on these CPUs in the time there was);
 - ``hf``: a random-init Hugging Face ``Qwen2MoeForCausalLM`` (8 experts top-2, shared expert with
   its gate, q/k/v biases) built with ``transformers``, imported with ``moejax.interop.hf``, then
-  written as a moejax-data workdir by one training step at learning rate 0 (the warmup's first
-  step; the parameters are unchanged). It is **untrained**: its numbers check the pipeline only.
+  written as a moejax-data workdir by one training step at learning rate 1e-12 without weight
+  decay (an update below float32 resolution: the parameters stay as imported, checked against the
+  import in the study). It is **untrained**: its numbers check the pipeline only.
 
 Stages, each skipped when its output exists (delete a file to redo it):
 
@@ -46,6 +47,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
@@ -98,11 +100,22 @@ def build_hf_checkpoint() -> str:
         transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(hf_dir)
     if not os.path.isdir(imported):
         import_to_workdir(hf_dir, imported)
-    # One step at the warmup's first learning rate (0): a workdir on moejax's byte tokenizer and
-    # data with the imported parameters unchanged, which evaluation can read.
+    # One step at learning rate 1e-12 without weight decay: an update far below float32 resolution
+    # of the weights, so the parameters stay as imported, in a workdir on moejax's byte tokenizer
+    # and data, which evaluation can read.
     subprocess.run([sys.executable, "-m", "moejax.main", "--config", f"{imported}/experiment.py", "--workdir",
-                    workdir, "--config.train.steps=1", "--config.train.eval_every=1"], check=True)
+                    workdir, "--config.train.steps=1", "--config.train.eval_every=1", "--config.optim.lr=1e-12",
+                    "--config.optim.weight_decay=0.0"], check=True)
     return workdir
+
+
+def import_drift(erun, ckpt) -> float:
+    """Largest |parameter change| of the hf workdir against the imported checkpoint it started from."""
+    from moejax.train.checkpoint import load_params
+
+    imported, _ = load_params(f"{RUNS}/hf_import", erun.run.abstract_state["params"])
+    pairs = zip(jax.tree.leaves(jax.device_get(ckpt.params)), jax.tree.leaves(jax.device_get(imported)))
+    return float(max(np.max(np.abs(np.asarray(a) - np.asarray(b))) for a, b in pairs))
 
 
 def prune_stage(name: str, workdir: str) -> None:
@@ -143,6 +156,8 @@ def prune_stage(name: str, workdir: str) -> None:
             print(f"{name}: {method} {ratio:.2f} -> {record['experts_per_layer']}, recon {np.mean(errors):.4f}, "
                   f"{seconds:.1f} s", flush=True)
     base = {"params": record["params_before"], "param_bytes": record["param_bytes_before"]}
+    if name == "hf":
+        base["max_abs_change_vs_import"] = import_drift(erun, ckpt)
     _dump(record_path, {"workdir": workdir, "step": ckpt.step, "calib_tokens": cal.num_tokens,
                         "error_tokens": held.num_tokens, "calib_seconds": calib_seconds, "base": base, "rows": rows})
 
@@ -205,7 +220,9 @@ def report_stage(names: list[str]) -> None:
                   f"tokens in {record['calib_seconds']:.1f} s)", "",
                   f"unpruned: loss {base['losses']['loss_mean']:.4f}, bench {base['benchmark_mean']:.3f}, "
                   f"gold_logprob {base['gold_logprob_mean']:.3f}, params {record['base']['params']:,} "
-                  f"({record['base']['param_bytes'] / 2 ** 20:.2f} MiB), eval "
+                  f"({record['base']['param_bytes'] / 2 ** 20:.2f} MiB), "
+                  + (f"largest parameter change against the import {record['base']['max_abs_change_vs_import']:.1e}, "
+                     if "max_abs_change_vs_import" in record["base"] else "") + "eval "
                   f"{base['throughput']['total']['tokens_per_sec']:.0f} tok/s", "",
                   "| removed | method | loss | d loss vs least_used [95% CI] | "
                   + " | ".join(domains) + " | bench | gold_logprob | recon err | optimal | params MiB | eval tok/s "
