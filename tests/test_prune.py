@@ -28,7 +28,7 @@ from moejax.prune.schur_astar import brute_force, schur_astar
 from moejax.prune.step import importance, refit_down
 from moejax.prune.write import _flat, prune_params
 from moejax.schema import ModelConfig
-from moejax.train.checkpoint import load_params
+from moejax.train.checkpoint import Checkpointer, load_params
 from moejax.train.state import setup
 from moejax.sharding import make_mesh
 from tests.test_train import train_small_run
@@ -165,6 +165,9 @@ def test_pruned_checkpoint_evaluates_as_the_masked_original_and_round_trips_hf(w
     assert pruned.cfg.model.moe.num_experts == 3 and tuple(pruned.cfg.model.moe.layer_experts) == ()
     ckpt, ckpt_p = erun.load(), pruned.load()
     assert ckpt_p.step == ckpt.step
+    state = Checkpointer(os.path.join(out, "checkpoints"), max_to_keep=1).restore(
+        ckpt.step, pruned.run.abstract_state).state
+    assert int(state["step"]) == ckpt.step  # resuming continues the source's step
 
     masked = np.ones((1, 4), bool)
     masked[0, list(record["keep"][0])] = False

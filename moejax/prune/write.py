@@ -8,7 +8,7 @@ keep the same experts. The config says ``model.moe.num_experts = K`` when every 
 ``model.moe.layer_experts`` (with ``num_experts`` the largest count) when the counts differ.
 
 The workdir holds a whole train state at the source's step (the pruned parameters and balancing
-state, a fresh optimizer state), the source's data-iterator state, ``config.json``,
+state, the step counter, a fresh optimizer state), the source's data-iterator state, ``config.json``,
 ``experiment.py`` (to continue training from the pruned parameters with a fresh optimizer) and
 ``prune.json`` (what was pruned, how, and what it cost). So ``moejax.eval``, ``moejax.generate``,
 training (resuming it, or a new run from ``experiment.py``) and the Hugging Face export read it
@@ -171,6 +171,9 @@ def write_pruned(
     replaced = replaced or [None] * len(keep)
     params = prune_params(ckpt.params, erun.cfg.model, cfg, run.abstract_state["params"], keep, replaced)
     state["params"] = jax.device_put(params, run.state_shardings["params"])
+    # Resuming in the pruned workdir continues the source's step (and learning-rate schedule),
+    # with fresh optimizer moments.
+    state["step"] = jax.device_put(np.asarray(ckpt.step, np.int32), run.state_shardings["step"])
     if state["balance"]:
         balance = prune_balance(ckpt.balance, jax.device_get(state["balance"]), keep,
                                 erun.cfg.model.moe.num_experts, cfg.model.moe.num_experts)
