@@ -219,6 +219,14 @@ def ablation_lines(name: str) -> list[str]:
             ev = _load(os.path.join(RESULTS, name, "eval", f"{method}_{tag}.json"))
             cells.append(f"{ev['losses']['loss_mean']:.4f}; {recon[f'{method}_{tag}']:.3f}")
         lines.append(f"| {tag}% | " + " | ".join(cells) + " |")
+    lines.append("")
+    for ratio in RATIOS:
+        tag = int(ratio * 100)
+        ev = lambda method: _load(os.path.join(RESULTS, name, "eval", f"{method}_{tag}.json"))  # noqa: E731
+        a = paired_interval(ev("schur_astar_refit"), ev("step"))
+        b = paired_interval(ev("step_norefit"), ev("schur_astar"))
+        lines.append(f"- {tag}% removed: schur_astar_refit minus step {a[0]:+.4f} [{a[1]:+.4f}, {a[2]:+.4f}]; "
+                     f"step_norefit minus schur_astar {b[0]:+.4f} [{b[1]:+.4f}, {b[2]:+.4f}]")
     return lines + [""]
 
 
