@@ -246,5 +246,8 @@ def test_choose_every_method_and_auto_budget_on_synthetic_layers():
     auto = choose(cal, "schur_astar", Budget(ratio=0.5, auto=True))
     assert sum(len(k) for k in auto["keep"]) == 6
     assert all(set(info["curve"]) == {"2", "3", "4", "5", "6"} for info in auto["layers"])
+    refitted = choose(cal, "schur_astar", Budget(keep=3), refit=True)
+    assert refitted["keep"] == best["keep"] and all(r is not None for r in refitted["replaced"])
+    assert all(r is None for r in best["replaced"])
     only = choose(cal, "least_used", Budget(keep=3), layers=(1,))
     assert [len(k) for k in only["keep"]] == [6, 3]

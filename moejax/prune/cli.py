@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="the new workdir to write (must not exist)")
     parser.add_argument("--layers", type=int, nargs="+", default=None,
                         help="decoder layers to prune (MoE layers; default: all)")
+    parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
+                        help="refit the kept experts' down projections after the selection (default: on for "
+                             "step only; --refit with schur_astar was the best variant measured, docs/pruning.md)")
     parser.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS,
                         help="calibration tokens from the training split (default %(default)s)")
     parser.add_argument("--max-nodes", type=int, default=200_000,
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
             paths.user_path(args.workdir), paths.user_path(args.out), args.method,
             Budget(keep=args.keep, ratio=args.ratio, auto=args.auto), step=args.step,
             calib_tokens=args.calib_tokens, max_nodes=args.max_nodes, max_seconds=args.max_seconds,
-            layers=tuple(args.layers) if args.layers else None,
+            layers=tuple(args.layers) if args.layers else None, refit=args.refit,
         )
     except ConfigError as e:
         sys.stderr.write(f"moejax: error: {e}\n")

@@ -71,10 +71,13 @@ class Budget:
 
 
 def choose(cal: Calibration, method: str, budget: Budget, *, max_nodes: int = 200_000,
-           max_seconds: float = 60.0, layers: tuple[int, ...] | None = None) -> dict[str, Any]:
+           max_seconds: float = 60.0, layers: tuple[int, ...] | None = None,
+           refit: bool | None = None) -> dict[str, Any]:
     """Per MoE layer: ``keep`` (sorted ids), ``replaced`` (new weights or None) and ``layers``
     (diagnostics: objective value, search effort, measured reconstruction error). ``layers``:
-    the decoder layers to prune (the other MoE layers keep every expert); None: all."""
+    the decoder layers to prune (the other MoE layers keep every expert); None: all. ``refit``:
+    apply Step's knowledge-preserving refit of the kept experts' down projections
+    (:func:`moejax.prune.step.refit_down`) after the selection; None: only for ``step``."""
     if method not in METHODS:
         raise ConfigError(f"--method {method!r} is unknown; choose one of {', '.join(METHODS)}.")
     budget.check()
@@ -108,11 +111,12 @@ def choose(cal: Calibration, method: str, budget: Budget, *, max_nodes: int = 20
                         lower_bound=result.lower_bound / max(q.yy, 1e-30), stopped_by=result.stopped_by)
         elif method == "step":
             chosen = step_keep(data, cal.loss_t, k)
-            refit = refit_down(data, cal.loss_t, chosen, **route)
-            weights = {"w_down_efd": refit.w_down_efd}
-            info.update(ridge=refit.ridge, heldout_error=refit.heldout_error)
         else:
             chosen = least_used_keep(data, k)
+        if (method == "step" if refit is None else refit) and k < data.num_experts:
+            fit = refit_down(data, cal.loss_t, chosen, **route)
+            weights = {"w_down_efd": fit.w_down_efd}
+            info.update(ridge=fit.ridge, heldout_error=fit.heldout_error)
         info["objective"] = q.relative(chosen)  # D(S) / ||Y||^2, the Schur-A* objective, for every method
         full = None if weights is None else {
             "w_gate_edf": data.w_gate_edf, "w_up_edf": data.w_up_edf, "w_down_efd": weights["w_down_efd"]}
@@ -128,7 +132,8 @@ def choose(cal: Calibration, method: str, budget: Budget, *, max_nodes: int = 20
 
 def prune_workdir(workdir: str, out: str, method: str, budget: Budget, *, step: int | None = None,
                   calib_tokens: int = DEFAULT_CALIB_TOKENS, max_nodes: int = 200_000,
-                  max_seconds: float = 60.0, layers: tuple[int, ...] | None = None) -> dict[str, Any]:
+                  max_seconds: float = 60.0, layers: tuple[int, ...] | None = None,
+                  refit: bool | None = None) -> dict[str, Any]:
     """Calibrate, choose, write: the command line's job. Returns the pruned workdir's record.
 
     ``layers``: the decoder layers to prune (MoE layers only; the others keep all their experts);
@@ -152,10 +157,10 @@ def prune_workdir(workdir: str, out: str, method: str, budget: Budget, *, step: 
     ckpt = erun.load(step)
     need = min_tokens(moe.num_experts, erun.cfg.model.d_model)
     cal = collect(erun, ckpt, tokens=calib_tokens, min_tokens=need)
-    chosen = choose(cal, method, budget, max_nodes=max_nodes, max_seconds=max_seconds, layers=layers)
+    chosen = choose(cal, method, budget, max_nodes=max_nodes, max_seconds=max_seconds, layers=layers, refit=refit)
     seconds = time.perf_counter() - start
     record = {
-        "method": method, "budget": dataclasses.asdict(budget), "calib_tokens": cal.num_tokens,
+        "method": method, "refit": method == "step" if refit is None else refit, "budget": dataclasses.asdict(budget), "calib_tokens": cal.num_tokens,
         "prune_seconds": seconds, "layers": chosen["layers"],
     }
     return write_pruned(erun, ckpt, chosen["keep"], out, replaced=chosen["replaced"], record=record)
