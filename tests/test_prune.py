@@ -20,6 +20,7 @@ from moejax.interop.hf import InteropError, import_to_workdir
 from moejax.model.balancing import RoutingSetup
 from moejax.model.transformer import Transformer, param_counts
 from moejax.prune import Budget, export_pruned, prune_workdir
+from moejax.prune import cli as prune_cli
 from moejax.prune.calibration import Calibration, LayerData
 from moejax.prune.knee import allocate, knee
 from moejax.prune.objectives import Quadratic, pruned_layer_error, quadratic
@@ -158,7 +159,12 @@ def _logits(erun, ckpt, balancer, balance, tokens):
 
 def test_pruned_checkpoint_evaluates_as_the_masked_original_and_round_trips_hf(workdir, tmp_path, capsys):
     out = str(tmp_path / "pruned")
-    record = prune_workdir(workdir, out, "schur_astar", Budget(keep=3), calib_tokens=256)
+    prune_cli.main(["--workdir", workdir, "--method", "schur_astar", "--keep", "3", "--calib-tokens", "256",
+                    "--out", out])
+    printed = capsys.readouterr().out
+    assert "parameters: " in printed and "parameter memory: " in printed and "optimal" in printed
+    with open(os.path.join(out, "prune.json")) as f:
+        record = json.load(f)
     assert record["experts_per_layer"] == [3] and record["params_after"] < record["params_before"]
     assert record["layers"][0]["optimal"] and len(record["keep"][0]) == 3
     erun, pruned = open_run(workdir), open_run(out)
@@ -187,8 +193,9 @@ def test_pruned_checkpoint_evaluates_as_the_masked_original_and_round_trips_hf(w
     reloaded = SimpleNamespace(run=run)
     np.testing.assert_allclose(_logits(reloaded, SimpleNamespace(params=params_back), None, {}, tokens), got, atol=5e-5)
 
-    with pytest.raises(ConfigError, match="already exists"):
-        prune_workdir(workdir, out, "least_used", Budget(keep=3))
+    with pytest.raises(SystemExit) as exit_info:
+        prune_cli.main(["--workdir", workdir, "--method", "least_used", "--keep", "3", "--out", out])
+    assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err
 
 
 def test_bad_input_is_refused_clearly(workdir, tmp_path):
