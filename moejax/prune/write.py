@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any
 
 import jax
@@ -103,12 +102,13 @@ def prune_params(params: Any, model_cfg, new_cfg: ConfigDict, abstract: Any, kee
         ids = np.asarray(keep[moe_layer], int)
         new_weights = replaced[moe_layer] or {}
         for key in list(block):
-            name = key.split("/")[-2] if key.endswith(("/value", "/.value")) else key.split("/")[-1]
-            if key.startswith("mlp/") and name in EXPERT_WEIGHTS and key.count("/") <= 2 + key.endswith("value"):
-                block[key] = np.asarray(new_weights.get(name, block[key]))[ids]
-            elif key.startswith("mlp/router/") and name == "w_de":
+            # A parameter's path within the block, without the leaf's "value" entry (if any).
+            name = key.removesuffix("/value").removesuffix("/.value")
+            if name in {f"mlp/{w}" for w in EXPERT_WEIGHTS}:
+                block[key] = np.asarray(new_weights.get(name.split("/")[-1], block[key]))[ids]
+            elif name == "mlp/router/w_de":
                 block[key] = block[key][:, ids]
-            elif key.startswith("mlp/router/") and name == "select_bias_e":
+            elif name == "mlp/router/select_bias_e":
                 block[key] = block[key][ids]
         moe_layer += 1
     flat: dict[str, np.ndarray] = dict(rest)
@@ -208,16 +208,3 @@ def summarize(old_params: Any, new_params: Any, counts: list[int], old_e: int) -
         "params_before": count(old_params), "params_after": count(new_params),
         "param_bytes_before": nbytes(old_params), "param_bytes_after": nbytes(new_params),
     }
-
-
-def checkpoint_bytes(workdir: str) -> int:
-    """Bytes on disk of a workdir's checkpoints (every item, optimizer state included)."""
-    total = 0
-    for root, _, files in os.walk(os.path.join(workdir, "checkpoints")):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    return total
-
-
-def remove(path: str) -> None:
-    """Removes a pruned workdir (the study's cleanup of a stage it redoes)."""
-    shutil.rmtree(path, ignore_errors=True)
