@@ -163,6 +163,11 @@ def default_config() -> ConfigDict:
     c.model.moe.router_bias = False
     c.model.moe.num_groups = 1  # group-limited routing (DeepSeek-V3 n_group): experts in this many equal groups; 1: off
     c.model.moe.topk_groups = 1  # with num_groups > 1: each token selects only from its best topk_groups groups
+    # Routed experts of each MoE layer, in depth order, when they differ (a pruned checkpoint written
+    # by `python -m moejax.prune --auto`; docs/pruning.md): each between experts_per_token and
+    # num_experts, the largest equal to num_experts. (): num_experts in every MoE layer. Not with
+    # group-limited routing or the expert_parallel backend.
+    c.model.moe.layer_experts = ()
     # dispatch: dropless (sort + grouped matmul) | capacity (GShard) | expert_parallel (tokens travel
     # to the devices of their experts over mesh.expert; docs/expert_parallel.md)
     c.model.moe.backend = "dropless"
@@ -543,6 +548,7 @@ def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes:
         _fail("model.moe.shared_gate", True, "False when there are no shared experts",
               "Set model.moe.num_shared_experts and model.moe.shared_expert_dim, or turn the gate off.")
     _check_groups(moe)
+    _check_layer_experts(m)
     warmup = effective_warmup_steps(cfg.optim.warmup_steps, t.steps)
     if warmup != cfg.optim.warmup_steps and notes:
         log.warning(f"moejax: note: optim.warmup_steps={cfg.optim.warmup_steps} is more than half of "
@@ -630,6 +636,30 @@ def _check_llep(moe: ConfigDict, mesh: dict[str, int]) -> None:
               f"less than mesh.expert={mesh['expert']} with model.moe.ep_balance=llep",
               "At >= mesh.expert the native buffer already holds every assignment and nothing can "
               "spill: use ep_balance=drop (it is then dropless), or lower the factor.")
+
+
+def _check_layer_experts(m: ConfigDict) -> None:
+    """Per-layer expert counts (a pruned model): one per MoE layer, within [top-k, num_experts]."""
+    moe, counts = m.moe, tuple(m.moe.layer_experts)
+    if not counts:
+        return
+    num_moe = sum(
+        1 for layer in range(m.num_layers)
+        if layer >= m.first_k_dense and (layer - m.first_k_dense) % m.moe_every == 0
+    )
+    if len(counts) != num_moe:
+        _fail("model.moe.layer_experts", counts, f"one count per MoE layer ({num_moe} of them), or ()")
+    if min(counts) < moe.experts_per_token or max(counts) != moe.num_experts:
+        _fail("model.moe.layer_experts", counts,
+              f"counts between model.moe.experts_per_token={moe.experts_per_token} and "
+              f"model.moe.num_experts={moe.num_experts}, the largest equal to num_experts")
+    if moe.num_groups > 1:
+        _fail("model.moe.layer_experts", counts, "() with group-limited routing (model.moe.num_groups > 1)",
+              "Expert groups are equal slices of every layer's experts; prune to one count per layer.")
+    if moe.backend == "expert_parallel":
+        _fail("model.moe.layer_experts", counts, "() with model.moe.backend='expert_parallel'",
+              "Expert parallelism splits every layer's experts evenly over mesh.expert; use the "
+              "dropless or capacity backend, or prune every layer to the same count.")
 
 
 def _check_groups(moe: ConfigDict) -> None:

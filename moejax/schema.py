@@ -207,7 +207,13 @@ class MoEConfig(TypedConfig):
     router_bias: bool = hparam(False, check=flag(), doc="a fixed selection-only bias per expert, in the router")
     num_groups: int = hparam(1, check=positive(int), doc="group-limited routing: equal expert groups; 1: off")
     topk_groups: int = hparam(1, check=positive(int), doc="each token selects from its best topk_groups groups")
+    layer_experts: tuple = hparam((), check=int_tuple(),
+                                  doc="routed experts of each MoE layer in depth order (pruned); (): num_experts in all")
     dispatch: DispatchConfig = section(DispatchConfig, flat=True, doc="the dispatch backend and its knobs")
+
+    def experts_of(self, moe_layer: int) -> int:
+        """Routed experts of the ``moe_layer``-th MoE layer (0-based, in depth order)."""
+        return self.layer_experts[moe_layer] if self.layer_experts else self.num_experts
 
     @property
     def shared_dim(self) -> int:

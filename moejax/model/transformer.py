@@ -3,6 +3,7 @@ Large Lookup Layers between blocks (``model.l3.after_layers``), output head."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -42,16 +43,42 @@ REMAT_POLICIES = {
 def layer_runs(cfg) -> list[tuple[bool, int]]:
     """The layers as runs of one kind, in depth order: [(is_moe, number of layers), ...].
 
-    A run never crosses an L3 position: a run ends at every layer that an L3 layer follows.
+    A run never crosses an L3 position: a run ends at every layer that an L3 layer follows. With
+    per-layer expert counts (``model.moe.layer_experts``, a pruned model) a run also ends where
+    the count changes, so each run stacks experts of one shape (:func:`run_experts`).
     """
     runs: list[list] = []
+    counts = layer_expert_counts(cfg)
     for layer in range(cfg.num_layers):
         moe = is_moe_layer(cfg, layer)
-        if runs and runs[-1][0] == moe and layer - 1 not in cfg.l3.after_layers:
+        if (runs and runs[-1][0] == moe and layer - 1 not in cfg.l3.after_layers
+                and counts[layer] == counts[layer - 1]):
             runs[-1][1] += 1
         else:
             runs.append([moe, 1])
     return [(moe, count) for moe, count in runs]
+
+
+def layer_expert_counts(cfg) -> list[int]:
+    """Routed experts of every decoder layer, in depth order (0 for a dense layer)."""
+    counts, moe_layer = [], 0
+    per_layer = tuple(cfg.moe.get("layer_experts", ()) if hasattr(cfg.moe, "get") else cfg.moe.layer_experts)
+    for layer in range(cfg.num_layers):
+        if is_moe_layer(cfg, layer):
+            counts.append(per_layer[moe_layer] if per_layer else cfg.moe.num_experts)
+            moe_layer += 1
+        else:
+            counts.append(0)
+    return counts
+
+
+def run_experts(cfg) -> list[int]:
+    """Routed experts of each run of :func:`layer_runs` (0 for a dense run)."""
+    counts, out, layer = layer_expert_counts(cfg), [], 0
+    for _, count in layer_runs(cfg):
+        out.append(counts[layer])
+        layer += count
+    return out
 
 
 class Block(nnx.Module):
@@ -137,9 +164,10 @@ class Transformer(nnx.Module):
         dtype, pdtype = DTYPES[compute_dtype], DTYPES[param_dtype]
         self.embed_vd = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdtype)
         self.runs = tuple(layer_runs(cfg))
+        self.run_experts = tuple(run_experts(cfg))
         self.layers = nnx.List([
-            stacked_blocks(cfg, is_moe, count, rngs=rngs, dtype=dtype, param_dtype=pdtype)
-            for is_moe, count in self.runs
+            stacked_blocks(_with_experts(cfg, e), is_moe, count, rngs=rngs, dtype=dtype, param_dtype=pdtype)
+            for (is_moe, count), e in zip(self.runs, self.run_experts)
         ])
         self.l3_after = tuple(sorted(cfg.l3.after_layers))
         if self.l3_after and l3_offsets is None:
@@ -235,10 +263,11 @@ class Transformer(nnx.Module):
         Runs end at L3 positions (:func:`layer_runs`), so each lookup comes between two scans.
         """
         outs, layer, moe_layer = [], 0, 0
-        for (is_moe, count), blocks in zip(self.runs, self.layers):
+        for (is_moe, count), e, blocks in zip(self.runs, self.run_experts, self.layers):
             take = lambda tree, start: jax.tree.map(lambda leaf: leaf[start:start + count], tree)
             inputs = {
-                "balance": take(balance_state, moe_layer) if is_moe and balance_state else None,
+                "balance": _fewer_experts(take(balance_state, moe_layer), self.num_experts, e)
+                if is_moe and balance_state else None,
                 "layer": None if per_layer is None else take(per_layer, layer),
             }
             # scan_layers=False unrolls the loop: same parameters and numbers, faster on CPU for a
@@ -256,6 +285,8 @@ class Transformer(nnx.Module):
 
     def _stack(self, auxes: list[dict]) -> dict:
         e = self.num_experts
+        # Runs with fewer experts (per-layer counts) are padded to num_experts: no load, no probability.
+        auxes = [_pad_experts(a, e) for a in auxes]
         concat = lambda key, shape: (
             jnp.concatenate([a[key] for a in auxes]) if auxes else jnp.zeros((0, *shape), jnp.float32)
         )
@@ -277,6 +308,36 @@ class Transformer(nnx.Module):
         return out
 
 
+def _with_experts(cfg: ModelConfig, num_experts: int) -> ModelConfig:
+    """``cfg`` with ``num_experts`` routed experts in every MoE layer (the config of one run)."""
+    if not cfg.moe.layer_experts or num_experts == 0:
+        return cfg
+    return dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, num_experts=num_experts, layer_experts=()))
+
+
+def _fewer_experts(state, num_experts: int, e: int):
+    """A run's balancing state with its leaves' expert axis ([..., num_experts]) cut to its ``e``."""
+    if e == num_experts:
+        return state
+    return jax.tree.map(lambda leaf: leaf[..., :e] if leaf.shape[-1] == num_experts else leaf, state)
+
+
+def _pad_experts(aux: dict, num_experts: int) -> dict:
+    """A run's auxiliary outputs padded along the expert axis to ``num_experts`` (zero load and
+    probability, -inf logits for the experts the run lacks)."""
+    e = aux["load_e"].shape[-1]
+    if e == num_experts:
+        return aux
+    pad = lambda x, value=0.0: jnp.pad(
+        x, [(0, 0)] * (x.ndim - 1) + [(0, num_experts - e)], constant_values=value
+    )
+    out = {**aux, "load_e": pad(aux["load_e"]), "pbar_e": pad(aux["pbar_e"])}
+    if "routing" in aux:
+        routing = aux["routing"]
+        out["routing"] = routing._replace(probs_bte=pad(routing.probs_bte), logits_bte=pad(routing.logits_bte, -jnp.inf))
+    return out
+
+
 def param_counts(cfg) -> dict[str, int]:
     """Total and active (per token) parameter counts, from the config alone (L3 layers: see
     :func:`~moejax.model.l3.l3_param_counts`)."""
@@ -286,11 +347,11 @@ def param_counts(cfg) -> dict[str, int]:
     dense_mlp = 3 * d * cfg.mlp_dim
     shared = 3 * d * moe.num_shared_experts * moe.shared_expert_dim + d * moe.shared_gate
     routed_one = 3 * d * moe.expert_dim
-    router = d * moe.num_experts + moe.num_experts * moe.router_bias
     total = active = v * d * (1 if cfg.tie_embeddings else 2) + d
-    for layer in range(cfg.num_layers):
+    for layer, experts in enumerate(layer_expert_counts(cfg)):
         if is_moe_layer(cfg, layer):
-            total += attn + router + shared + moe.num_experts * routed_one
+            router = d * experts + experts * moe.router_bias
+            total += attn + router + shared + experts * routed_one
             active += attn + router + shared + moe.experts_per_token * routed_one
         else:
             total += attn + dense_mlp

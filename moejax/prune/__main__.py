@@ -1,0 +1,3 @@
+from moejax.prune.cli import main
+
+main()
