@@ -54,6 +54,7 @@ COMMANDS = {
     "hf": ("moejax.interop.hf", "import/export Hugging Face MoE checkpoints"),
     "lm-eval": ("moejax.eval.lm_eval.__main__", "run lm-evaluation-harness tasks on a checkpoint (offline; "
                                                 "the eval extra)"),
+    "prune": ("moejax.prune.cli", "remove experts from a checkpoint (Schur-A*, Step, least-used) into a new workdir"),
     "configs": ("", "list the built-in configs"),
 }
 _REEXEC_MARK = "MOEJAX_CLI_PRELOADED"

@@ -17,9 +17,11 @@ from moejax.config import MESH_AXES, ConfigError, default_config
 from moejax.eval.masking import mask_state, masked_balancer
 from moejax.eval.restore import open_run
 from moejax.interop.hf import InteropError, import_to_workdir
+from moejax.interop.hf.configs import choose_architecture
+from moejax.interop.hf.workdir import export_from_workdir
 from moejax.model.balancing import RoutingSetup
 from moejax.model.transformer import Transformer, param_counts
-from moejax.prune import Budget, export_pruned, prune_workdir
+from moejax.prune import Budget, prune_workdir
 from moejax.prune import cli as prune_cli
 from moejax.prune.calibration import Calibration, LayerData
 from moejax.prune.knee import allocate, knee
@@ -184,7 +186,7 @@ def test_pruned_checkpoint_evaluates_as_the_masked_original_and_round_trips_hf(w
     np.testing.assert_allclose(got, want, atol=5e-5)
 
     hf_dir, back = str(tmp_path / "hf"), str(tmp_path / "back")
-    export_pruned(out, hf_dir)
+    export_from_workdir(out, hf_dir)
     with open(os.path.join(hf_dir, "config.json")) as f:
         assert json.load(f)["num_experts"] == 3
     cfg_back = import_to_workdir(hf_dir, back)
@@ -218,11 +220,9 @@ def test_bad_input_is_refused_clearly(workdir, tmp_path):
 
 
 def test_per_layer_counts_refuse_hf_export_and_bad_configs(tmp_path):
-    varying = tmp_path / "varying"
-    varying.mkdir()
-    (varying / "config.json").write_text(json.dumps({"model": {"moe": {"layer_experts": [4, 3]}}}))
-    with pytest.raises(InteropError, match="one expert count for all layers"):
-        export_pruned(str(varying), str(tmp_path / "hf"))
+    with pytest.raises(InteropError, match=r"model\.moe\.layer_experts=\(4, 3\) \(Hugging Face MoE configs hold one "
+                                           "expert count for all layers"):
+        choose_architecture(_model_cfg((4, 3)).model)  # what export checks before writing anything
     from moejax.checks import validate
 
     cfg = _model_cfg((4, 3, 2))

@@ -14,12 +14,10 @@ which training, ``moejax.eval``, ``moejax.generate`` and the Hugging Face export
 ``least_used``     the baseline: keep the most-used experts
 ``knee``           per-layer budgets: the distortion knee and a global expert (memory) target
 ``write``          the pruned workdir
-``export``         Hugging Face export of a pruned workdir (uniform counts only)
 ``prune``          one pruning job end to end; ``cli``: the command line
 =================  ==================================================================================
 """
 
-from moejax.prune.export import export_pruned
 from moejax.prune.prune import METHODS, Budget, choose, describe, prune_workdir
 
-__all__ = ["METHODS", "Budget", "choose", "describe", "export_pruned", "prune_workdir"]
+__all__ = ["METHODS", "Budget", "choose", "describe", "prune_workdir"]

@@ -12,8 +12,8 @@ state, the step counter, a fresh optimizer state), the source's data-iterator st
 ``experiment.py`` (to continue training from the pruned parameters with a fresh optimizer) and
 ``prune.json`` (what was pruned, how, and what it cost). So ``moejax.eval``, ``moejax.generate``,
 training (resuming it, or a new run from ``experiment.py``) and the Hugging Face export read it
-like any workdir (the export only when every layer keeps the same count:
-:func:`moejax.prune.export.export_pruned`).
+like any workdir (the export only when every layer keeps the same count: Hugging Face MoE configs
+hold one).
 """
 
 from __future__ import annotations

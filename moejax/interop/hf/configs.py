@@ -255,6 +255,11 @@ def cannot_express(m: ConfigDict, arch: str) -> list[str]:
         f"model.{key}={_value(m, key)!r} (needs {want!r})"
         for key, want in REQUIRES[arch].items() if _value(m, key) != want
     ]
+    counts = tuple(m.moe.get("layer_experts", ()) or ())
+    if counts and set(counts) != {m.moe.num_experts}:
+        problems.append(f"model.moe.layer_experts={counts!r} (Hugging Face MoE configs hold one expert count for "
+                        "all layers; a pruned workdir exports when every layer keeps the same number, e.g. "
+                        "moejax.prune --keep K or --ratio R without --auto)")
     if "l3" in m and m.l3.after_layers:
         problems.append(f"model.l3.after_layers={tuple(m.l3.after_layers)!r} (Large Lookup Layers have no "
                         "Hugging Face counterpart)")
