@@ -301,7 +301,7 @@ def report_stage(names: list[str]) -> None:
                   f"{base['throughput']['total']['tokens_per_sec']:.0f} tok/s", "",
                   "| removed | method | loss | d loss vs least_used [95% CI] | "
                   + " | ".join(domains) + " | bench | gold_logprob | recon err | optimal | params MiB | eval tok/s "
-                  "| prune s |", "|" + "---|" * (12 + len(domains))]
+                  "| prune s |", "|" + "---|" * (11 + len(domains))]
         rows = []
         for r in record["rows"]:
             tag = f"{r['method']}_{int(r['ratio'] * 100)}"
