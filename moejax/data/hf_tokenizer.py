@@ -30,7 +30,6 @@ import numpy.typing as npt
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
-from moejax.data.tokenizer import checked_ids
 from moejax.errors import DataError
 
 TOKENIZER_FILE: Final = "tokenizer.json"
@@ -114,7 +113,14 @@ class HFTokenizer:
 
     def decode(self, ids: npt.ArrayLike) -> str:
         """The text of ``ids``, special ids skipped."""
-        return self._tokenizer.decode(checked_ids(ids, self.vocab_size).tolist(), skip_special_tokens=True)
+        ids_n = np.asarray(ids).reshape(-1)
+        if ids_n.size and not np.issubdtype(ids_n.dtype, np.integer):
+            raise TypeError(f"token ids must be integers, got dtype {ids_n.dtype}")
+        outside = (ids_n < 0) | (ids_n >= self.vocab_size)
+        if outside.any():
+            bad = int(ids_n[outside][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return self._tokenizer.decode(ids_n.tolist(), skip_special_tokens=True)
 
     def tokenizer_config(self) -> dict[str, Any]:
         """The ``tokenizer_config.json`` that makes ``transformers.AutoTokenizer`` read this tokenizer."""

@@ -45,18 +45,6 @@ class Tokenizer(Protocol):
     def decode(self, ids: npt.ArrayLike) -> str: ...
 
 
-def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> npt.NDArray[np.integer]:
-    """``ids`` flattened, for a decode: a TypeError unless they are integers, a ValueError naming
-    the first one outside ``[0, vocab_size)``."""
-    ids_n = np.asarray(ids).reshape(-1)
-    if ids_n.size and not np.issubdtype(ids_n.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got dtype {ids_n.dtype}")
-    outside = (ids_n < 0) | (ids_n >= vocab_size)
-    if outside.any():
-        raise ValueError(f"token id {int(ids_n[outside][0])} is outside the vocabulary [0, {vocab_size})")
-    return ids_n
-
-
 class ByteTokenizer:
     """UTF-8 byte tokenizer: ids 0..255 are bytes, then BOS (256), EOS (257) and PAD (258)."""
 
@@ -76,7 +64,13 @@ class ByteTokenizer:
 
     def decode(self, ids: npt.ArrayLike) -> str:
         """Return the text of ``ids``, skipping special ids; invalid UTF-8 becomes U+FFFD."""
-        ids_n = checked_ids(ids, self.vocab_size)
+        ids_n = np.asarray(ids).reshape(-1)
+        if ids_n.size and not np.issubdtype(ids_n.dtype, np.integer):
+            raise TypeError(f"token ids must be integers, got dtype {ids_n.dtype}")
+        outside = (ids_n < 0) | (ids_n >= self.vocab_size)
+        if outside.any():
+            bad = int(ids_n[outside][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         return ids_n[ids_n < 256].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
