@@ -71,3 +71,27 @@ def find(spec: str) -> str | None:
         _noted.add(spec)
         print(f"note: {spec} is now {repo_path(spec)} (the old path still works)", file=sys.stderr)
     return path(name) if name else None
+
+
+_INIT_FROM_WORKDIR = '''
+import json
+import os
+
+from moejax.config import from_dict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_config():
+    with open(os.path.join(HERE, "config.json")) as f:
+        cfg = from_dict(json.load(f))
+    cfg.checkpoint.init_from = HERE
+    return cfg
+'''
+
+
+def init_from_workdir_source(doc: str) -> str:
+    """The source of a workdir's ``experiment.py``: the workdir's ``config.json`` with
+    ``checkpoint.init_from`` set to the workdir (a new run from its parameters, fresh optimizer);
+    ``doc`` is its docstring."""
+    return f'"""{doc}\n"""\n' + _INIT_FROM_WORKDIR

@@ -29,6 +29,7 @@ from etils import epath  # type: ignore[import-untyped]
 
 from moejax import checks, code_version, paths, sharding
 from moejax import config as config_lib
+from moejax import configs as builtin_configs
 from moejax.config import ConfigDict
 from moejax.errors import ConfigError
 from moejax.eval.restore import Checkpoint, EvalRun, fill_defaults, read_meta
@@ -37,26 +38,10 @@ from moejax.prune.calibration import EXPERT_WEIGHTS
 from moejax.train.checkpoint import Checkpointer
 from moejax.train.state import init_state, setup
 
-EXPERIMENT_SOURCE = '''"""Config of the pruned model in this workdir (written by `python -m moejax.prune`).
+EXPERIMENT_DOC = """Config of the pruned model in this workdir (written by `python -m moejax.prune`).
 
 Continue training from the pruned parameters (fresh optimizer and data stream):
-    python -m moejax.main --config {workdir}/experiment.py --workdir runs/NAME
-"""
-
-import json
-import os
-
-from moejax.config import from_dict
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def get_config():
-    with open(os.path.join(HERE, "config.json")) as f:
-        cfg = from_dict(json.load(f))
-    cfg.checkpoint.init_from = HERE
-    return cfg
-'''
+    python -m moejax.main --config {workdir}/experiment.py --workdir runs/NAME"""
 RECORD_FILE = "prune.json"
 
 
@@ -193,7 +178,7 @@ def write_pruned(
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(new_meta["config"], f, indent=2)
         with open(os.path.join(tmp, "experiment.py"), "w") as f:
-            f.write(EXPERIMENT_SOURCE.format(workdir=out))
+            f.write(builtin_configs.init_from_workdir_source(EXPERIMENT_DOC.format(workdir=out)))
         with open(os.path.join(tmp, RECORD_FILE), "w") as f:
             json.dump(record, f, indent=1)
     return record

@@ -66,7 +66,7 @@ from moejax.interop.hf.tensors import (
 )
 from moejax.interop.hf.workdir import (
     EXPERIMENT_FILE,
-    EXPERIMENT_SOURCE,
+    EXPERIMENT_DOC,
     HF_CONFIG_COPY,
     check_export_target,
     export_from_workdir,
@@ -75,7 +75,7 @@ from moejax.interop.hf.workdir import (
 )
 
 __all__ = [
-    "CLASS_NAMES", "COMMON_DEFAULTS", "DEFAULTS", "DEFAULT_MAX_SHARD_SIZE", "HFTensors", "EXPERIMENT_FILE", "EXPERIMENT_SOURCE", "FROM_HF", "HF_CONFIG_COPY",
+    "CLASS_NAMES", "COMMON_DEFAULTS", "DEFAULTS", "DEFAULT_MAX_SHARD_SIZE", "HFTensors", "EXPERIMENT_DOC", "EXPERIMENT_FILE", "FROM_HF", "HF_CONFIG_COPY",
     "IGNORED_SUFFIXES", "INDEX_FILE", "LINEAR_IN", "LINEAR_OUT", "MOE_NAMES", "REQUIRES", "ROW", "SAME", "SINGLE_FILE",
     "STALE_KEYS", "SUPPORTED", "SavedParams", "TOP_LEVEL", "TO_HF", "VECTOR", "InteropError", "Layout", "Names", "abstract_params",
     "adapt_params", "adapted_config", "architecture", "cannot_express", "check_export_target", "choose_architecture",

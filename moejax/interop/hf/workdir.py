@@ -12,6 +12,7 @@ import orbax.checkpoint as ocp
 
 from moejax import checks, code_version, paths, sharding
 from moejax import config as config_lib
+from moejax import configs as builtin_configs
 from moejax.config import ConfigDict
 from moejax.interop.hf.configs import adapted_config, choose_architecture, hf_config_from_model, model_config_from_hf
 from moejax.interop.hf import tokenizer_files
@@ -34,26 +35,10 @@ from moejax.train.state import init_state, setup
 
 HF_CONFIG_COPY = "hf_config.json"  # the imported config.json, kept in the workdir for export
 EXPERIMENT_FILE = "experiment.py"
-EXPERIMENT_SOURCE = '''"""Config of the model imported into this workdir by `python -m moejax.interop.hf import`.
+EXPERIMENT_DOC = """Config of the model imported into this workdir by `python -m moejax.interop.hf import`.
 
 Continue training from the imported parameters (fresh optimizer, moejax data):
-    ./launch.sh {workdir}/experiment.py --workdir runs/NAME
-"""
-
-import json
-import os
-
-from moejax.config import from_dict
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def get_config():
-    with open(os.path.join(HERE, "config.json")) as f:
-        cfg = from_dict(json.load(f))
-    cfg.checkpoint.init_from = HERE
-    return cfg
-'''
+    ./launch.sh {workdir}/experiment.py --workdir runs/NAME"""
 
 
 def _one_device_run(cfg: ConfigDict):
@@ -107,7 +92,7 @@ def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False, with_op
         with open(os.path.join(tmp, HF_CONFIG_COPY), "w") as f:
             json.dump(hf, f, indent=2)
         with open(os.path.join(tmp, EXPERIMENT_FILE), "w") as f:
-            f.write(EXPERIMENT_SOURCE.format(workdir=workdir))
+            f.write(builtin_configs.init_from_workdir_source(EXPERIMENT_DOC.format(workdir=workdir)))
         tokenizer_files.copy_tokenizer(hf_dir, tmp)
     return cfg
 
