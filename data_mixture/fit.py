@@ -29,7 +29,7 @@ from data_mixture.laws import LawFit, get_law
 from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.solver import resample_weights
-from data_mixture.table import RunsTable, TableError, to_columns
+from data_mixture.table import UNIQUE, RunsTable, TableError, to_columns
 
 FORMAT = "moejax.data_mixture.fit/1"
 
@@ -66,10 +66,11 @@ class Fit:
             raise IndexError(f"bootstrap member {member} out of range; this fit has {len(self.bootstrap)} members.")
         return self.bootstrap[member]
 
-    def predict_losses(self, size_r, tokens_r, mix_rm, *, member: int | None = None) -> np.ndarray:
-        """(R, V) predicted losses in ``loss_domains`` order (member None: point fit)."""
+    def predict_losses(self, size_r, tokens_r, mix_rm, *, member: int | None = None, unique_rm=None) -> np.ndarray:
+        """(R, V) predicted losses in ``loss_domains`` order (member None: point fit).
+        ``unique_rm``: pools of unique tokens per training domain, for repetition-aware laws."""
         fits = self._member(member)
-        return np.stack([fits[d].predict(size_r, tokens_r, mix_rm) for d in self.loss_domains], axis=1)
+        return np.stack([fits[d].predict(size_r, tokens_r, mix_rm, unique_rm) for d in self.loss_domains], axis=1)
 
     def predict_bench(self, loss_rv, *, member: int | None = None) -> np.ndarray:
         """(R, T) predicted scores from losses (R, V), tasks in ``self.bench`` order."""
@@ -106,7 +107,8 @@ class Fit:
         mix = self.query_mix(query)
         size = query.size(self.size_column)
         out: dict[str, np.ndarray] = {}
-        loss = self.predict_losses(size, query.tokens, mix)
+        pools = query.unique_rm(self.mix_domains) if any(c.startswith(UNIQUE) for c in query.extra) else None
+        loss = self.predict_losses(size, query.tokens, mix, unique_rm=pools)
         for j, d in enumerate(self.loss_domains):
             out[f"pred:{d}"] = loss[:, j]
         acc = self.predict_bench(loss)
@@ -114,7 +116,7 @@ class Fit:
             out[f"pred:bench:{t}"] = acc[:, j]
         if self.bootstrap:
             q = [(1 - interval) / 2 * 100, (1 + interval) / 2 * 100]
-            loss_b = np.stack([self.predict_losses(size, query.tokens, mix, member=i) for i in range(len(self.bootstrap))])
+            loss_b = np.stack([self.predict_losses(size, query.tokens, mix, member=i, unique_rm=pools) for i in range(len(self.bootstrap))])
             lo, hi = np.percentile(loss_b, q, axis=0)
             for j, d in enumerate(self.loss_domains):
                 out[f"lo:{d}"], out[f"hi:{d}"] = lo[:, j], hi[:, j]

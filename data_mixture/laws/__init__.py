@@ -7,6 +7,11 @@
 ``regmix_linear``  linear regression on the same features
 ``camel``          capacity-aware law (our form, after CAMEL arXiv 2603.08022; see camel.py)
 =================  ========================================================================
+
+Every parametric law (``mixing_law``, ``additive``, ``camel``) also has repetition-aware
+variants for training domains with a fixed pool of unique tokens: ``<law>+rep`` (R* = 15.4,
+Muennighoff et al. 2023) and ``<law>+repfit`` (R* fitted); see ``repeated.py``. They are made
+on first use by :func:`get_law` and are not listed in :data:`LAWS`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from data_mixture.laws.additive import AdditiveLaw
 from data_mixture.laws.base import Law, LawFit
 from data_mixture.laws.camel import CamelLaw
 from data_mixture.laws.mixing_law import MixingLaw
+from data_mixture.laws.parametric import ParametricLaw
 from data_mixture.laws.regmix import RegMixLaw, RegMixLinearLaw
+from data_mixture.laws.repeated import SUFFIXES, repeated_law, split_name
 from data_mixture.table import TableError
 
 LAWS: dict[str, type[Law]] = {
@@ -35,13 +42,24 @@ _INSTANCES: dict[str, Law] = {}
 
 
 def get_law(name: str) -> Law:
-    """The law registered under ``name``; a clear error (with the valid names) otherwise."""
-    if name not in LAWS:
-        near = difflib.get_close_matches(str(name), list(LAWS), n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
-        raise TableError(f"unknown law {name!r}.{hint} Valid laws: {', '.join(LAWS)}.")
-    if name not in _INSTANCES:
+    """The law registered under ``name`` (or its repetition-aware variant ``<law>+rep`` /
+    ``<law>+repfit``); a clear error (with the valid names) otherwise."""
+    if name in _INSTANCES:
+        return _INSTANCES[name]
+    base, suffix = split_name(name)
+    parametric = [n for n, cls in LAWS.items() if issubclass(cls, ParametricLaw)]
+    if base not in LAWS:
+        near = difflib.get_close_matches(str(base), list(LAWS), n=1)
+        hint = f" Did you mean {near[0] + (suffix or '')!r}?" if near else ""
+        raise TableError(f"unknown law {name!r}.{hint} Valid laws: {', '.join(LAWS)}; repetition-aware variants of the "
+                         f"parametric ones: {', '.join(p + s for p in parametric for s in SUFFIXES)}.")
+    if suffix is None:
         _INSTANCES[name] = LAWS[name]()
+    elif base not in parametric:
+        raise TableError(f"law {name!r}: {base!r} is not a parametric law, so it has no repetition-aware variant; "
+                         f"variants exist for {', '.join(parametric)} (e.g. {parametric[0]}{suffix}).")
+    else:
+        _INSTANCES[name] = repeated_law(LAWS[base], suffix)()
     return _INSTANCES[name]
 
 

@@ -50,10 +50,15 @@ class LawFit:
 
         return get_law(self.law)
 
-    def predict(self, size_r: np.ndarray, tokens_r: np.ndarray, mix_rm: np.ndarray) -> np.ndarray:
-        """(R,) predicted loss for model sizes N (the fit's size column), tokens D, mixtures (R, M)."""
+    def predict(self, size_r: np.ndarray, tokens_r: np.ndarray, mix_rm: np.ndarray, unique_rm: np.ndarray | None = None) -> np.ndarray:
+        """(R,) predicted loss for model sizes N (the fit's size column), tokens D, mixtures (R, M).
+        ``unique_rm`` (R, M) or (M,): each training domain's pool of unique tokens (``inf``:
+        unlimited), read by repetition-aware laws (``laws/repeated.py``; default: the pools
+        recorded at fit time) and ignored by the others."""
         size_r, tokens_r, mix_rm = _check_inputs(self, size_r, tokens_r, mix_rm)
         warn_fixed_tokens(self, tokens_r)
+        if unique_rm is not None and "unique_tokens" in self.info:
+            return self._law().predict(self, size_r, tokens_r, mix_rm, unique_rm=np.broadcast_to(np.asarray(unique_rm, np.float64), mix_rm.shape))
         return self._law().predict(self, size_r, tokens_r, mix_rm)
 
     @property
