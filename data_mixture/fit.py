@@ -30,6 +30,8 @@ from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.solver import resample_weights
 from data_mixture.table import UNIQUE, RunsTable, TableError, to_columns
+from data_mixture.target import Target
+from data_mixture.target import resolve as resolve_target
 
 FORMAT = "moejax.data_mixture.fit/1"
 
@@ -45,7 +47,9 @@ class Fit:
     info: seed, starts, n_rows, n_runs, sizes, created, table sha256, fit seconds, skipped tasks;
         ``fixed`` {domain: {key: value}} and ``fixed_reason`` {domain: text} of parameters held
         constant (domains without any are left out); ``at_bounds`` {domain: [{param, index,
-        value, bound, limit}]} of the point fits' parameters at or within 1 % of a bound.
+        value, bound, limit}]} of the point fits' parameters at or within 1 % of a bound;
+        ``target`` ({text, weights, domain}) when the fit was made for a target
+        (:mod:`data_mixture.target`).
     """
 
     law: str
@@ -71,6 +75,12 @@ class Fit:
         ``unique_rm``: pools of unique tokens per training domain, for repetition-aware laws."""
         fits = self._member(member)
         return np.stack([fits[d].predict(size_r, tokens_r, mix_rm, unique_rm) for d in self.loss_domains], axis=1)
+
+    @property
+    def target(self) -> Target | None:
+        """The target the fit was made for (``fit_table(target=...)``), or None."""
+        t = self.info.get("target")
+        return Target.from_json(t) if t else None
 
     def predict_bench(self, loss_rv, *, member: int | None = None) -> np.ndarray:
         """(R, T) predicted scores from losses (R, V), tasks in ``self.bench`` order."""
@@ -284,8 +294,14 @@ def fit_table(
     progress: bool = True,
     boot_starts: int = BOOT_STARTS,
     fixed: Mapping[str, float] | None = None,
+    target: "Target | str | None" = None,
 ) -> Fit:
     """Fits ``law`` to every validation domain of ``table`` (+ bootstrap + benchmark laws).
+
+    ``target`` (:mod:`data_mixture.target`; text such as ``"heldout_qa"``, ``"code=0.6,prose=0.4"``
+    or ``"logprob:know_type"``): fit the law to that target alone, as the fit's one validation
+    domain (``Target.domain``); ``info["target"]`` records it, and ``optimize`` then chooses the
+    mixture for it.
 
     ``fixed``: parameters held constant in every domain's fit and bootstrap member,
     {NAME: value} (a scalar, or every entry of a vector) or {NAME[i]: value} (entry i, 0-based),
@@ -302,6 +318,9 @@ def fit_table(
     """
     t0 = time.perf_counter()
     the_law = get_law(law)
+    target = resolve_target(target)
+    if target is not None:
+        table = target.apply(table)
     if table.loss_rv is None or not table.loss_domains:
         raise TableError("the table has no loss:* columns to fit (was it read with query=True?).")
     n_base_rows = len(table) - len(table.law_rows())
@@ -371,4 +390,6 @@ def fit_table(
         "fixed_reason": {d: f.info["fixed_reason"] for d, f in point.items() if f.info.get("fixed")},
         "at_bounds": {d: list(f.info.get("at_bounds") or []) for d, f in point.items()},
     }
+    if target is not None:
+        info["target"] = target.to_json()
     return Fit(law, size_column, tuple(table.mix_domains), tuple(table.loss_domains), point, boots, bench, bench_boot, info)

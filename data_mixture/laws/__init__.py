@@ -59,7 +59,9 @@ def get_law(name: str) -> Law:
         raise TableError(f"law {name!r}: {base!r} is not a parametric law, so it has no repetition-aware variant; "
                          f"variants exist for {', '.join(parametric)} (e.g. {parametric[0]}{suffix}).")
     else:
-        _INSTANCES[name] = repeated_law(LAWS[base], suffix)()
+        base_cls = LAWS[base]
+        assert issubclass(base_cls, ParametricLaw)
+        _INSTANCES[name] = repeated_law(base_cls, suffix)()
     return _INSTANCES[name]
 
 

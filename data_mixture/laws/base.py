@@ -58,7 +58,8 @@ class LawFit:
         size_r, tokens_r, mix_rm = _check_inputs(self, size_r, tokens_r, mix_rm)
         warn_fixed_tokens(self, tokens_r)
         if unique_rm is not None and "unique_tokens" in self.info:
-            return self._law().predict(self, size_r, tokens_r, mix_rm, unique_rm=np.broadcast_to(np.asarray(unique_rm, np.float64), mix_rm.shape))
+            law: Any = self._law()  # a repetition-aware law (laws/repeated.py): it records unique_tokens
+            return law.predict(self, size_r, tokens_r, mix_rm, unique_rm=np.broadcast_to(np.asarray(unique_rm, np.float64), mix_rm.shape))
         return self._law().predict(self, size_r, tokens_r, mix_rm)
 
     @property

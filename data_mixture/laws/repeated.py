@@ -61,7 +61,7 @@ class RepeatedLaw(ParametricLaw):
     fit_r_star: ClassVar[bool]
 
     def spec(self, m: int) -> ParamSpec:
-        base = super().spec(m)
+        base = self.base_law.spec(self, m)
         return ParamSpec([*base.params, Param("R_star", (), *R_STAR_BOUNDS, (3.0, 30.0), log=True,
                                               doc="repetitions after which repeated tokens lose 1 - 1/e of their value")])
 

@@ -313,15 +313,21 @@ def make_eval_batches(
             dataset, domain, "heldout", seq_len,
             fix="use a shorter train.seq_len or prepare it with a larger --heldout-fraction.",
         )
-        num_batches = min(batches_per_domain, max(1, packer.num_windows // batch_size))
-        batches[domain] = [
-            stack_examples([
-                packer(i) if i < packer.num_windows else padding_example(seq_len, packer.domain, pad_id)
-                for i in (b * batch_size + rows).tolist()
-            ])
-            for b in range(num_batches)
-        ]
+        batches[domain] = fixed_batches(packer, batch_size, batches_per_domain, rows, pad_id)
     return batches
+
+
+def fixed_batches(packer: ShardedPacker, batch_size: int, batches: int, rows: np.ndarray, pad_id: int) -> list[Example]:
+    """``batches`` batches (fewer if the windows run out, at least one, padded) of consecutive
+    windows of ``packer``, rows ``rows`` of each: what :func:`make_eval_batches` gives a domain."""
+    num_batches = min(batches, max(1, packer.num_windows // batch_size))
+    return [
+        stack_examples([
+            packer(i) if i < packer.num_windows else padding_example(packer.seq_len, packer.domain, pad_id)
+            for i in (b * batch_size + rows).tolist()
+        ])
+        for b in range(num_batches)
+    ]
 
 
 def shuffle_seed(seed: int, domain: str) -> int:
