@@ -60,6 +60,10 @@ def test_one_row_per_evaluated_checkpoint(workdir, tmp_path):
     assert continuous["bench:math"][1] == ev["benchmarks"]["math"]["gold_logprob"] < 0
     with pytest.raises(ValueError, match="allowed: accuracy, gold_logprob"):
         collect([workdir], bench_metric="f1")
+    # the continuous metric is a column of its own too, and the held-out target set a loss with no mix: column
+    assert cols["logprob:math"][1] == ev["benchmarks"]["math"]["gold_logprob"]
+    assert cols["loss:heldout_qa"][1] == ev["losses"]["targets"]["heldout_qa"]["loss"] > 0
+    assert "mix:heldout_qa" not in cols and "unique:code" not in cols
     out = tmp_path / "runs.csv"
     write_columns(cols, out)
     table = read_runs(out)  # the table validates, floats round-trip
