@@ -53,8 +53,12 @@ def env(tmp_path_factory):
     ("fit_and_compare", ["pred_vs_obs.png"]),
     ("mixture_vs_size", ["optimal_vs_size.png", "loss_code_vs_code.png"]),
     ("bench_curves", ["bench_qa.png", "bench_arith.png"]),
+    ("mixture_vs_size:code=0.5,math=0.5", ["optimal_vs_size.png", "loss_target_vs_code.png"]),
 ])
-def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures):
+def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures, monkeypatch):
+    name, _, target = name.partition(":")
+    if target:  # DM_TARGET: the notebook fits and optimises a target that is not the training mix
+        monkeypatch.setenv("DM_TARGET", target)
     jupytext = pytest.importorskip("jupytext")
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
@@ -70,6 +74,8 @@ def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures):
     assert not [out for out in outputs if out.output_type == "error"]
     printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
     assert "wrote" in printed, printed[:2000]
+    if target:
+        assert f"target: {target}" in printed and "domains ('target',)" in printed, printed[:2000]
     if name == "fit_and_compare":  # the kernel read the test's table, not the committed ladder
         assert str(env.parent / "runs.csv") in printed, printed[:2000]
     for fig in figures:

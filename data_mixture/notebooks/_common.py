@@ -2,7 +2,10 @@
 
 ``DM_RUNS``: runs-table CSV (default: the committed moejax ladder, data_mixture/results/ladder_runs.csv);
 ``DM_LAWS``: comma-separated laws to compare; ``DM_LAW``: the one law of the single-law notebooks;
-``DM_STARTS``: random starts per fit; ``DM_OUT``: directory for figures (default results/dm_notebooks).
+``DM_STARTS``: random starts per fit; ``DM_OUT``: directory for figures (default results/dm_notebooks);
+``DM_TARGET``: what the mixture is chosen for when it is not every validation domain, a
+``--target`` text (``heldout_qa``, ``code=0.6,prose=0.4``, ``logprob:know_type``; docs/data_mixture.md,
+"Targets"): the notebooks fit and score the laws on it alone (:func:`target_table`).
 The tests run every notebook through a Jupyter kernel on a small synthetic table with fast settings.
 
 The notebooks are jupytext percent-format ``.py`` files. To open them in Jupyter: ``pip install -e
@@ -22,3 +25,11 @@ LAW = os.environ.get("DM_LAW", "camel")
 STARTS = int(os.environ.get("DM_STARTS", "64"))
 OUT = Path(os.environ.get("DM_OUT", str(ROOT / "results" / "dm_notebooks")))
 OUT.mkdir(parents=True, exist_ok=True)
+TARGET = os.environ.get("DM_TARGET", "") or None
+
+
+def target_table(table):
+    """The table with ``DM_TARGET`` as its one validation domain, or unchanged without one."""
+    from data_mixture.target import parse_target
+
+    return parse_target(TARGET).apply(table) if TARGET else table
