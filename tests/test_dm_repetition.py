@@ -12,10 +12,7 @@ from data_mixture.fit import Fit
 from data_mixture.repetition import R_STAR_DEFAULT, effective_mixture, effective_tokens
 from data_mixture.table import TableError
 
-DOMAINS = ("web", "books", "code")
-POOL = 5e7  # unique tokens of the scarce domain "code"
-TRUE = {"E": 1.2, "A": 0.6, "alpha": 0.35, "B": 0.8, "beta": 0.3, "C": [2.0, 1.5, 4.0], "gamma": [0.5, 0.6, 0.45], "R_star": 4.0}
-REFS = {"n_ref": 3e7, "d_ref": 6e8}
+from experiments.tools.example_tables import POOL, REPEATED_TRUTH, repeated_columns, repeated_loss
 
 
 @jax.enable_x64(True)
@@ -34,34 +31,13 @@ def test_effective_tokens_formula():
     assert float(share.sum()) == pytest.approx(1.0)
 
 
-def _truth(size_r, tokens_r, mix_rm, pool=POOL):
-    law = get_law("additive+repfit")
-    info = {**REFS, "unique_tokens": [None, None, pool]}
-    data = {k: jnp.asarray(v) for k, v in law.features(size_r, tokens_r, mix_rm, info).items()}
-    x = {k: jnp.asarray(v, jnp.float64) for k, v in TRUE.items()}
-    with jax.enable_x64(True):
-        return np.asarray(jnp.exp(law.log_loss(x, data)))
+def _truth(size_r, tokens_r, mix_rm):
+    return repeated_loss(size_r, tokens_r, mix_rm)
 
 
-def _table(noise=0.002, seed=0):
-    rng = np.random.default_rng(seed)
-    cols = {k: [] for k in ("run", "params_total", "params_active", "tokens", *(f"mix:{d}" for d in DOMAINS), "unique:code")}
-    mixes = rng.dirichlet(np.ones(3), 14)  # the same mixtures at every size (mixing_law needs them)
-    for n in (1e7, 3e7, 1e8):
-        for k, mix in enumerate(mixes):
-            for frac in (0.25, 0.5, 1.0):
-                cols["run"].append(f"n{n:.0e}_m{k}")
-                cols["params_total"].append(n)
-                cols["params_active"].append(n)
-                cols["tokens"].append(frac * 20 * n)
-                for j, d in enumerate(DOMAINS):
-                    cols[f"mix:{d}"].append(mix[j])
-                cols["unique:code"].append(POOL)
-    mix = np.stack([cols[f"mix:{d}"] for d in DOMAINS], 1)
-    with jax.enable_x64(True):
-        clean = _truth(np.array(cols["params_total"]), np.array(cols["tokens"]), mix)
-    cols["loss:valid"] = list(clean * np.exp(noise * rng.standard_normal(len(clean))))
-    return from_columns(cols)
+def _table():
+    """The data-constrained example table (code: a pool of 5e7 unique tokens; truth additive+repfit, R* = 4)."""
+    return from_columns(repeated_columns())
 
 
 @pytest.fixture(scope="module")
@@ -78,21 +54,19 @@ def _argmin(f, step=0.02):
 def test_repfit_recovers_r_star_and_the_data_constrained_optimum(constrained):
     fit = fit_table(constrained, "additive+repfit", bootstrap=0, starts=16, progress=False)
     p = fit.point["valid"]
-    assert p.params["R_star"] == pytest.approx(TRUE["R_star"], rel=0.25)
-    assert p.info["unique_tokens"] == [None, None, POOL]
+    assert p.params["R_star"] == pytest.approx(REPEATED_TRUTH["R_star"], rel=0.25)
+    assert p.info["unique_tokens"] == [POOL, None, None]
     n, d = 3e8, 6e9  # the target repeats the code pool: up to 120 epochs at full weight
-    with jax.enable_x64(True):
-        true_opt = _argmin(lambda g: _truth(np.full(len(g), n), np.full(len(g), d), g))
+    true_opt = _argmin(lambda g: _truth(np.full(len(g), n), np.full(len(g), d), g))
     law_opt = _argmin(lambda g: fit.predict_losses(np.full(len(g), n), np.full(len(g), d), g)[:, 0])
     true_at = lambda w: float(_truth(np.array([n]), np.array([d]), w[None])[0])  # noqa: E731
-    with jax.enable_x64(True):
-        regret = true_at(law_opt) / true_at(true_opt) - 1
-    assert abs(law_opt[2] - true_opt[2]) <= 0.02, (law_opt, true_opt)  # the scarce domain's share
+    regret = true_at(law_opt) / true_at(true_opt) - 1
+    assert abs(law_opt[0] - true_opt[0]) <= 0.02, (law_opt, true_opt)  # the scarce domain's share
     assert regret < 1e-3, (law_opt, true_opt, regret)
     # a law blind to repetition puts more weight on the scarce domain than the truth does
     blind = fit_table(constrained, "additive", bootstrap=0, starts=16, progress=False)
     blind_opt = _argmin(lambda g: blind.predict_losses(np.full(len(g), n), np.full(len(g), d), g)[:, 0])
-    assert blind_opt[2] > true_opt[2] + 0.03, (blind_opt, true_opt)
+    assert blind_opt[0] > true_opt[0] + 0.03, (blind_opt, true_opt)
 
 
 def test_rep_fixes_r_star_at_muennighoff_and_round_trips(constrained, tmp_path):
@@ -102,10 +76,10 @@ def test_rep_fixes_r_star_at_muennighoff_and_round_trips(constrained, tmp_path):
     assert "Muennighoff" in fit.info["fixed_reason"]["valid"]
     fit.save(tmp_path / "fit.json")
     again = Fit.load(tmp_path / "fit.json")
-    q = (np.array([1e8]), np.array([2e9]), np.array([[0.2, 0.2, 0.6]]))
+    q = (np.array([1e8]), np.array([2e9]), np.array([[0.6, 0.2, 0.2]]))
     assert again.predict_losses(*q)[0, 0] == fit.predict_losses(*q)[0, 0]
     # a bigger pool at the query means less repetition: a lower predicted loss
-    bigger = fit.predict_losses(*q, unique_rm=np.array([np.inf, np.inf, 10 * POOL]))[0, 0]
+    bigger = fit.predict_losses(*q, unique_rm=np.array([10 * POOL, np.inf, np.inf]))[0, 0]
     assert bigger < fit.predict_losses(*q)[0, 0]
 
 
