@@ -126,3 +126,25 @@ def test_losses_from_the_training_log_for_unevaluated_checkpoints(workdir, tmp_p
     assert cols["step"] == [5] and got.unevaluated == [(str(bare), 3)]  # the log evaluates every 5 steps here
     assert cols["loss:code"] == [at5["eval_loss/code"]] and cols["loss_source"] == ["train_log"]
     assert "bench:math" not in cols
+
+
+def test_pools_become_unique_and_epochs_columns(workdir, tmp_path):
+    pooled = tmp_path / "pooled"
+    shutil.copytree(workdir, pooled, ignore=shutil.ignore_patterns("checkpoints"))
+    cfg = json.load(open(pooled / "config.json"))
+    cfg["data"]["unique_tokens"] = "math=640"
+    json.dump(cfg, open(pooled / "config.json", "w"))
+    lines = [json.loads(line) for line in open(pooled / "metrics.jsonl")]
+    for rec in lines:
+        for key in [k for k in rec if k.startswith("epochs/")]:
+            del rec[key]  # the fixture run had no pool
+        if rec.get("step") == 5:
+            rec["epochs/math"] = 1.75  # what the pipeline logged at that step
+    (pooled / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cols = collect([str(pooled)]).columns
+    assert cols["unique:math"] == [640.0, 640.0] and "unique:code" not in cols
+    assert cols["epochs:math"][1] == 1.75  # the logged count where there is one
+    assert cols["epochs:math"][0] == pytest.approx(0.25 * cols["tokens"][0] / 640)  # else share x tokens / pool
+    out = tmp_path / "runs.csv"
+    write_columns(cols, out)
+    assert read_runs(out).unique_rm().tolist()[0] == [np.inf, np.inf, 640.0, np.inf]
