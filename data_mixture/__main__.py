@@ -29,13 +29,17 @@ EXAMPLES = {
                f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'\n"
                f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
     "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
-           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5",
+           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5\n"
+           f"{PROG} fit --runs runs.csv --law camel --target heldout_qa --out fit.json   # a held-out target\n"
+           f"{PROG} fit --runs runs.csv --law additive+repfit --out fit.json   # repeated data (unique:<domain>)",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
     "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
                 "--out-dir results/eval\n"
                 f"{PROG} evaluate --runs runs.csv --laws camel,regmix_linear --holdout each --starts 16 --out-dir results/eval_each",
     "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
+                f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --target code=0.6,prose=0.4 "
+                "--unique-tokens code=2e7 --max-epochs code=4 --out mixture.json\n"
                 "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json",
     "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json\n"
             f"{PROG} plan --budget-flops 2e16 --domains code,prose,math,knowledge --target-size 2e7 --target-tokens 4e8 "
@@ -130,7 +134,8 @@ def cmd_collect(args) -> None:
 
     got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args),
                   losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto",
-                  bench_metric=args.bench_metric)
+                  bench_metric=args.bench_metric,
+                  validation_only=tuple(d.strip() for d in args.validation_only.split(",") if d.strip()))
     for note in got.skipped:
         log.warning(f"collect: skipped {note}")
     if got.unevaluated:
@@ -430,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-init-from", action="store_true",
                    help="collect runs warm-started with checkpoint.init_from (e.g. MergeMix experts) as runs from "
                         "scratch; default: they are mid-training runs of the collected base they name")
+    p.add_argument("--validation-only", default="",
+                   help="comma-separated domains no run trains on (a held-out target in a prepared dataset): a "
+                        "loss:<domain> column and no mix:<domain> (an error if a run gives one a weight)")
     p.add_argument("--bench-metric", choices=("accuracy", "gold_logprob"), default="accuracy",
                    help="score in the bench: columns: accuracy (exact match for exact-match tasks), or gold_logprob, "
                         "the mean log-probability of the correct answer (continuous; moves after accuracy saturates)")

@@ -275,12 +275,15 @@ BENCH_METRICS = ("accuracy", "gold_logprob")  # accuracy: exact_match for exact-
 
 def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             eval_args: Sequence[str] = (), losses_from_log: bool = False,
-            bases: str | Mapping[str, str] = "auto", bench_metric: str = "accuracy") -> Collected:
+            bases: str | Mapping[str, str] = "auto", bench_metric: str = "accuracy",
+            validation_only: Sequence[str] = ()) -> Collected:
     """Reads moejax workdirs into runs-table columns (see the module docstring).
 
     ``bases``: which runs are mid-training runs of which base: ``"auto"`` (every run with a
     ``checkpoint.init_from``), ``"none"`` (none) or {workdir: base workdir}. ``bench_metric``: one of
-    BENCH_METRICS, the score in the ``bench:`` columns."""
+    BENCH_METRICS, the score in the ``bench:`` columns. ``validation_only``: domains no run trains
+    on (a prepared dataset's held-out target): a ``loss:`` column and no ``mix:`` column; a run
+    that gives one a weight is a CollectError."""
     from moejax.model.transformer import param_counts
 
     if bench_metric not in BENCH_METRICS:
@@ -339,12 +342,17 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
                 "tokens": float(step * tokens_per_step),
                 "flops": 6.0 * counts["active"] * step * tokens_per_step,
             }
+            trained = [d for d in validation_only if mix.get(d, 0.0) > 0]
+            if trained:
+                raise CollectError(f"{wd}: --validation-only {', '.join(trained)}, but the run trains on it (weight "
+                                   f"{mix[trained[0]]:.4g}); a validation-only domain must have weight 0 in every run.")
             for d in dataset_domains:
-                if d not in mix_domains:
+                if d not in mix_domains and d not in validation_only:
                     mix_domains.append(d)
                 if d not in loss_domains:
                     loss_domains.append(d)
-                row["mix:" + d] = mix.get(d, 0.0)
+                if d not in validation_only:
+                    row["mix:" + d] = mix.get(d, 0.0)
                 row["loss:" + d] = float(domain_losses[d]["loss"])
             for d, v in ((result.get("losses") or {}).get("targets") or {}).items():  # target sets: loss only
                 if d not in loss_domains:
@@ -373,6 +381,10 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             row["loss_source"] = source
             row["workdir"] = str(wd)
             rows.append(row)
+    unknown = [d for d in validation_only if d not in loss_domains]
+    if unknown:
+        raise CollectError(f"--validation-only names {', '.join(unknown)}, which no collected run was evaluated on; "
+                           f"their validation domains: {', '.join(loss_domains) or 'none'}.")
     _check_base_rows(rows, base_of, dirs, names)
     protocol = (["seed"] if base_of or len({r["seed"] for r in rows}) > 1 else []) + (["base", "base_tokens"] if base_of else [])
     columns: dict[str, list[Any]] = {}

@@ -148,3 +148,20 @@ def test_pools_become_unique_and_epochs_columns(workdir, tmp_path):
     out = tmp_path / "runs.csv"
     write_columns(cols, out)
     assert read_runs(out).unique_rm().tolist()[0] == [np.inf, np.inf, 640.0, np.inf]
+
+
+def test_validation_only_domains_get_a_loss_and_no_mix_column(workdir, tmp_path):
+    held = tmp_path / "held"
+    shutil.copytree(workdir, held, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(CollectError, match="the run trains on it"):
+        collect([str(held)], validation_only=("knowledge",))
+    cfg = json.load(open(held / "config.json"))
+    cfg["data"]["mixture"] = {"code": 1 / 3, "prose": 1 / 3, "math": 1 / 3, "knowledge": 0.0}
+    json.dump(cfg, open(held / "config.json", "w"))
+    cols = collect([str(held)], validation_only=("knowledge",)).columns
+    assert "mix:knowledge" not in cols and cols["loss:knowledge"][0] > 0
+    write_columns(cols, tmp_path / "runs.csv")
+    table = read_runs(tmp_path / "runs.csv")
+    assert "knowledge" not in table.mix_domains and "knowledge" in table.loss_domains
+    with pytest.raises(CollectError, match="no collected run was evaluated on"):
+        collect([str(held)], validation_only=("qa",))
