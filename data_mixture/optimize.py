@@ -351,11 +351,18 @@ def _unique_vector(fit, unique_tokens: Mapping[str, float] | None) -> np.ndarray
             if not (math.isfinite(v) and v > 0):
                 raise OptimizeError(f"--unique-tokens {d}={v!r}; allowed: a number of tokens > 0.")
         return np.array([float(unique_tokens.get(d, np.inf)) for d in domains])
-    recorded = next((f.info.get("unique_tokens") for f in fit.point.values() if "unique_tokens" in f.info), None) \
-        if hasattr(fit, "point") else None
+    recorded = _recorded_pools(fit)
     if recorded is None:
         return None
     return np.array([np.inf if v is None else float(v) for v in recorded])
+
+
+def _recorded_pools(fit) -> list | None:
+    """The pools a repetition-aware fit recorded (``info["unique_tokens"]``), else None."""
+    point = getattr(fit, "point", None)
+    if not isinstance(point, dict):
+        return None
+    return next((f.info["unique_tokens"] for f in point.values() if "unique_tokens" in getattr(f, "info", {})), None)
 
 
 def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss",
@@ -378,6 +385,8 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     constraints = constraints or Constraints()
     loss_weights, target_json = _target_weights(fit, target, loss_weights)
     unique_m = _unique_vector(fit, unique_tokens)
+    # the pools reach the predictions only of laws that read them (repetition-aware fits record theirs)
+    pred_unique = unique_m if _recorded_pools(fit) is not None else None
     domains = tuple(fit.mix_domains)
     if objective not in ("loss", "bench"):
         raise OptimizeError(f"objective {objective!r}; allowed: loss | bench.")
@@ -399,21 +408,21 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
                                                                   if np.isfinite(u)}, **constraints.pools})
     lo, hi, notes = feasible_bounds(domains, constraints, tokens)
     rng = np.random.default_rng(seed)
-    f = _objective(fit, size, tokens, objective, a_v, b_t, None, unique_m)
+    f = _objective(fit, size, tokens, objective, a_v, b_t, None, pred_unique)
     w_star, v_star, search = _minimise(f, lo, hi, candidates=CANDIDATES, starts=starts, rng=rng)
 
     n_members = len(getattr(fit, "bootstrap", []) or [])
     members_w, at_star_loss, at_star_bench = [], [], []
     if bootstrap and n_members:
         for b in range(n_members):
-            fb = _objective(fit, size, tokens, objective, a_v, b_t, b, unique_m)
+            fb = _objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique)
             wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
             members_w.append(wb)
     size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
-    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, unique_m)[0]
+    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, pred_unique)[0]
     bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
     for b in range(n_members):
-        lb = _losses(fit, size_1, tokens_1, w_star[None], b, unique_m)[0]
+        lb = _losses(fit, size_1, tokens_1, w_star[None], b, pred_unique)[0]
         at_star_loss.append(lb)
         if tasks:
             at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
