@@ -68,11 +68,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from moejax.errors import UserError
 
 _STEP_JSON = re.compile(r"^step_(\d+)\.json$")
 
 
-class CollectError(ValueError):
+class CollectError(UserError):
     """A workdir that cannot be read into the table; names the workdir, the file and the fix."""
 
 

@@ -27,14 +27,22 @@ compiling, not :func:`check_values` alone.
 from __future__ import annotations
 
 import difflib
+import importlib.machinery
+import importlib.util
+import itertools
+import json
 import logging
 import math
+import os
+import re
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ml_collections import ConfigDict
 
 from moejax import schema
-# ConfigError is defined in moejax.errors; ``from moejax.config import ConfigError`` keeps working.
 from moejax.errors import ConfigError, fail_config_key as _fail
 
 
@@ -468,8 +476,12 @@ def _weight_from_text(domain: str, text: str) -> float:
     return weight
 
 
-def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]:
-    """Mesh axis sizes with the one -1 filled in, checked against the device count."""
+def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int, changed: Any = ()) -> dict[str, int]:
+    """Mesh axis sizes with the one -1 filled in, checked against the device count.
+
+    ``changed``: the keys the command line set; when the fixed axes do not divide the devices, the
+    message names the axis the user set (``mesh.expert=3`` on 4 devices), not the ``-1`` default.
+    """
     sizes = {axis: mesh_cfg[axis] for axis in MESH_AXES}
     free = [axis for axis, size in sizes.items() if size == -1]
     for axis, size in sizes.items():
@@ -480,6 +492,14 @@ def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]
     fixed = math.prod(size for size in sizes.values() if size != -1)
     if free:
         if num_devices % fixed:
+            set_by_user = [a for a in MESH_AXES if f"mesh.{a}" in changed and sizes[a] not in (-1, 1)]
+            if set_by_user and f"mesh.{free[0]}" not in changed:
+                axis = set_by_user[-1]
+                others = math.prod(s for a, s in sizes.items() if s != -1 and a != axis)
+                _fail(f"mesh.{axis}", sizes[axis], f"a size that, times the other fixed axes ({others}), divides "
+                      f"the {num_devices} devices",
+                      f"mesh.{free[0]}=-1 fills the devices the fixed axes leave; the fixed axes multiply to "
+                      f"{fixed}, which does not divide {num_devices}.")
             _fail(
                 f"mesh.{free[0]}", -1, f"a fill of the {num_devices} devices",
                 f"The other axes multiply to {fixed}, which does not divide {num_devices}.",
@@ -569,7 +589,7 @@ def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes:
         _fail("data.schedule", cfg.data.schedule, "'' while data.mixture_file is set",
               "Set one: a schedule with one stage [[0, weights]] is a plain mixture.")
 
-    mesh = resolve_mesh_shape(cfg.mesh, num_devices)
+    mesh = resolve_mesh_shape(cfg.mesh, num_devices, changed)
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
     per_step = batch_shards * t.grad_accum_steps
     if t.global_batch_size % per_step:
@@ -702,3 +722,212 @@ def from_dict(values: dict[str, Any]) -> ConfigDict:
         section, key = path.split(".")
         cfg[section][key] = ConfigDict(group)
     return cfg
+
+
+# ------------------------------------------------------------------------------------- loading
+
+MIXTURE_KEY = "data.mixture"
+# One override in the command line's spellings: --config.a.b=v, --config.a.b (a switch), --noconfig.a.b.
+_FLAG_OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
+_module_ids = itertools.count()  # a module name of its own for each loaded experiment file
+
+
+def load(config_file: str, overrides: Sequence[str] | Mapping[str, Any] = ()) -> tuple[ConfigDict, tuple[str, ...]]:
+    """The config an experiment file and overrides ask for, and the keys the overrides set.
+
+    ``config_file``: the path of a Python file whose ``get_config()`` returns the config (a
+    ``ConfigDict``, usually :func:`default_config` changed, or a plain ``dict`` of just the keys it
+    changes, laid over the defaults), optionally followed by ``:ARG`` (passed to
+    ``get_config(ARG)``); or a built-in config's name (``tiny_moe``, see :mod:`moejax.configs`).
+    ``overrides``: ``"KEY=VALUE"`` strings (``"train.steps=20"``; the command line's
+    ``--config.KEY=VALUE``, ``--config.KEY`` and ``--noconfig.KEY`` spellings too) whose text is
+    parsed as the command line parses it, or a mapping ``{KEY: value}`` of Python values. A
+    ``data.mixture`` override takes a mapping or JSON text, or ``data.mixture.DOMAIN=WEIGHT`` per
+    domain (:func:`apply_mixture_overrides`).
+
+    Returns ``(cfg, changed)``: ``changed`` lists the keys the overrides set (pass it on to
+    :func:`moejax.checks.validate`, whose messages then name the key the user set). Every problem
+    raises :class:`ConfigError` with a one-paragraph message; nothing is printed and the process
+    never exits, so a notebook, a Ray task or several threads at once may call it. Paths in the
+    config are as written (relative ones to the current directory). The values are checked
+    against each other and the devices by :func:`moejax.checks.validate`, not here.
+    """
+    args = _override_args(overrides)
+    args, mixture = split_mixture_overrides(args)
+    changed = []
+    for arg in args:
+        path = _FLAG_OVERRIDE.match(arg).group(2)  # type: ignore[union-attr]
+        problem = describe_unknown_key(default_config(), path)
+        if problem:
+            raise ConfigError(f"{arg}: {problem}.")
+        changed.append(path)
+    cfg = _load_file(config_file)
+    if args:
+        cfg = _apply_overrides(cfg, args)
+    cfg = apply_mixture_overrides(cfg, mixture)
+    changed += [MIXTURE_KEY + (f".{domain}" if domain else "") for domain, _ in mixture]
+    return cfg, tuple(changed)
+
+
+def _override_args(overrides: Sequence[str] | Mapping[str, Any]) -> list[str]:
+    """Overrides as the command line spells them: ``--config.KEY=VALUE``."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides {overrides!r}: give a list of 'KEY=VALUE' strings or a mapping "
+                          "{KEY: value}, e.g. ['train.steps=20'].")
+    if isinstance(overrides, Mapping):
+        args = []
+        for key, value in overrides.items():
+            if isinstance(value, str):
+                text = value
+            elif key == MIXTURE_KEY and isinstance(value, Mapping):
+                text = json.dumps(dict(value))
+            else:
+                text = repr(value)
+            args.append(f"--config.{key}={text}")
+        return args
+    args = []
+    for item in overrides:
+        if not isinstance(item, str) or not (_FLAG_OVERRIDE.match(item) or "=" in item):
+            raise ConfigError(f"override {item!r}: allowed: 'KEY=VALUE', e.g. 'train.steps=20' "
+                              "(or --config.train.steps=20).")
+        args.append(item if _FLAG_OVERRIDE.match(item) else f"--config.{item}")
+    return args
+
+
+def split_mixture_overrides(args: Sequence[str]) -> tuple[list[str], list[tuple[str | None, str]]]:
+    """Takes the ``data.mixture`` overrides out of ``args`` (each ``--config.KEY=VALUE``): (the
+    rest, [(domain or None, text)]), applied by :func:`apply_mixture_overrides`.
+
+    ml_collections can only override keys the config already has, and a mixture's keys are the
+    dataset's domains, so these are applied apart.
+    """
+    rest, mixture = [], []
+    for arg in args:
+        match = _FLAG_OVERRIDE.match(arg)
+        path = match.group(2) if match else ""
+        if not (match and (path == MIXTURE_KEY or path.startswith(MIXTURE_KEY + "."))):
+            rest.append(arg)
+            continue
+        domain = path[len(MIXTURE_KEY) + 1:] or None
+        if match.group(1):
+            raise ConfigError(f"{arg}: data.mixture{'.' + domain if domain else ''} is not a switch; give a "
+                              f"weight, e.g. --config.data.mixture.{domain or 'code'}=0.5.")
+        if match.group(3) is None:
+            raise ConfigError(f"{arg} needs a value, e.g. {arg}=" + ("0.5" if domain else "'{\"code\": 1}'") + ".")
+        mixture.append((domain, match.group(3)[1:]))
+    return rest, mixture
+
+
+def _load_file(config_file: str) -> ConfigDict:
+    """The config ``config_file`` (``PATH[:ARG]`` or a built-in's name) returns; ``ConfigError``.
+
+    The file is executed as a module of its own name (never one name shared by every load, as
+    ml_collections' loader does), so loads in several threads at once cannot see each other's.
+    """
+    name, sep, argument = config_file.partition(":")
+    path = os.path.expanduser(name)
+    if not os.path.isfile(path):
+        from moejax import configs as builtin_configs  # the built-in files; a leaf package
+
+        found = builtin_configs.find(name)
+        if found is None:
+            where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+            raise ConfigError(
+                f"config file {config_file!r} not found{where}; give the path of an experiment file, e.g. "
+                "experiments/configs/tiny_moe.py, or the name of a built-in config: "
+                f"{', '.join(builtin_configs.BUILTIN)}.")
+        path = found
+    module_name = f"moejax_experiment_{next(_module_ids)}"
+    loader = importlib.machinery.SourceFileLoader(module_name, path)
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)  # sets __file__
+    assert spec is not None  # a loader is given
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look a module up by name while it runs
+    try:
+        loader.exec_module(module)
+        get_config = module.get_config
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure of the user's file is reported
+        raise ConfigError(
+            f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}. An experiment file is a "
+            "Python file whose get_config() returns the config, e.g. experiments/configs/tiny_moe.py.") from None
+    finally:
+        sys.modules.pop(module_name, None)
+    try:
+        cfg = get_config(*([argument] if sep else []))
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        places = [f'File "{frame.filename}", line {frame.lineno}, in {frame.name}'
+                  for frame in traceback.extract_tb(e.__traceback__)[1:] if "site-packages" not in frame.filename]
+        where = f" ({places[-1]})" if places else ""
+        raise ConfigError(
+            f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}{where}. Fix the file's "
+            "get_config(), or the ':argument' after the file name if you gave one.") from None
+    if isinstance(cfg, ConfigDict):
+        return cfg
+    if isinstance(cfg, Mapping):
+        return _from_changes(cfg, config_file)
+    raise ConfigError(
+        f"config file {config_file!r}: get_config() returned {type(cfg).__name__} {cfg!r:.60}; allowed: a "
+        "ConfigDict (moejax.config.default_config() with the changes made) or a dict of the keys it changes, "
+        "e.g. {'train': {'steps': 20}}." + (" Did you forget a return statement?" if cfg is None else ""))
+
+
+def _from_changes(changes: Mapping[str, Any], config_file: str) -> ConfigDict:
+    """The defaults with a plain (nested) dict of changes laid over them; unknown keys and wrong
+    types are ``ConfigError``s naming the key."""
+    cfg = default_config()
+
+    def lay(group: ConfigDict, values: Mapping[str, Any], prefix: str) -> None:
+        for key, value in values.items():
+            path = f"{prefix}{key}"
+            problem = describe_unknown_key(cfg, path)
+            if problem:
+                raise ConfigError(f"config file {config_file!r}: get_config() returned a dict with {problem}.")
+            if isinstance(group[key], ConfigDict) and path not in FREE_KEYS:
+                if not isinstance(value, Mapping):
+                    _fail(path, value, "a dict of its keys", f"Set its members, e.g. {{{key!r}: {{...}}}}.")
+                lay(group[key], value, path + ".")
+                continue
+            try:
+                group[key] = ConfigDict(dict(value)) if path in FREE_KEYS and isinstance(value, Mapping) else value
+            except TypeError:
+                _fail(path, value, _type_phrase(get_path(default_config(), path)))
+
+    lay(cfg, changes, "")
+    return cfg
+
+
+def _apply_overrides(cfg: ConfigDict, args: list[str]) -> ConfigDict:
+    """``cfg`` with ``--config.KEY=VALUE`` overrides applied, each value parsed as the type of the
+    key (ml_collections' parsers, on a flag registry of this call's own)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    argv = ["moejax", *args]
+    try:
+        held = config_flags.DEFINE_config_dict("config", cfg, flag_values=values, sys_argv=argv)
+        values(argv)
+    except flags.Error as e:
+        raise ConfigError(_describe_override_error(e, args)) from None
+    return held.value
+
+
+def _describe_override_error(error: Exception, args: list[str]) -> str:
+    """A one-paragraph message for a bad override value (absl's and ml_collections' errors)."""
+    from ml_collections.config_flags import config_flags as flags_module
+
+    text = str(error)
+    if isinstance(error, flags_module.FlagOrderError):
+        return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
+    match = re.match(r"flag --config\.([A-Za-z0-9_.]+)", text)
+    if match:
+        path = match.group(1)
+        try:
+            default = get_path(default_config(), path)
+        except KeyError:
+            default = None
+        if default is not None:
+            typed = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
+            value = f"={typed[-1]}" if typed else ""
+            return f"flag --config.{path}{value}: {describe_expected(path, default)}"
+    return text

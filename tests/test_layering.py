@@ -151,7 +151,7 @@ def test_errors_and_config_import_no_package_of_moejax():
     graph = import_graph()
     assert graph["moejax.errors"] == {}
     assert graph["moejax.schema"] == {}
-    assert set(graph["moejax.config"]) == {"moejax.errors", "moejax.schema"}
+    assert set(graph["moejax.config"]) == {"moejax.errors", "moejax.schema", "moejax.configs"}
 
 
 def test_the_model_imports_nothing_from_data_train_or_above():

@@ -65,6 +65,7 @@ from fractions import Fraction
 from functools import reduce
 from pathlib import Path
 from typing import Any
+from moejax.errors import UserError
 
 PLAN_FILE = "experts_plan.json"
 PLAN_KIND = "mergemix-experts"
@@ -73,7 +74,7 @@ WARMUP_FRACTION = 0.05  # default warmup: this fraction of the expert's steps (a
 EXPERIMENT_FILE = str(Path(__file__).resolve())
 
 
-class MergeMixError(ValueError):
+class MergeMixError(UserError):
     """Bad MergeMix expert input (base, step, domain, budget, fractions, plan), named with the fix."""
 
 

@@ -37,12 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from moejax import paths
-from moejax.errors import ConfigError, DataError
+from moejax.errors import DataError
 from moejax.model.l3_allocation import (  # the format; re-exported for this module's users
     FORMAT, Allocation, check_allocation, check_budget, check_int, load_allocation, offsets_sha256,
     rows_to_offsets, save_allocation, uniform_allocation,
 )
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 
 METHODS: Final = ("lzw", "uniform")
 DEFAULT_SAMPLE_TOKENS: Final = 1_000_000
@@ -285,17 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    setup_logging(args.verbosity)
     args.data_path = paths.user_path(args.data_path)
     args.out = paths.user_path(args.out) if args.out else None
-    try:
-        return _run(args)
-    except ConfigError as e:  # DataError, or an output that cannot be written
-        sys.stderr.write(f"moejax: error: {e}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("moejax: interrupted; no allocation file was written. Rerun the command.\n")
-        return 130
+    return run(lambda: _run(args), prog="moejax", verbosity=args.verbosity,
+               interrupted="interrupted; no allocation file was written. Rerun the command.")
 
 
 def _run(args: argparse.Namespace) -> int:
