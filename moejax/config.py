@@ -6,12 +6,13 @@ defined. :func:`check_values` checks the schema and the knobs one by one (and th
 module can judge alone): it rejects unknown keys (with a did-you-mean), wrong types and
 incompatible values, and its errors name the key, the value, what is allowed and how to fix it.
 
-The ``model.*`` keys are also declared, once each, as the fields of the typed configs the model
+The ``model.*`` keys are declared once each, as the fields of the typed configs the model
 receives (:mod:`moejax.schema`: ``ModelConfig``, ``MoEConfig``, ``DispatchConfig``, ``L3Config``,
-converted once from this ConfigDict with ``from_config``): their allowed choices (:data:`CHOICES`)
-and ``> 0`` / ``>= 0`` bounds (:data:`POSITIVE`, :data:`NON_NEGATIVE`) are generated from those
-declarations; the other keys' are listed here by hand. The defaults here and there are held equal
-by a test; the comments here document each knob for the command line.
+converted once from this ConfigDict with ``from_config``), where each is documented: the ``model``
+group of :func:`default_config` is generated from them (``schema.defaults``), and so are their
+allowed choices (:data:`CHOICES`) and ``> 0`` / ``>= 0`` bounds (:data:`POSITIVE`,
+:data:`NON_NEGATIVE`); the other groups' keys are defined and documented here, their checks
+listed by hand.
 
 This module imports no package of moejax, only the two leaf modules :mod:`moejax.errors` and
 :mod:`moejax.schema` (which import nothing from moejax), so every package may import it. Why the
@@ -138,93 +139,16 @@ def default_config() -> ConfigDict:
     # prose, math, knowledge). Only evaluation reads it; a saved config without it gets this default.
     c.data.benchmarks = "benchmarks-v2"
 
-    c.model = ConfigDict()
-    c.model.vocab_size = 272  # embedding rows; at least the tokenizer's vocabulary (byte: 259)
-    c.model.d_model = 128
-    c.model.num_layers = 4
-    c.model.num_heads = 4  # query heads
-    c.model.num_kv_heads = 2  # key/value heads (grouped-query attention); divides num_heads
-    c.model.head_dim = 32
-    c.model.mlp_dim = 512  # hidden width of dense (non-MoE) SwiGLU layers
-    c.model.rope_theta = 10_000.0
-    c.model.attn_bias = False  # learned biases on the q/k/v projections (Qwen2-MoE)
-    c.model.qk_norm = False  # RMSNorm of each query and key head over head_dim, before RoPE (Qwen3-MoE)
-    c.model.norm_eps = 1e-6
-    c.model.init_std = 0.02  # std of the normal init of all matrices (output projections scaled by depth)
-    c.model.tie_embeddings = True  # share the input embedding with the output projection
-    c.model.logits_z_loss = 0.0  # weight of mean(logsumexp(logits)^2) on the output logits
-    c.model.first_k_dense = 0  # the first k layers use a dense MLP instead of MoE
-    c.model.moe_every = 1  # after those, every n-th layer is MoE (1: all of them)
-
-    c.model.moe = ConfigDict()
-    c.model.moe.num_experts = 8  # routed experts
-    c.model.moe.experts_per_token = 2  # top-k
-    c.model.moe.expert_dim = 256  # hidden width of each routed expert (fine-grained: small)
-    c.model.moe.num_shared_experts = 1  # always-on experts, fused into one SwiGLU of their total width
-    c.model.moe.shared_expert_dim = 256  # hidden width of each shared expert
-    c.model.moe.shared_gate = False  # scale the shared experts' output per token by sigmoid(x . w) (Qwen2-MoE)
-    c.model.moe.score_func = "softmax"  # router scores: softmax | sigmoid
-    c.model.moe.renormalize = True  # rescale the top-k weights to sum to 1
-    c.model.moe.routed_scaling = 1.0  # multiplies the routed experts' output (DeepSeek-V3: 2.5)
-    # A fixed per-expert bias added to the scores for top-k selection only, stored in the router
-    # (float32 [E], no gradient, no decay): an imported DeepSeek-V3 e_score_correction_bias.
-    c.model.moe.router_bias = False
-    c.model.moe.num_groups = 1  # group-limited routing (DeepSeek-V3 n_group): experts in this many equal groups; 1: off
-    c.model.moe.topk_groups = 1  # with num_groups > 1: each token selects only from its best topk_groups groups
-    # Routed experts of each MoE layer, in depth order, when they differ (a pruned checkpoint written
-    # by `python -m moejax.prune --auto`; docs/pruning.md): each between experts_per_token and
-    # num_experts, the largest equal to num_experts. (): num_experts in every MoE layer. Not with
-    # group-limited routing or the expert_parallel backend.
-    c.model.moe.layer_experts = ()
-    # dispatch: dropless (sort + grouped matmul) | capacity (GShard) | expert_parallel (tokens travel
-    # to the devices of their experts over mesh.expert; docs/expert_parallel.md)
-    c.model.moe.backend = "dropless"
-    c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
-    # Dropless matmul: auto (ragged on GPU/TPU; on CPU hybrid, or tiled under 256 rows per expert) | ragged |
-    # tiled | hybrid (each expert's first even-share rows in one batched matmul, the rest tiled);
-    # moejax/model/grouped_matmul.py.
-    c.model.moe.grouped_matmul = "auto"
-    c.model.moe.tile_size = 64  # tiled grouped matmul (and hybrid's overflow): rows per tile
-    c.model.moe.ep_comm = "all_to_all"  # expert_parallel: how tokens travel: all_to_all | all_gather
-    # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its
-    # share under perfect balance); assignments past them are dropped (drop_rate); >= mesh.expert: none
-    c.model.moe.ep_capacity_factor = 2.0
-    # expert_parallel: what happens to assignments past the buffers: drop (counted in drop_rate) |
-    # llep (Least-Loaded EP: an overloaded device's excess assignments, and the weights of their
-    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs ep_comm =
-    # all_gather and mesh.expert > 1; ep_capacity_factor then sizes each device's native buffer,
-    # ceil(factor x q) rows with q = its tokens x experts_per_token (not per device pair).
-    c.model.moe.ep_balance = "drop"
-    # llep: S, the extra experts (spill slots) a device may host, each with its weights and
-    # ceil(ep_spill_capacity_factor x q) token rows. Memory per device and MoE layer, static (in
-    # elements, forward): buffer rows r = ceil(ep_capacity_factor x q) + S x ceil(spill factor x q)
-    # times (2 d_model + 3 expert_dim); hosted weights (S + E / mesh.expert) x 3 x d_model x
-    # expert_dim (the slots and the weight ring's travelling block); gathered tokens and partial
-    # outputs 2 x mesh.expert x s x d_model (s local tokens). Nothing can be dropped, for any
-    # routing, when S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
-    c.model.moe.ep_spill_slots = 2
-    c.model.moe.ep_spill_capacity_factor = 1.0
+    # The model (every model.* key, its default and what it means) is declared once, as the fields
+    # of the typed configs the model receives: moejax/schema.py (ModelConfig, MoEConfig,
+    # DispatchConfig, L3Config; model.moe.grouped_matmul is DispatchConfig.impl). Large Lookup
+    # Layers (model.l3.*): docs/l3.md.
+    c.model = ConfigDict(schema.defaults(schema.ModelConfig))
     # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
     # (name, {hyperparameter: value}) pairs. Names: none | switch | global_batch | seq_aux | z_loss
     # | loss_free | phi | dpsl; formulas, hyperparameters and how to choose: docs/balancing.md.
     # Command line: --config.model.moe.balancing="(('phi', {'alpha': 0.01}), ('z_loss', {'weight': 0.001}))"
     c.model.moe.balancing = (("switch", {"weight": 1e-2}), ("z_loss", {"weight": 1e-3}))
-
-    # Large Lookup Layers (L3, docs/l3.md): token id t owns rows [b_t, b_{t+1}) of a key and a value
-    # table; the normed hidden state attends over them, and the up-projected, normed result is mixed
-    # back into the residual stream. No auxiliary loss. The size checks apply once after_layers is set.
-    c.model.l3 = ConfigDict()
-    c.model.l3.after_layers = ()  # an L3 layer after each of these decoder layers (0-based), e.g. (1, 3); (): none
-    c.model.l3.budget = 2176  # v: table rows over all tokens; vocab_size <= v <= vocab_size * max_rows
-    c.model.l3.max_rows = 16  # k: the most rows one token owns (each owns >= 1); every token gathers k slots
-    c.model.l3.key_dim = 0  # key width; 0: d_model, the normed hidden state is the query (else a projection)
-    c.model.l3.value_dim = 0  # value width; 0: the key width (tied tables always use the key width)
-    c.model.l3.up_dim = 0  # width u of W_up's output o (mixed back as RMSNorm(o)); 0: d_model
-    c.model.l3.tied = False  # one table serves as keys and values (V = K): half the table parameters
-    c.model.l3.output = "concat"  # concat: W_mix [RMSNorm(o); x] | residual: x + W_out RMSNorm(o)
-    # "": uniform rows per token from budget and max_rows; else an allocation JSON written by
-    # `python -m moejax.data.l3_alloc` (LZW rows per token) for this vocabulary, budget and max_rows.
-    c.model.l3.allocation = ""
 
     # Device mesh: a size per axis, -1 fills the rest (at most one -1). The batch is split over
     # data x fsdp x expert; parameters over fsdp (model dim), expert (experts) and tensor (heads/ffn).
