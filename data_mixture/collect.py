@@ -156,7 +156,7 @@ def _schedule(cfg, domains: Sequence[str], workdir: Path) -> list[tuple[int, dic
     """The run's stages with normalised weights, through moejax's own reader (same rules as training)."""
     import warnings
 
-    from moejax.data.errors import DataError
+    from moejax.errors import DataError
     from moejax.data.mixture import MixtureWarning, schedule_from_config
 
     data = cfg.data

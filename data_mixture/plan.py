@@ -164,7 +164,8 @@ def checkpoint_fractions(checkpoints: int) -> tuple[float, ...]:
 
 def preset_sizes(presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """params_total/params_active of each preset, from moejax's default config + its overrides."""
-    from moejax.config import ConfigError, default_config
+    from moejax.config import default_config
+    from moejax.errors import ConfigError
     from moejax.model.transformer import param_counts
 
     out = {}

@@ -198,7 +198,7 @@ FREE_KEYS = ("data.mixture",)
 # the directory the user ran it from (moejax/paths.py). data.schedule holds a path unless it is JSON text.
 PATH_KEYS = ("data.path", "data.mixture_file", "data.schedule", "data.cache_dir", "checkpoint.init_from",
              "model.l3.allocation")
-BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
+BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/eval/benchmarks/)
 # Names train.loggers may list (the writers: moejax/train/trackers/); jsonl must be one of them.
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")

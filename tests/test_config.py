@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config, resolve_mesh_shape
+from moejax.config import default_config, resolve_mesh_shape
+from moejax.errors import ConfigError
 
 
 def test_defaults_are_valid():

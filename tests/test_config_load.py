@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from moejax.config import ConfigError, default_config, load
+from moejax.config import default_config, load
+from moejax.errors import ConfigError
 
 TINY = "experiments/configs/tiny_moe.py"
 

@@ -15,7 +15,7 @@ import pytest
 from moejax.config import default_config
 from moejax.data import layout
 from moejax.data.dataset import open_dataset, verify_dataset
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.from_config import make_data
 from moejax.data.packing import ShardedPacker
 from moejax.data.prepare import main as prepare_main

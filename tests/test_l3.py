@@ -12,7 +12,8 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.model.l3_allocation import save_allocation
 from moejax.model.decode import init_cache
 from moejax.model.l3 import HostTables, L3Layer, l3_forward_flops

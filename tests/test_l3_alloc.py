@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.data import l3_alloc
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.l3_alloc import (
     check_allocation,
     check_budget,

@@ -271,7 +271,7 @@ def _check_step(workdir: str, base_step: int | None) -> int:
 def _check_domain_data(cfg: Mapping[str, Any], domains: Sequence[str], workdir: str) -> tuple[str, ...]:
     """The base dataset's domains; each expert domain must be one of them and have training tokens."""
     from moejax.data.dataset import describe_dataset, open_dataset
-    from moejax.data.errors import DataError
+    from moejax.errors import DataError
 
     path = cfg["data"].get("path", "")
     try:
