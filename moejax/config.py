@@ -678,10 +678,10 @@ def load(config_file: str, overrides: Sequence[str] | Mapping[str, Any] = ()) ->
     """
     args = _override_args(overrides)
     args, mixture = split_mixture_overrides(args)
-    changed = []
+    changed, reference = [], default_config()
     for arg in args:
         path = _FLAG_OVERRIDE.match(arg).group(2)  # type: ignore[union-attr]
-        problem = describe_unknown_key(default_config(), path)
+        problem = describe_unknown_key(reference, path)
         if problem:
             raise ConfigError(f"{arg}: {problem}.")
         changed.append(path)

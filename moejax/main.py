@@ -20,6 +20,7 @@ environment; ``MOEJAX_LOCAL_PROCESSES=N`` runs N such processes on this machine 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import os
@@ -32,7 +33,6 @@ import time
 import warnings
 from typing import Any, NoReturn
 
-from absl import flags
 
 from moejax import config as config_lib
 from moejax import configs as builtin_configs
@@ -126,40 +126,48 @@ def _resolve_config_paths(cfg: config_lib.ConfigDict, changed: tuple[str, ...]) 
         config_lib.get_path(cfg, section)[name] = value
 
 
-def _describe_flag_error(error: flags.Error) -> str:
-    """A one-paragraph message for absl's errors about the command line's own options."""
-    text = str(error)
-    if isinstance(error, flags.UnrecognizedFlagError):
-        name = getattr(error, "flagname", "") or text
-        near = difflib.get_close_matches(name, ["config", "workdir", "help", "verbose", "quiet"], n=1)
-        hint = f" Did you mean --{near[0]}?" if near else ""
-        return f"unknown option --{name}.{hint} {USAGE}"
-    return f"{text}. {USAGE}"
+class _OptionParser(argparse.ArgumentParser):
+    """The command line's own options; a mistake is one paragraph (``_die``), not argparse's two lines."""
+
+    def error(self, message: str) -> NoReturn:
+        _die(f"{message}. {USAGE}")
+
+
+def _own_options() -> argparse.ArgumentParser:
+    parser = _OptionParser(prog="python -m moejax.main", add_help=False, allow_abbrev=False)
+    parser.add_argument("--config", help="experiment file with get_config(), or a built-in config's name")
+    parser.add_argument("--workdir", help="directory for metrics, checkpoints and config.json")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show debug messages")
+    parser.add_argument("-q", "--quiet", action="store_true", help="show only warnings and errors")
+    return parser
+
+
+def _unknown_option(arg: str) -> str:
+    name = arg.lstrip("-").split("=", 1)[0]
+    near = difflib.get_close_matches(name, ["config", "workdir", "help", "verbose", "quiet"], n=1)
+    hint = f" Did you mean --{near[0]}?" if near else ""
+    return f"unknown option --{name}.{hint} {USAGE}"
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:
     """The config and workdir ``argv`` asks for; every mistake ends in ``_die`` (exit 2, one paragraph).
 
     A thin wrapper over :func:`moejax.config.load` (which raises ``ConfigError`` and never exits):
-    this reads the command line's own options (``--config``, ``--workdir``, ``-v/-q``, with a flag
-    registry of its own per call), resolves paths as the user typed them, and exits on a mistake.
+    this reads the command line's own options (``--config``, ``--workdir``, ``-v/-q``, with
+    argparse like every other command), resolves paths as the user typed them, and exits on a
+    mistake.
     """
     args = list(argv[1:])
     if any(arg in ("-h", "--help", "--helpfull", "-help") for arg in args):
         print(USAGE)
         sys.exit(0)
     args, overrides = _split_overrides(args)
-    values = flags.FlagValues()
-    flags.DEFINE_string("config", None, "Experiment file with get_config().", flag_values=values)
-    workdir = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and config.json.",
-                                  flag_values=values)
-    verbose = flags.DEFINE_boolean("verbose", False, "Also show debug messages.", short_name="v", flag_values=values)
-    quiet = flags.DEFINE_boolean("quiet", False, "Show only warnings and errors.", short_name="q", flag_values=values)
     config_file = _config_file(args)
-    try:
-        positional = values([argv[0], *args])[1:]
-    except flags.Error as e:  # an unknown option, a missing value
-        _die(_describe_flag_error(e))
+    own, rest = _own_options().parse_known_args(args)
+    unknown = [arg for arg in rest if arg.startswith("-") and arg != "-"]
+    if unknown:
+        _die(_unknown_option(unknown[0]))
+    positional = rest
     try:
         cfg, changed = config_lib.load(config_file or "", overrides) if config_file else (None, ())
     except ConfigError as e:
@@ -168,12 +176,12 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         _die(f"--config FILE is required, e.g. --config experiments/configs/tiny_moe.py. {USAGE}")
     if positional:
         _die(f"unexpected argument {positional[0]!r}. {USAGE}")
-    if workdir.value is None:
+    if own.workdir is None:
         _die("--workdir is required, e.g. --workdir runs/tiny.")
-    if verbose.value and quiet.value:
+    if own.verbose and own.quiet:
         _die("--verbose and --quiet ask for opposite things; give one of them.")
     _resolve_config_paths(cfg, changed)
-    return CommandLine(cfg, paths.user_path(workdir.value), changed, int(verbose.value) - int(quiet.value))
+    return CommandLine(cfg, paths.user_path(own.workdir), changed, int(own.verbose) - int(own.quiet))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:
