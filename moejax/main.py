@@ -130,7 +130,8 @@ class _OptionParser(argparse.ArgumentParser):
     """The command line's own options; a mistake is one paragraph (``_die``), not argparse's two lines."""
 
     def error(self, message: str) -> NoReturn:
-        _die(f"{message}. {USAGE}")
+        missing = re.match(r"argument (--\w+): expected one argument", message)
+        _die(f"{f'Missing value for flag {missing.group(1)}' if missing else message}. {USAGE}")
 
 
 def _own_options() -> argparse.ArgumentParser:
@@ -139,6 +140,8 @@ def _own_options() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", help="directory for metrics, checkpoints and config.json")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show debug messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="show only warnings and errors")
+    parser.add_argument("--noverbose", dest="verbose", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--noquiet", dest="quiet", action="store_false", help=argparse.SUPPRESS)
     return parser
 
 
