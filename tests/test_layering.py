@@ -5,7 +5,8 @@ The rules (the layering is described in moejax/checks.py's docstring and the REA
 "Architecture"): the import graph of ``moejax/``, ``data_mixture/`` and ``experiments/`` has no
 circle; moejax imports nothing from data_mixture or experiments; the leaves ``moejax.errors`` and ``moejax.schema`` (the typed model
 configs, from whose field declarations ``moejax.config`` generates the ``model.*`` checks) import
-no module of moejax, and ``moejax.config`` imports only those two; the model imports nothing from
+no module of moejax, and ``moejax.config`` imports only those two and ``moejax.configs`` (the
+built-in config files, a package that imports nothing from moejax); the model imports nothing from
 data, train or any package above them; ``data_mixture`` and ``experiments`` use moejax through
 public names only.
 
@@ -177,11 +178,13 @@ def test_each_package_imports_only_the_ones_below_it():
 
 
 def test_errors_and_config_import_no_package_of_moejax():
-    """``config`` builds on the two leaves only: ``errors`` and ``schema`` (the declarations of the
-    model.* keys, which it generates their checks from), and they import nothing from moejax."""
+    """``config`` builds on the leaves only: ``errors`` and ``schema`` (the declarations of the
+    model.* keys, which it generates their checks from), and ``configs`` (the built-in config files
+    ``load`` finds by name); they import nothing from moejax."""
     graph = import_graph()
     assert graph["moejax.errors"] == {}
     assert graph["moejax.schema"] == {}
+    assert graph["moejax.configs"] == {}
     assert set(graph["moejax.config"]) == {"moejax.errors", "moejax.schema", "moejax.configs"}
 
 
