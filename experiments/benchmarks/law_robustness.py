@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -57,6 +58,32 @@ STARTS = 64
 DESIGNS = ("same", "different")
 SCALE_INDEPENDENT = ("additive", "regmix_linear")  # laws whose best mixture cannot move with size
 FAST = {"truths": ("additive", "capped_domain", "mixture_floor"), "designs": ("different",), "seeds": (0,)}
+
+
+LAW_SOURCES = "data_mixture/laws/*.py"
+FROZEN = "frozen_laws.json"
+
+
+def law_hashes(root: Path | None = None) -> dict[str, str]:
+    """{path: sha256 of its bytes} of every law source (``data_mixture/laws/*.py``): the law forms."""
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.glob(LAW_SOURCES))}
+
+
+def freeze(out: Path) -> dict:
+    """Writes ``out/frozen_laws.json``: the law hashes and the UTC time, before any new truth is written."""
+    got = {"frozen_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "law_hashes": law_hashes()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FROZEN).write_text(json.dumps(got, indent=1) + "\n")
+    return got
+
+
+def changed_laws(frozen: dict) -> list[str]:
+    """The law sources whose hash differs from the frozen one (or that were added or removed)."""
+    now, then = law_hashes(), frozen["law_hashes"]
+    return sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
 
 
 def train_table(truth: str, design: str, seed: int):
@@ -198,7 +225,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--starts", type=int, default=STARTS)
     ap.add_argument("--fast", action="store_true", help=f"a small subset: truths {FAST['truths']}, design {FAST['designs']}, seed 0")
     ap.add_argument("--out", default="data_mixture/results/robustness")
+    ap.add_argument("--freeze", action="store_true", help=f"only write {FROZEN} (the law hashes, the time) and exit")
     args = ap.parse_args(argv)
+    if args.freeze:
+        got = freeze(Path(args.out))
+        print(json.dumps(got, indent=1))
+        return got
     laws = args.laws.split(",")
     truths, designs, seeds = args.truths.split(","), args.designs.split(","), [int(s) for s in args.seeds.split(",")]
     if args.fast:
@@ -223,7 +255,7 @@ def main(argv=None) -> dict:
         "load_before": load0, "load_after": os.getloadavg()[0], "seconds_this_run": round(time.perf_counter() - t0, 1),
         "cpu_seconds_this_run": round(time.process_time() - c0, 1), "cells_this_run": len(todo),
         "sizes": SIZES, "target": TARGET, "checkpoints": CHECKPOINTS, "runs_per_size": RUNS_PER_SIZE, "noise": NOISE,
-        "test_mixtures": TEST_MIXTURES, "starts": args.starts,
+        "test_mixtures": TEST_MIXTURES, "starts": args.starts, "law_hashes": law_hashes(),
     }
     if not todo and "meta" in result:  # nothing new was fitted: keep the date and load of the run that fitted the cells
         meta = result["meta"]
