@@ -72,9 +72,9 @@ def noise_pairs(obs_k: np.ndarray, seeds_k: np.ndarray, sd_k, z: float = NOISE_Z
     sd and no fallback) is not within the noise (the noise is not measured there)."""
     obs_k = np.asarray(obs_k, np.float64)
     k = obs_k.shape[0]
-    if sd_k is None or np.isscalar(sd_k):
+    if sd_k is None or isinstance(sd_k, (int, float, np.floating)):
         sd_k = np.full(k, np.nan if sd_k is None else float(sd_k))
-    sd_k = np.array([np.nan if s is None else float(s) for s in sd_k], np.float64)
+    sd_k = np.array([np.nan if s is None else s for s in sd_k], np.float64)
     if fallback is not None and np.isfinite(fallback):
         sd_k = np.where(np.isfinite(sd_k), sd_k, float(fallback))
     var_k = sd_k ** 2 / np.asarray(seeds_k, np.float64)

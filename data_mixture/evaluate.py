@@ -367,10 +367,24 @@ def _f(x, fmt: str = ".2f") -> str:
 
 def evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str = "largest", size_column: str = "params_total",
                   seed: int = 0, starts: int = 64, tokens: str = "all", resamples: int = 1000,
-                  optimum: bool = True) -> dict[str, Any]:
+                  optimum: bool = True, registration: dict | None = None) -> dict[str, Any]:
     """The comparison as a JSON-able dict (see the module docstring). ``holdout="each"`` returns
     {"holdout", "size_column", "noise_floor", "holdouts": [one evaluation per held-out size],
-    "summary", "verdict"}; every other hold-out one evaluation."""
+    "summary", "verdict"}; every other hold-out one evaluation. With a ``registration``
+    (:mod:`data_mixture.register`) the report's ``registration`` holds its check on the whole table
+    (:func:`data_mixture.register.verify`: runs that predate it or that it does not cover, by name,
+    and every registered comparison); the report says "pre-registered" only when it passed."""
+    report = _evaluate_laws(table, laws, holdout=holdout, size_column=size_column, seed=seed, starts=starts,
+                            tokens=tokens, resamples=resamples, optimum=optimum)
+    if registration is not None:
+        from data_mixture.register import verify
+
+        report["registration"] = _jsonable(verify(registration, table))
+    return report
+
+
+def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_column: str, seed: int, starts: int,
+                   tokens: str, resamples: int, optimum: bool) -> dict[str, Any]:
     from data_mixture.laws import get_law
 
     if tokens not in ("all", "last"):
@@ -536,7 +550,13 @@ def _jsonable(x):
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """Markdown: the verdict first, then the noise floor, the methods, per-domain scores, bounds."""
+    """Markdown: the verdict first (and the registration check, when there is one), then the noise
+    floor, the methods, per-domain scores, bounds."""
+    if "registration" in report:
+        from data_mixture.register import format_check
+
+        rest = {k: v for k, v in report.items() if k != "registration"}
+        return format_report(rest) + "\n\n## Pre-registration\n\n" + "\n".join(format_check(report["registration"]))
     if "holdouts" in report:
         lines = [f"**{report['verdict']['text']}**", "", f"Hold-outs: {report['holdout']}.", ""]
         lines += _floor_lines(report["noise_floor"])
