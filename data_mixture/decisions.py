@@ -217,3 +217,11 @@ def seed_difference(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float
         half = float(stats.t.ppf(q, dof) * se)
         return {"diff": diff, "lo": diff - half, "hi": diff + half, "method": f"Welch t ({va.size} and {vb.size} seeds)"}
     return {"diff": diff, "lo": None, "hi": None, "method": "one seed: no interval"}
+
+
+def detectable_difference(sd_d: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true difference a paired comparison over ``n`` seeds detects with probability
+    ``power`` at two-sided ``level``, given the sd of the per-seed differences ``sd_d``:
+    ``(t_{(1+level)/2, n-1} + t_{power, n-1}) sd_d / sqrt(n)`` (the usual t approximation)."""
+    dof = n - 1
+    return float((stats.t.ppf((1 + level) / 2, dof) + stats.t.ppf(power, dof)) * sd_d / np.sqrt(n))

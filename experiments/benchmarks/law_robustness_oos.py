@@ -171,26 +171,6 @@ def run_cell(truth: str, design: str, law: str, seed: int, starts: int) -> dict:
     return out
 
 
-def goal_lines(summary: dict, laws) -> tuple[list[str], bool]:
-    """Per table: is camel no worse than the best scale-independent law (relative error ratio <= 1
-    and decision accuracy not lower)? Returns the lines and whether it holds on every table."""
-    lines, every = [], True
-    for key, row in summary.items():
-        g = lr.goal_check(row)
-        if g is None:
-            continue
-        ok = g["rel_err_ratio"] <= 1.0 and g["acc_diff"] >= 0.0
-        every &= ok
-        if not ok:
-            why = []
-            if g["rel_err_ratio"] > 1.0:
-                why.append(f"relative error {g['rel_err_ratio']:.2f}x")
-            if g["acc_diff"] < 0:
-                why.append(f"accuracy {g['acc_diff']:+.3f}")
-            lines.append(f"- {key.replace('|', ', ')}: camel worse ({'; '.join(why)})")
-    return lines, every
-
-
 def markdown(summary: dict, tinfo: dict, laws, meta: dict) -> str:
     frozen = meta["frozen"]
     status = ("**Out of sample**: every law's source hash equals the frozen one "
@@ -219,7 +199,7 @@ def markdown(summary: dict, tinfo: dict, laws, meta: dict) -> str:
                          f"{100 * r['rel_err'][0]:.2f} ({100 * r['rel_err'][1]:.2f}) / {r['acc'][0]:.3f}")
         g = lr.goal_check(row)
         lines.append(f"| {t} | {d} | " + " | ".join(cells) + f" | {'' if g is None else format(g['rel_err_ratio'], '.2f') + ', ' + format(g['acc_diff'], '+.3f')} |")
-    worse, every = goal_lines(summary, laws)
+    worse, every = lr.goal_lines(summary)
     lines += ["", f"CAMEL no worse than the best scale-independent law (additive, regmix_linear: relative error and "
                   f"decision accuracy) on every table: **{'yes' if every else 'no'}**."]
     lines += ([""] + worse) if worse else []
