@@ -290,6 +290,26 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
     return result
 
 
+def rescore_rank(out: Path) -> None:
+    """Re-scores ``mergemix/rank.json``'s decisions from its stored merge evaluations (``proxy``) and
+    the ladder's runs, with the current :func:`decision_scores` (noise per pair); no merge is rerun."""
+    from data_mixture.table import read_runs
+
+    path = out / "mergemix" / "rank.json"
+    if not path.exists():
+        return
+    result = json.loads(path.read_text())
+    table = read_runs(out / "runs.csv")
+    weights, values, _ = final_cells(table, ladder_size(LARGEST_PROXY))
+    names = sorted(weights)
+    for key, got in result["proxy"].items():
+        result["rank"][key]["decision"] = {
+            k: decision_scores(np.array([got[n][k] for n in names]), [values[n][k] for n in names])
+            for k in ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]}
+    result["baselines"] = rank_baselines(table, weights, values)
+    path.write_text(json.dumps(result, indent=1, default=float))
+
+
 def baseline_predictions(table, weights: dict) -> dict[str, dict[str, list[float]]]:
     """The trivial rankers beside MergeMix's (lower = better, mixtures in sorted name order): a
     domain's loss by the domain's own weight (no training at all); the mean loss by closeness to
@@ -876,6 +896,7 @@ def stage_report(out: Path) -> None:
             dm("evaluate", "--runs", *map(str, runs), "--laws", ",".join(LAWS), "--size-column", SIZE_COLUMN, "--out-dir",
                str(out / "evaluate_target"), "--force")
             stamp.write_text(digest + "\n")
+        rescore_rank(out)
         print(report_md(report(out)))
 
 
