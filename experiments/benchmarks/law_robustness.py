@@ -80,9 +80,9 @@ def freeze(out: Path) -> dict:
     return got
 
 
-def changed_laws(frozen: dict) -> list[str]:
+def changed_laws(frozen: dict, root: Path | None = None) -> list[str]:
     """The law sources whose hash differs from the frozen one (or that were added or removed)."""
-    now, then = law_hashes(), frozen["law_hashes"]
+    now, then = law_hashes(root), frozen["law_hashes"]
     return sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
 
 
