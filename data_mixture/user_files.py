@@ -34,7 +34,7 @@ from moejax.paths import is_non_empty_dir, refuse_existing_file, relative_to_not
 
 # argparse destinations that hold a path (or a list of paths) in some data_mixture command
 PATH_ARGS = ("runs", "fit", "out", "out_dir", "prior", "plan", "root", "base", "workdirs", "cache_dir",
-             "experts_dir", "cache")
+             "experts_dir", "cache", "candidates", "registration", "predictions")
 
 
 def resolve_paths(args) -> None:

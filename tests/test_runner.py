@@ -55,6 +55,7 @@ def test_every_input_error_of_moejax_and_data_mixture_is_a_user_error():
     from data_mixture.mergemix.objective import SearchError
     from data_mixture.optimize import OptimizeError
     from data_mixture.plan import PlanError
+    from data_mixture.register import RegistrationError
     from data_mixture.solver import FixedError
     from data_mixture.sweep.targets import SweepError
     from data_mixture.table import TableError
@@ -64,6 +65,6 @@ def test_every_input_error_of_moejax_and_data_mixture_is_a_user_error():
     from moejax.train.checkpoint import CheckpointMismatch
 
     kinds = (UsageError, CollectError, EvaluateError, FitFileError, MergeMixError, MergeMismatch, SearchError,
-             OptimizeError, PlanError, FixedError, SweepError, TableError, DataError, TaskFileError, InteropError,
+             OptimizeError, PlanError, RegistrationError, FixedError, SweepError, TableError, DataError, TaskFileError, InteropError,
              CheckpointMismatch, ConfigError)
     assert [k.__name__ for k in kinds if not issubclass(k, UserError)] == []
