@@ -18,7 +18,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.errors import UserError
+from moejax.cli import preload_allocator
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ INTERRUPTED = {
 }
 
 
-class UsageError(ValueError):
+class UsageError(UserError):
     """A bad flag value found by the CLI itself."""
 
 
@@ -655,47 +658,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _errors() -> tuple[type[BaseException], ...]:
-    """The error types that mean bad input (messages written for the user), not a bug."""
-    kinds: list[type[BaseException]] = [UsageError, FileNotFoundError]
-    for module, names in (("data_mixture.table", ("TableError",)), ("data_mixture.collect", ("CollectError",)),
-                          ("data_mixture.optimize", ("OptimizeError",)), ("data_mixture.plan", ("PlanError",)),
-                          ("data_mixture.fit", ("FitFileError",)),
-                          ("data_mixture.evaluate", ("EvaluateError",)),
-                          ("data_mixture.register", ("RegistrationError",)), ("moejax.config", ("ConfigError",)),
-                          ("data_mixture.sweep.targets", ("SweepError",)),
-                          ("data_mixture.mergemix.experts", ("MergeMixError",)),
-                          ("data_mixture.mergemix.search", ("SearchError",)),
-                          ("data_mixture.mergemix.merge", ("MergeMismatch",))):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        kinds += [getattr(mod, n) for n in names if hasattr(mod, n)]
-    return tuple(kinds)
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """``data-mixture COMMAND ...`` (= ``python -m data_mixture COMMAND ...``): bad input (a
+    :class:`moejax.errors.UserError`, which every error kind of data_mixture subclasses, or a
+    missing file) ends in one paragraph and exit 2, Ctrl-C in one line and exit 130."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbosity)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    try:
+
+    def command() -> None:
         from data_mixture.user_files import check_inputs, check_outputs, resolve_paths
 
         resolve_paths(args)
         check_inputs(args)
         check_outputs(args)
         args.func(args)
-    except _errors() as e:
-        msg = str(e) if not isinstance(e, FileNotFoundError) else f"file not found: {e.filename or e}"
-        sys.stderr.write(f"{PROG} {args.command}: error: {msg}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        if args.command not in INTERRUPTED:
-            raise
-        sys.stderr.write(f"{PROG} {args.command}: interrupted: {INTERRUPTED[args.command]}\n")
-        sys.exit(130)
+
+    interrupted = f"interrupted: {INTERRUPTED[args.command]}" if args.command in INTERRUPTED else None
+    return run(command, prog=f"{PROG} {args.command}", verbosity=args.verbosity, interrupted=interrupted,
+               errors=(FileNotFoundError,))
+
+
+def console(argv: list[str] | None = None) -> int:
+    """The installed ``data-mixture COMMAND [arguments]`` = ``python -m data_mixture``, with mimalloc
+    preloaded for the training runs a sweep or MergeMix starts (:func:`moejax.cli.preload_allocator`)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if argv is None and not any(a in ("-h", "--help") for a in args[:1]):
+        preload_allocator()
+    return main(args)
 
 
 if __name__ == "__main__":

@@ -70,11 +70,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from moejax.errors import UserError
 
 _STEP_JSON = re.compile(r"^step_(\d+)\.json$")
 
 
-class CollectError(ValueError):
+class CollectError(UserError):
     """A workdir that cannot be read into the table; names the workdir, the file and the fix."""
 
 
@@ -157,7 +158,7 @@ def _schedule(cfg, domains: Sequence[str], workdir: Path) -> list[tuple[int, dic
     """The run's stages with normalised weights, through moejax's own reader (same rules as training)."""
     import warnings
 
-    from moejax.data.errors import DataError
+    from moejax.errors import DataError
     from moejax.data.mixture import MixtureWarning, schedule_from_config
 
     data = cfg.data

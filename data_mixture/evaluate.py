@@ -68,12 +68,13 @@ from scipy.stats import spearmanr
 from data_mixture import decisions as dec
 from data_mixture.baselines import BASELINES, Cells, build_cells, compute_baselines
 from data_mixture.table import RunsTable, TableError
+from moejax.errors import UserError
 
 LEVEL = 0.95
 EACH_MIN_FIT_SIZES = 2  # holdout "each": sizes with at least this many smaller sizes are held out
 
 
-class EvaluateError(ValueError):
+class EvaluateError(UserError):
     """A hold-out that leaves nothing to fit or nothing to predict; names the sizes/runs."""
 
 

@@ -43,6 +43,7 @@ import numpy as np
 
 from data_mixture import decisions as dec
 from data_mixture.table import RunsTable
+from moejax.errors import UserError
 
 STARTED_AT = "started_at"
 """The runs-table column with each run's first start time (UTC, ISO 8601), written by ``sweep``."""
@@ -50,7 +51,7 @@ TOL = 1e-6  # a run's mixture equals a candidate's when every weight is within t
 HASHED = ("decision_rule", "candidates", "comparisons", "predictions", "target", "code_version", "registered_at")
 
 
-class RegistrationError(ValueError):
+class RegistrationError(UserError):
     """A registration that cannot be written or checked: names the field, the value and the fix."""
 
 
