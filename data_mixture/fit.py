@@ -32,6 +32,7 @@ from data_mixture.solver import resample_weights
 from data_mixture.table import UNIQUE, RunsTable, TableError, to_columns
 from data_mixture.target import Target
 from data_mixture.target import resolve as resolve_target
+from moejax.errors import UserError
 
 FORMAT = "moejax.data_mixture.fit/1"
 
@@ -227,7 +228,7 @@ class Fit:
             raise FitFileError(f"{flag} {path} is {e}") from None
 
 
-class FitFileError(ValueError):
+class FitFileError(UserError):
     """A file given as a fit that is not one: names the flag, the file and the fix."""
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 
 from data_mixture.laws.additive import AdditiveLaw
-from data_mixture.laws.base import Law, LawFit
+from data_mixture.laws.base import REGISTRY, RESOLVERS, Law, LawFit, get_law
 from data_mixture.laws.camel import CamelLaw
 from data_mixture.laws.mixing_law import MixingLaw
 from data_mixture.laws.parametric import ParametricLaw
@@ -38,31 +38,28 @@ LAWS: dict[str, type[Law]] = {
     )
 }
 
-_INSTANCES: dict[str, Law] = {}
+REGISTRY.update(LAWS)  # what get_law and LawFit look a law up in
 
 
-def get_law(name: str) -> Law:
-    """The law registered under ``name`` (or its repetition-aware variant ``<law>+rep`` /
-    ``<law>+repfit``); a clear error (with the valid names) otherwise."""
-    if name in _INSTANCES:
-        return _INSTANCES[name]
+def _variant(name: str) -> type[Law] | None:
+    """The repetition-aware variant class of ``<law>+rep`` / ``<law>+repfit`` (None for other
+    names); a TableError naming the valid variants for a variant of no parametric law."""
     base, suffix = split_name(name)
+    if suffix is None:
+        return None
     parametric = [n for n, cls in LAWS.items() if issubclass(cls, ParametricLaw)]
     if base not in LAWS:
         near = difflib.get_close_matches(str(base), list(LAWS), n=1)
-        hint = f" Did you mean {near[0] + (suffix or '')!r}?" if near else ""
+        hint = f" Did you mean {near[0] + suffix!r}?" if near else ""
         raise TableError(f"unknown law {name!r}.{hint} Valid laws: {', '.join(LAWS)}; repetition-aware variants of the "
                          f"parametric ones: {', '.join(p + s for p in parametric for s in SUFFIXES)}.")
-    if suffix is None:
-        _INSTANCES[name] = LAWS[name]()
-    elif base not in parametric:
+    base_cls = LAWS[base]
+    if not issubclass(base_cls, ParametricLaw):
         raise TableError(f"law {name!r}: {base!r} is not a parametric law, so it has no repetition-aware variant; "
                          f"variants exist for {', '.join(parametric)} (e.g. {parametric[0]}{suffix}).")
-    else:
-        base_cls = LAWS[base]
-        assert issubclass(base_cls, ParametricLaw)
-        _INSTANCES[name] = repeated_law(base_cls, suffix)()
-    return _INSTANCES[name]
+    return repeated_law(base_cls, suffix)
 
+
+RESOLVERS.append(_variant)
 
 __all__ = ["LAWS", "Law", "LawFit", "get_law"]
