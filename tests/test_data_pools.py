@@ -86,4 +86,6 @@ def test_prepare_records_a_pool_that_training_reads(tmp_path):
                              unique_tokens=dataset_pools(ds))
     _windows(it, 20)
     assert it.epochs()["math"] == pytest.approx(200 / 100)  # 3200 tokens = 100 windows of 32
-    assert main(["--source", f"math={src}", "--out", str(tmp_path / "bad"), "--unique-tokens", "code=10"]) == 2
+    with pytest.raises(SystemExit) as bad:
+        main(["--source", f"math={src}", "--out", str(tmp_path / "bad"), "--unique-tokens", "code=10"])
+    assert bad.value.code == 2
