@@ -130,6 +130,12 @@ def cmd_collect(args) -> None:
           f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
 
 
+def _progress(args) -> bool:
+    """Progress bars only on a terminal, and not with -q/--no-progress: a pipe or a log file gets
+    the messages, not a bar's redraws."""
+    return not args.no_progress and getattr(args, "verbosity", 0) >= 0 and sys.stderr.isatty()
+
+
 def cmd_fit(args) -> None:
     from data_mixture.fit import fit_table
     from data_mixture.table import read_runs
@@ -138,7 +144,7 @@ def cmd_fit(args) -> None:
     chance = _parse_weights(args.chance, "--chance") or None
     fixed = _parse_fixed(args.fix)
     fit = fit_table(table, args.law, size_column=args.size_column, bootstrap=args.bootstrap, seed=args.seed,
-                    starts=args.starts, chance=chance, progress=not args.no_progress, fixed=fixed)
+                    starts=args.starts, chance=chance, progress=_progress(args), fixed=fixed)
     fit.save(args.out)
     print(f"wrote {args.out}: law {fit.law}, {len(fit.loss_domains)} validation domain(s), "
           f"{len(fit.bootstrap)} bootstrap member(s), {len(fit.bench)} benchmark law(s)")
@@ -307,7 +313,7 @@ def cmd_plan(args) -> None:
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
     )
-    plan = make_plan(spec, progress=not args.no_progress)
+    plan = make_plan(spec, progress=_progress(args))
     write_text(args.out, json.dumps(plan, indent=1))
     chosen, protocol = plan["chosen"], plan["protocol"]
     roles = [r["role"] for r in plan["runs"]]
@@ -331,7 +337,7 @@ def cmd_sweep(args) -> None:
     options = SweepOptions(
         root=args.root, backend=args.backend, parallel=args.parallel, retries=args.retries,
         eval_args=shlex.split(args.eval_args), lease_timeout=args.lease_timeout, heartbeat=args.heartbeat,
-        grace=args.grace, wait_others=args.wait_others, progress=not args.no_progress and sys.stderr.isatty(),
+        grace=args.grace, wait_others=args.wait_others, progress=_progress(args),
         ray_address=args.ray_address,
         cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         ray_init_kwargs={"num_cpus": args.ray_num_cpus} if args.ray_num_cpus else {},
@@ -359,7 +365,7 @@ def cmd_mergemix(args) -> None:
         parallel=args.parallel, max_items=args.max_items, loss_batches=args.loss_batches,
         calib_batches=args.calib_batches, damping=args.damping, experts_dir=args.experts_dir, cache=args.cache,
         expert_eval_args=args.expert_eval_args,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=_progress(args),
     ))
     print(json.dumps({k: summary[k] for k in ("mixture", "best_method", "searches", "merges_evaluated")}, indent=1))
 

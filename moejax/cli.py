@@ -38,7 +38,7 @@ import os
 import sys
 import warnings
 
-from moejax import allocator
+from moejax import allocator, paths
 from moejax import configs as builtin_configs
 
 PROG = "moejax"
@@ -89,6 +89,9 @@ def preload_allocator() -> None:
     env["LD_PRELOAD"] = lib + (f":{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else "")
     env.setdefault("MIMALLOC_PURGE_DELAY", "-1")  # keep freed memory (moejax/allocator.py)
     env[_REEXEC_MARK] = "1"
+    caller = paths.caller_cwd()
+    if caller:  # the first moejax import took it out of the environment
+        env[paths.CALLER_CWD_ENV] = caller
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)

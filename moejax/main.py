@@ -395,5 +395,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from moejax.cli import preload_allocator
+
+    preload_allocator()  # mimalloc, as launch.sh and `moejax train` start training (moejax/allocator.py)
     warnings.showwarning = _show_warning
     main()

@@ -71,7 +71,7 @@ MB: Final = 2**20
 AUTO_BYTES_PER_WORKER: Final = 32 * MB
 # A held-out fraction prepare chooses itself never holds out more than this share of a domain's tokens.
 MAX_AUTO_HELDOUT_SHARE: Final = 0.25
-log = logging.getLogger(__name__)
+log = logging.getLogger("moejax.data.prepare")  # also when run as __main__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,13 +198,15 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
     # its shards are tokenized again.
     for domain, pieces in plans.items():
         shards = [records[(domain, task.index)] for task in tasks[domain]]
-        chosen = _auto_heldout_fraction(domain, pieces, shards, fractions[domain], text_field, seq_len)
-        if chosen is None:
+        auto = _auto_heldout_fraction(domain, pieces, shards, fractions[domain], text_field, seq_len)
+        if auto is None:
             continue
+        chosen, minimum = auto
+        what = (f"the minimum of {MIN_HELDOUT_DOCUMENTS} documents and {MIN_HELDOUT_TOKENS:,} tokens" if minimum else
+                f"a few training windows (the minimum would take more than {MAX_AUTO_HELDOUT_SHARE:.0%} of its tokens)")
         log.info(f"prepare: domain {domain!r}: held-out fraction {chosen:g} instead of {fractions[domain]:g}, "
-                 f"which held out {_split_sizes(shards, 'heldout')}; {chosen:g} holds out at least "
-                 f"{MIN_HELDOUT_DOCUMENTS} documents and {MIN_HELDOUT_TOKENS:,} tokens where the domain has them "
-                 f"(at most {MAX_AUTO_HELDOUT_SHARE:.0%} of its tokens). Its shards are redone with it.")
+                 f"which held out {_split_sizes(shards, 'heldout')}; {chosen:g} holds out {what}. Its shards are "
+                 "redone with it.")
         fractions[domain] = chosen
         tasks[domain] = _shard_tasks(out, domain, pieces, tok, tok_json, chosen, text_field, shard_bytes)
         again = [task for task in tasks[domain] if _finished_record(task) is None]
@@ -561,10 +563,11 @@ def _document_hash(text: str) -> int:
 
 
 def _auto_heldout_fraction(domain: str, pieces: list[Piece], shards: list[dict], fraction: float,
-                           text_field: str, seq_len: int) -> float | None:
+                           text_field: str, seq_len: int) -> tuple[float, bool] | None:
     """A held-out fraction for ``domain`` that holds out the documented minimum
     (``MIN_HELDOUT_DOCUMENTS`` and ``MIN_HELDOUT_TOKENS``, and training windows), when
-    ``fraction`` (> 0) left less; None when ``fraction`` is enough or no larger one helps.
+    ``fraction`` (> 0) left less, and whether it reaches that minimum (else only training windows);
+    None when ``fraction`` is enough or no larger one helps.
 
     Reads the domain's documents once more (no tokenizing): each document's hash decides its split,
     and its tokens are estimated from its bytes at the domain's tokens per byte. The fraction
@@ -597,7 +600,9 @@ def _auto_heldout_fraction(domain: str, pieces: list[Piece], shards: list[dict],
             reach_minimum = index
             break
     last = reach_minimum if reach_minimum is not None else reach_windows
-    if last is None:
+    while last is not None and last + 1 < len(docs) and docs[last + 1][0] == docs[last][0]:
+        last += 1  # identical documents share a hash, and a split
+    if last is None or last + 1 >= len(docs):
         return None
     low, high = docs[last][0], docs[last + 1][0]  # hold out every document up to ``last``, not the next
     chosen = high / 2**64
@@ -606,7 +611,7 @@ def _auto_heldout_fraction(domain: str, pieces: list[Piece], shards: list[dict],
         if low < candidate * 2**64 <= high:
             chosen = candidate
             break
-    return chosen if chosen > fraction else None
+    return (chosen, reach_minimum is not None) if chosen > fraction else None
 
 
 def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
