@@ -395,8 +395,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from moejax.cli import preload_allocator
+    from moejax.allocator import reexec_with_mimalloc
 
-    preload_allocator()  # mimalloc, as launch.sh and `moejax train` start training (moejax/allocator.py)
+    reexec_with_mimalloc("moejax")  # mimalloc, as launch.sh and `moejax train` start training
     warnings.showwarning = _show_warning
     main()
