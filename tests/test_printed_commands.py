@@ -77,7 +77,7 @@ def test_optimize_prints_a_command_with_the_dataset_that_trains(dataset, runs_cs
     fit = str(tmp_path / "fit.json")
     dm_main(["fit", "--runs", runs_csv, "--law", "regmix_linear", "--out", fit, "--bootstrap", "0", "-q"])
     mixture = str(tmp_path / "mix.json")
-    dm_main(["optimize", "--fit", fit, "--size", "3e6", "--tokens", "1e5", "--no-bootstrap", "--dataset", dataset,
+    dm_main(["optimize", "--fit", fit, "--size", "3e6", "--tokens", "1e4", "--no-bootstrap", "--dataset", dataset,
              "--out", mixture])
     command = _printed_command(capsys.readouterr().out, "train with: ")
     assert command[:2] == ["./launch.sh", "experiments/configs/tiny_moe.py"]

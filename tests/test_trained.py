@@ -59,3 +59,16 @@ def test_generate_is_the_generators_greedy_continuation(model, erun, ckpt):
     assert model.generate(prompt, max_new_tokens=8) == model.tokenizer.decode(row)
     assert model.generate([prompt, "def "], max_new_tokens=4, temperature=0.8, seed=1) == \
         model.generate([prompt, "def "], max_new_tokens=4, temperature=0.8, seed=1)
+
+
+def test_the_example_notebook_runs_as_a_script(workdir):
+    """experiments/notebooks/load_checkpoint.py, the documented example, on the shared run."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "experiments/notebooks/load_checkpoint.py"], cwd=root, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "MOEJAX_WORKDIR": workdir})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TrainedModel(" in proc.stdout and "nats/token" in proc.stdout and "most likely next tokens" in proc.stdout
