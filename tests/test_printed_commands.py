@@ -107,3 +107,19 @@ def test_plan_runs_on_the_dataset_and_its_printed_command_trains(dataset, tmp_pa
                           env={**os.environ, "MOEJAX_PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
+
+
+def test_a_sweep_run_command_round_trips_through_moejax_s_own_parser(dataset):
+    """The line sweep and plan print for a run (launch_command): quoted for the shell, parsed back
+    by moejax's command line into the run's overrides."""
+    from data_mixture.sweep.targets import launch_command
+    from moejax.main import parse_command_line
+
+    overrides = {"model.d_model": 64, "train.steps": 3, "data.mixture": {"changelog": 0.5, "man": 0.5},
+                 "data.path": dataset}
+    args = shlex.split(launch_command("experiments/configs/tiny_moe.py", "/tmp/run dir", overrides))
+    assert args[:4] == ["./launch.sh", "experiments/configs/tiny_moe.py", "--workdir", "/tmp/run dir"]
+    command = parse_command_line(["moejax.main", "--config", os.path.join(ROOT, args[1]), *args[2:]])
+    cfg = command.config
+    assert (cfg.model.d_model, cfg.train.steps, cfg.data.path) == (64, 3, dataset)
+    assert dict(cfg.data.mixture) == {"changelog": 0.5, "man": 0.5} and command.workdir == "/tmp/run dir"
