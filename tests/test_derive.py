@@ -10,7 +10,7 @@ import pytest
 
 from moejax import checks
 from moejax.config import default_config
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.prepare import prepare_dataset
 
 OPTIONS = dict(heldout_fraction=0.3, shard_mb=0.02, workers=1, progress=False, seq_len=32)
