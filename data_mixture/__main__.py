@@ -33,7 +33,9 @@ EXAMPLES = {
                f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
     "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
            f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5\n"
-           f"{PROG} fit --runs runs.csv --law camel --out fit.json --holdout largest   # fit below the largest size",
+           f"{PROG} fit --runs runs.csv --law camel --out fit.json --holdout largest   # fit below the largest size\n"
+           f"{PROG} fit --runs runs.csv --law camel --target heldout_qa --out fit.json   # a held-out target\n"
+           f"{PROG} fit --runs runs.csv --law additive+repfit --out fit.json   # repeated data (unique:<domain>)",
     "laws": f"{PROG} laws              # each law's minimum sizes and runs for 2..8 training domains\n"
             f"{PROG} laws --domains 3  # for 3 training domains",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
@@ -46,6 +48,8 @@ EXAMPLES = {
                 f"{PROG} evaluate --runs proxies.csv targets.csv --registration registration.json --out-dir results/eval",
     "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
+                f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --target code=0.6,prose=0.4 "
+                "--unique-tokens code=2e7 --max-epochs code=4 --out mixture.json\n"
                 "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json",
     "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json\n"
             f"{PROG} plan --budget-flops 2e16 --domains code,prose,math,knowledge --target-size 2e7 --target-tokens 4e8 "
@@ -59,6 +63,8 @@ EXAMPLES = {
 }
 
 
+TARGET_HELP = ("what the mixture is chosen for, when not the training mix: a validation domain (heldout_qa), a weighted "
+               "set (code=0.6,prose=0.4) or a benchmark log-probability (logprob:know_type); docs/data_mixture.md, 'Targets'")
 FORCE_HELP = "replace an existing --out (default: refuse it); the new file is renamed into place when complete"
 
 # What Ctrl-C leaves, per command (sweep handles Ctrl-C itself: its runs save and resume).
@@ -95,6 +101,25 @@ def _parse_weights(items: list[str] | None, flag: str) -> dict[str, float]:
     return out
 
 
+def _target(args):
+    """The parsed ``--target`` (None when not given); a TableError naming the part at fault."""
+    from data_mixture.target import parse_target
+
+    return parse_target(args.target) if getattr(args, "target", None) else None
+
+
+def _max_epochs(items: list[str] | None) -> tuple[float, dict[str, float]]:
+    """``--max-epochs 4`` (every domain with available tokens) or ``--max-epochs code=4 math=8``."""
+    if not items:
+        return 1.0, {}
+    if len(items) == 1 and "=" not in items[0]:
+        try:
+            return float(items[0]), {}
+        except ValueError:
+            raise UsageError(f"--max-epochs {items[0]!r}: expected a number or DOMAIN=EPOCHS, e.g. --max-epochs code=4") from None
+    return 1.0, _parse_weights(items, "--max-epochs")
+
+
 def _json_arg(text: str, flag: str):
     """JSON text, or the path of a JSON file."""
     try:
@@ -121,7 +146,8 @@ def cmd_collect(args) -> None:
 
     got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args),
                   losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto",
-                  bench_metric=args.bench_metric)
+                  bench_metric=args.bench_metric,
+                  validation_only=tuple(d.strip() for d in args.validation_only.split(",") if d.strip()))
     for note in got.skipped:
         log.warning(f"collect: skipped {note}")
     if got.unevaluated:
@@ -167,13 +193,15 @@ def cmd_fit(args) -> None:
     chance = _parse_weights(args.chance, "--chance") or None
     fixed = _parse_fixed(args.fix)
     fit = fit_table(table, args.law, size_column=args.size_column, bootstrap=args.bootstrap, seed=args.seed,
-                    starts=args.starts, chance=chance, progress=_progress(args), fixed=fixed)
+                    starts=args.starts, chance=chance, progress=_progress(args), fixed=fixed,
+                    target=_target(args))
     if held_out:
         fit.info["held_out"] = held_out
     fit.save(args.out)
     if held_out:
         print(f"fitted without the rows of the {held_out} ({len(table)} rows left)")
-    print(f"wrote {args.out}: law {fit.law}, {len(fit.loss_domains)} validation domain(s), "
+    aim = f", target {fit.target.text!r} as loss:{fit.target.domain}" if fit.target is not None else ""
+    print(f"wrote {args.out}: law {fit.law}{aim}, {len(fit.loss_domains)} validation domain(s), "
           f"{len(fit.bootstrap)} bootstrap member(s), {len(fit.bench)} benchmark law(s)")
     _print_fit_notes(fit)
 
@@ -224,6 +252,9 @@ def cmd_predict(args) -> None:
     _print_fit_notes(fit)
     query = read_runs(args.runs, query=True)
     pred = fit.predict(query, interval=args.interval)
+    target = _target(args)
+    if target is not None and f"pred:{target.domain}" not in pred:
+        pred[f"pred:{target.domain}"] = target.combine(fit.loss_domains, np.stack([pred[f"pred:{d}"] for d in fit.loss_domains], 1))
     write_runs(query, args.out, extra={k: np.asarray(v) for k, v in pred.items()})
     print(f"wrote {args.out}: {len(query)} rows, columns {', '.join(pred)}")
 
@@ -256,6 +287,9 @@ def cmd_evaluate(args) -> None:
     from moejax.paths import replace_dir
 
     table = _read_runs_files(args.runs)
+    target = _target(args)
+    if target is not None:  # the target is the one validation domain every law is fitted to and scored on
+        table = target.apply(table)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
     registration = None
     if args.registration:
@@ -264,9 +298,13 @@ def cmd_evaluate(args) -> None:
         registration = load(args.registration)
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
                            starts=args.starts, tokens=args.tokens, resamples=args.resamples, registration=registration)
+    if target is not None:
+        report["target"] = target.to_json()
     final = Path(args.out_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     text = format_report(report)
+    if target is not None:
+        text = f"Target: {target.text} (loss:{target.domain})\n\n{text}"
     names = ["evaluation.json", "evaluation.md"]
     with replace_dir(str(final)) as tmp:  # the whole directory is replaced: no old plot stays beside new results
         out = Path(tmp)
@@ -348,17 +386,19 @@ def cmd_optimize(args) -> None:
             explicit=_parse_weights(args.available, "--available") if args.available else None,
             dataset=args.dataset, cache_dir=args.cache_dir, domains=fit.mix_domains,
         )
+    max_epochs, domain_epochs = _max_epochs(args.max_epochs)
     constraints = Constraints(
         min_weight=_parse_weights(args.min_weight, "--min-weight"),
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
-        available_tokens=available, max_epochs=args.max_epochs,
+        available_tokens=available, max_epochs=max_epochs, domain_epochs=domain_epochs,
     )
     result = optimize_mixture(
         fit, size=args.size, tokens=args.tokens, objective=args.objective,
         loss_weights=_parse_weights(args.loss_weights, "--loss-weights") or None,
         task_weights=_parse_weights(args.task_weights, "--task-weights") or None,
         constraints=constraints, starts=args.starts, seed=args.seed, bootstrap=not args.no_bootstrap,
-        interval=args.interval,
+        interval=args.interval, target=_target(args),
+        unique_tokens=_parse_weights(args.unique_tokens, "--unique-tokens") or None,
     )
     result["fit_file"] = str(args.fit)
     write_mixture(result, args.out)
@@ -411,6 +451,8 @@ def cmd_plan(args) -> None:
         base_mixture=_parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None,
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
+        target=args.target, unique_tokens=_parse_weights(args.unique_tokens, "--unique-tokens"),
+        match_repetition=args.match_repetition,
     )
     plan = make_plan(spec, progress=_progress(args))
     if args.dataset:  # every run trains on the user's dataset (its vocabulary size is derived from it)
@@ -524,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-init-from", action="store_true",
                    help="collect runs warm-started with checkpoint.init_from (e.g. MergeMix experts) as runs from "
                         "scratch; default: they are mid-training runs of the collected base they name")
+    p.add_argument("--validation-only", default="",
+                   help="comma-separated domains no run trains on (a held-out target in a prepared dataset): a "
+                        "loss:<domain> column and no mix:<domain> (an error if a run gives one a weight)")
     p.add_argument("--bench-metric", choices=("accuracy", "gold_logprob"), default="accuracy",
                    help="score in the bench: columns: accuracy (exact match for exact-match tasks), or gold_logprob, "
                         "the mean log-probability of the correct answer (continuous; moves after accuracy saturates)")
@@ -546,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", nargs="+", action="extend", metavar="NAME=VALUE",
                    help="hold law parameters constant (repeatable), e.g. --fix beta=0.28 s=0 t[1]=0.5: NAME fixes a "
                         "scalar or every entry of a vector, NAME[i] entry i (0-based); natural units, within the bounds")
+    p.add_argument("--target", default=None, help="fit the law to this target alone: " + TARGET_HELP)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_fit)
 
@@ -559,6 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--interval", type=float, default=0.9, help="bootstrap interval mass")
+    p.add_argument("--target", default=None, help="also write pred:<target> (from the fit's domains): " + TARGET_HELP)
     p.set_defaults(func=cmd_predict)
 
     p = add("evaluate", "Compare laws with baselines on held-out sizes: decision accuracy (with the seed noise "
@@ -581,6 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out-dir (files of the same names are replaced)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--target", default=None, help="score the laws on this target instead of every loss column: " + TARGET_HELP)
     p.add_argument("--registration", default=None,
                    help="registration JSON (`register`): check it against the table's started_at column and score "
                         "every registered comparison; the report says pre-registered only when the check passes")
@@ -616,8 +664,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None,
                    help="read available tokens from a moejax dataset: a prepared dataset directory, or 'builtin'")
     p.add_argument("--cache-dir", default="", help="built-in corpus cache (default: $MOEJAX_CACHE or ~/.cache/moejax)")
-    p.add_argument("--max-epochs", type=float, default=1.0,
-                   help="repetition cap: share x tokens <= available x max-epochs per domain")
+    p.add_argument("--max-epochs", nargs="*", default=None,
+                   help="repetition cap: a number (share x tokens <= available x max-epochs for every domain with "
+                        "--available/--dataset tokens; default 1) or DOMAIN=EPOCHS per domain, e.g. code=4 (needs the "
+                        "domain's unique tokens: --unique-tokens, --available/--dataset, or the fit's unique:<domain>)")
+    p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain's pool at the target, e.g. "
+                                                     "code=2e8 (repetition-aware laws and --max-epochs; default: the fit's)")
+    p.add_argument("--target", default=None, help="minimise this target (a fit's own target is the default): " + TARGET_HELP)
     p.add_argument("--starts", type=int, default=16, help="local-optimiser starts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.9)
@@ -673,6 +726,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default: uniform)")
     p.add_argument("--mid-lr-scale", type=float, default=1.0,
                    help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")
+    p.add_argument("--target", default=None, help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
+    p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
+                                                     "(recorded in the plan; with --match-repetition, subsampled per proxy)")
+    p.add_argument("--match-repetition", action="store_true",
+                   help="give every proxy run a pool of unique tokens x its tokens / --target-tokens per scarce domain "
+                        "(data.unique_tokens), so proxies repeat a scarce domain as often as the target run will")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True, help="plan JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)

@@ -136,6 +136,10 @@ def default_config() -> ConfigDict:
     # path of a JSON file, [[start_step, {domain: weight}], ...], first stage at step 0.
     c.data.schedule = ""
     c.data.cache_dir = ""  # where the built-in corpus is cached; "" means $MOEJAX_CACHE or ~/.cache/moejax
+    # Data-constrained domains: a fixed pool of unique training tokens per domain, "DOMAIN=N,..."
+    # (e.g. "code=2000000"); upweighting such a domain repeats its pool, and metrics.jsonl logs
+    # epochs/<domain>. Overrides a prepared dataset's pools (prepare --unique-tokens). "": none.
+    c.data.unique_tokens = ""
     # The built-in benchmarks `python -m moejax.eval` scores by default on runs of the built-in
     # corpus (docs/eval.md): "benchmarks-v2", graded tasks that carry signal for sweep-sized models
     # (code_chars, ..., know_type, math_copy), or "benchmarks-v1", one task per domain (code,

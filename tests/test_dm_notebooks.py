@@ -53,9 +53,15 @@ def env(tmp_path_factory):
     ("fit_and_compare", ["pred_vs_obs.png"]),
     ("mixture_vs_size", ["optimal_vs_size.png", "loss_code_vs_code.png", "loss_math_vs_math.png"]),  # every domain
     ("bench_curves", ["bench_qa.png", "bench_arith.png"]),
+    ("mixture_vs_size:code=0.5,math=0.5", ["optimal_vs_size.png", "loss_target_vs_code.png"]),
 ])
-def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures):
+def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures, monkeypatch):
+    name, _, target = name.partition(":")
+    if target:  # DM_TARGET: the notebook fits and optimises a target that is not the training mix
+        monkeypatch.setenv("DM_TARGET", target)
     printed = _execute(name, env)
+    if target:
+        assert f"target: {target}" in printed and "domains ('target',)" in printed, printed[:2000]
     if name == "fit_and_compare":  # the kernel read the test's table, not the committed ladder
         assert str(env.parent / "runs.csv") in printed, printed[:2000]
     for fig in figures:

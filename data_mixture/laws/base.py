@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import warnings
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -48,10 +48,16 @@ class LawFit:
     def _law(self) -> "Law":
         return get_law(self.law)
 
-    def predict(self, size_r: np.ndarray, tokens_r: np.ndarray, mix_rm: np.ndarray) -> np.ndarray:
-        """(R,) predicted loss for model sizes N (the fit's size column), tokens D, mixtures (R, M)."""
+    def predict(self, size_r: np.ndarray, tokens_r: np.ndarray, mix_rm: np.ndarray, unique_rm: np.ndarray | None = None) -> np.ndarray:
+        """(R,) predicted loss for model sizes N (the fit's size column), tokens D, mixtures (R, M).
+        ``unique_rm`` (R, M) or (M,): each training domain's pool of unique tokens (``inf``:
+        unlimited), read by repetition-aware laws (``laws/repeated.py``; default: the pools
+        recorded at fit time) and ignored by the others."""
         size_r, tokens_r, mix_rm = _check_inputs(self, size_r, tokens_r, mix_rm)
         warn_fixed_tokens(self, tokens_r)
+        if unique_rm is not None and "unique_tokens" in self.info:
+            law: Any = self._law()  # a repetition-aware law (laws/repeated.py): it records unique_tokens
+            return law.predict(self, size_r, tokens_r, mix_rm, unique_rm=np.broadcast_to(np.asarray(unique_rm, np.float64), mix_rm.shape))
         return self._law().predict(self, size_r, tokens_r, mix_rm)
 
     @property
@@ -268,11 +274,20 @@ class Law(abc.ABC):
 # name -> law class: ``LAWS`` (laws/__init__.py, which imports every law and fills this), kept here
 # so a fit finds its law by name without this module importing the laws that build on it.
 REGISTRY: dict[str, type[Law]] = {}
+# Makers of law classes for names not in REGISTRY (the repetition-aware variants ``<law>+rep``,
+# laws/__init__.py): each returns a class, or None when the name is not its kind.
+RESOLVERS: list[Callable[[str], "type[Law] | None"]] = []
 _INSTANCES: dict[str, Law] = {}
 
 
 def get_law(name: str) -> Law:
-    """The law registered under ``name``; a clear error (with the valid names) otherwise."""
+    """The law registered under ``name`` (or made by a resolver); a clear error (with the valid names) otherwise."""
+    if name not in REGISTRY:
+        for resolve in RESOLVERS:
+            cls = resolve(name)
+            if cls is not None:
+                REGISTRY[name] = cls
+                break
     if name not in REGISTRY:
         import difflib
 

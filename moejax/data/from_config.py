@@ -21,6 +21,7 @@ from moejax.data.dataset import (DatasetInfo, HeldoutWarning, TokenDataset, desc
 from moejax.data.mixture import Schedule, schedule_from_config
 from moejax.data.packing import Example
 from moejax.data.pipeline import MixtureIterator, make_eval_batches
+from moejax.data.pools import dataset_pools, parse_unique_tokens
 from moejax.data.tokenizer import Tokenizer
 from moejax.errors import DataError, user_stacklevel
 
@@ -43,6 +44,11 @@ def check_data_config(cfg: Any) -> tuple[DatasetInfo, Schedule]:
     problems = []  # the mixture's and the vocabulary's, independent: both said at once
     try:
         schedule = schedule_from_config(cfg.data, info.domains, info.description)
+    except DataError as e:
+        problems.append(str(e))
+    try:  # pools of data-constrained domains (moejax.data.pools)
+        for domain in parse_unique_tokens(cfg.data.get("unique_tokens", "")):
+            info.check_domain(domain, "config key 'data.unique_tokens'")
     except DataError as e:
         problems.append(str(e))
     vocab = info.tokenizer.vocab_size
@@ -76,7 +82,7 @@ def make_data(
     dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
     train_iter = MixtureIterator(
         dataset, schedule, seq_len=t.seq_len, global_batch_size=t.global_batch_size, seed=t.seed,
-        rows=train_rows,
+        rows=train_rows, unique_tokens=dataset_pools(dataset, cfg.data.get("unique_tokens", "")),
     )
     eval_batches = make_eval_batches(
         dataset.domains, seq_len=t.seq_len, batch_size=t.global_batch_size,

@@ -53,6 +53,7 @@ from moejax.config import default_config
 from moejax.data import layout, sources as sources_lib
 from moejax.data.dataset import (MIN_HELDOUT_DOCUMENTS, MIN_HELDOUT_TOKENS, PROGRESS_FILE, HeldoutWarning,
                                  combined_hash, small_heldout_message)
+from moejax.data.pools import parse_unique_tokens
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
@@ -108,8 +109,13 @@ def prepare_dataset(
     workers: int | None = None,
     progress: bool = True,
     seq_len: int = DEFAULT_SEQ_LEN,
+    unique_tokens: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Prepare ``sources`` (``"DOMAIN=PATH"`` strings or ``Source`` s) into ``out_dir``.
+
+    ``unique_tokens``: {domain: tokens} of data-constrained domains, recorded in ``dataset.json``
+    (``domains.<domain>.unique_tokens``): training reads only that many unique tokens of the
+    domain and repeats them (``moejax.data.pools``).
 
     Every domain's train and held-out split must hold one training window of ``seq_len + 1``
     tokens (the sequence length training will use), so that training on the dataset cannot stop
@@ -129,6 +135,7 @@ def prepare_dataset(
     out = Path(out_dir)
     parsed = [s if isinstance(s, Source) else sources_lib.parse_source(s) for s in sources]
     _check_options(parsed, heldout_fraction, shard_mb, bpe_sample_mb, workers, seq_len)
+    _check_pool_domains(parsed, unique_tokens or {})
     external = _external_tokenizer(tokenizer, special_tokens)  # read before anything is written
     shard_bytes = max(1, int(shard_mb * MB))
     plans = {s.domain: sources_lib.plan_source(s, shard_bytes, text_field) for s in parsed}
@@ -164,11 +171,29 @@ def prepare_dataset(
     except DataError as e:
         _write_json(out / PROGRESS_FILE, {**record, "state": "failed", "error": str(e)})
         raise
+    _record_pools(dataset, unique_tokens or {})
     _write_json(out / layout.DATASET_FILE, dataset)
     (out / PROGRESS_FILE).unlink()
     return {**summary, "bpe_train_s": bpe_seconds, "seconds": time.perf_counter() - start_time,
             "tokenizer_source": dataset.get("tokenizer_source"),
             "special_tokens": {role: _special_token(tok, role) for role in ("bos", "eos", "pad")}}
+
+
+def _check_pool_domains(parsed: list[Source], unique_tokens: Mapping[str, int]) -> None:
+    unknown = sorted(set(unique_tokens) - {s.domain for s in parsed})
+    if unknown:
+        raise DataError(f"--unique-tokens names domain(s) {', '.join(unknown)} without a --source; the sources' "
+                        f"domains: {', '.join(s.domain for s in parsed)}.")
+
+
+def _record_pools(dataset: dict[str, Any], unique_tokens: Mapping[str, int]) -> None:
+    """Each pool into its domain's ``dataset.json`` entry (at most the domain's train tokens)."""
+    for domain, tokens in unique_tokens.items():
+        entry = dataset["domains"][domain]
+        if tokens > entry["train_tokens"]:
+            raise DataError(f"--unique-tokens {domain}={tokens}: the domain's train split holds only "
+                            f"{entry['train_tokens']:,} tokens; allowed: at most that many.")
+        entry["unique_tokens"] = int(tokens)
 
 
 def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str, list[Piece]],
@@ -782,6 +807,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN,
                         help="the train.seq_len training will use: every split of every domain must hold "
                              "one window of it")
+    parser.add_argument("--unique-tokens", action="append", default=[], metavar="DOMAIN=N",
+                        help="a data-constrained domain: training reads only N unique tokens of it and repeats "
+                             "them (recorded in dataset.json; a run's data.unique_tokens overrides it)")
     parser.add_argument("--verify", action="store_true",
                         help="only check every file of --out against its manifest checksums")
     add_verbosity_flags(parser)
@@ -807,6 +835,7 @@ def _prepare(args: argparse.Namespace, out: str) -> None:
         vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
         heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
         workers=args.workers, seq_len=args.seq_len,
+        unique_tokens=parse_unique_tokens(",".join(args.unique_tokens), "--unique-tokens"),
     )
     for domain, splits in summary["domains"].items():
         print(f"{domain:>12}: " + ", ".join(
