@@ -1,0 +1,315 @@
+"""The headroom study: where the mixture matters, does a law's pick beat uniform and the trivial choices?
+
+    python -m experiments.studies.does_the_mixture_matter_with_headroom            # every stage; each skips what exists
+    python -m experiments.studies.does_the_mixture_matter_with_headroom --stage pilot
+
+The setting (chosen so that uniform is not the answer by construction):
+
+- **Target** ``heldout_qa``: the built-in held-out target set (questions about the knowledge domain's
+  facts in forms no run trains on, half with arithmetic); no run trains on it.
+- **A data-constrained domain**: ``knowledge`` has a pool of unique tokens; a mixture that upweights
+  it repeats the pool. Every run's pool gives it the target run's repetition rate (``plan
+  --match-repetition``: U x its tokens / the target's tokens), so a weight means the same epochs at
+  every size.
+- **Sources compete for capacity**: four domains, one fixed token budget per run (20 tokens per
+  active parameter), from scratch.
+- **From scratch, not mid-training.** The mid-training study continued a uniform base for 4
+  tokens/param; its whole mid-training phase bought 0.0085 nats, so any mixture effect there is
+  bounded by a small continuation. From scratch the mixture decides every token the model sees and
+  the scarce pool is repeated from the first step, so repetition and capacity can both move the
+  optimum; the pilot gate checks that this setting has headroom before any ladder run.
+
+Stages (``--stage NAME`` runs one; results in ``--out``, run directories under ``--root``):
+
+1. ``pilot``    the gate, written into ``pilot/attempt<k>/plan.json`` (and committed) before its runs:
+                at the smallest and the largest size of the attempt, 4 deliberately different
+                mixtures x seeds; go on only if the best mixture beats uniform by at least
+                ``GATE_SD`` per-pair seed sd at both sizes AND the best mixture differs between
+                them. Writes ``runs.csv``, ``gate.json``, ``gate.md`` per attempt.
+2. ``ladder``   (only after a passing gate) the ladder plan (``make_plan`` with the target and the
+                pool, ``--match-repetition``): 12 space-filling mixtures at 3 proxy sizes, 2 seeds at
+                the largest; ``data_mixture sweep``; runs table copied to ``--out``.
+3. ``fit``      ``data_mixture evaluate --target heldout_qa`` (largest proxy held out, laws and
+                baselines incl. proportional and UniMax), each law fitted on the whole ladder for the
+                target and its optimum at the target size under the epoch cap.
+4. ``register`` ``data_mixture register``: the decision rule, the candidates (laws' optima,
+                uniform, proportional, UniMax, best-at-proxy, rank-by-weight) and every law's
+                predictions, before any target run.
+5. ``target``   the candidates at the target size, 3 seeds each (``data_mixture sweep``).
+6. ``report``   ``data_mixture evaluate --registration`` on ladder + target runs, ``report.md``.
+
+MergeMix's candidates (a mid-training method: experts continued from one base) are not part of
+this from-scratch study's code yet; the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data_mixture.plan import preset_sizes, proxy_pools
+from moejax.log import add_verbosity_flags, setup_logging
+
+DOMAINS = ("code", "prose", "math", "knowledge")
+TARGET_SET = "heldout_qa"  # the target: loss on the held-out QA set (no run trains on it)
+SCARCE = "knowledge"
+HEADS = {"model.num_kv_heads": 1}
+PRESETS = {  # the ladder: s0 .. s2 span 10.3x in active parameters; s2 is the target
+    "s0": {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2, **HEADS, "model.mlp_dim": 128,
+           "model.moe.expert_dim": 64, "model.moe.shared_expert_dim": 64},
+    "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, **HEADS, "model.mlp_dim": 256,
+           "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
+    "s1b": {"model.d_model": 64, "model.num_layers": 3, "model.num_heads": 2, **HEADS, "model.mlp_dim": 256,
+            "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
+    "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, **HEADS, "model.mlp_dim": 384,
+           "model.moe.expert_dim": 192, "model.moe.shared_expert_dim": 192},
+}
+TARGET = "s2"
+PROXIES = ("s0", "s1", "s1b")
+CONFIG = "experiments/configs/tiny_moe.py"
+BATCH, SEQ_LEN = 16, 256
+CHECKPOINTS = 2
+EVAL_ARGS = "--max-items 128"
+GATE_SD = 4.0  # the best mixture must beat uniform by this many per-pair seed sd at both sizes
+
+# Gate attempts, each fixed here and written into its plan.json (committed) before its runs start.
+ATTEMPTS = {
+    1: {
+        "sizes": ("s0", "s1"),
+        "tokens_per_param": 10.0,
+        "seeds": (0, 1),
+        # the target's pool of the scarce domain; every run gets U x (its tokens / target tokens)
+        "target_unique": {SCARCE: 300_000},
+        "mixtures": {  # code, prose, math, knowledge
+            "uniform": (0.25, 0.25, 0.25, 0.25),
+            "prose_math": (0.05, 0.45, 0.40, 0.10),
+            "qa_balanced": (0.0, 0.34, 0.33, 0.33),
+            "knowledge_heavy": (0.05, 0.15, 0.15, 0.65),
+        },
+        "why": ("Attempt 1, sized to finish in one session on 2 shared cores (an s1 run at 20 tokens/param measured "
+                "about 9 minutes under load 5-6, 2 runs at a time): the two smallest ladder sizes s0 and s1 (3.3x in "
+                "active parameters), not s0 and the largest proxy s1b, and 10 tokens per active parameter (target "
+                "included), not 20. A pass here is necessary, not sufficient: the gate is repeated at s0 and s1b at "
+                "the ladder's budget before the ladder. The knowledge pool at the target is 300k tokens (6.0M target "
+                "tokens): uniform repeats it 5 times, knowledge_heavy 13 times, prose_math 2."),
+    },
+}
+
+
+def sizes() -> dict[str, dict[str, float]]:
+    return preset_sizes(PRESETS)
+
+
+def tokens_of(preset: str, tokens_per_param: float) -> tuple[int, float]:
+    """(steps, tokens) of a from-scratch run of ``preset`` at ``tokens_per_param``."""
+    steps = max(2, int(tokens_per_param * sizes()[preset]["params_active"] // (BATCH * SEQ_LEN)))
+    return steps, float(steps * BATCH * SEQ_LEN)
+
+
+def scratch_run(name: str, preset: str, steps: int, seed: int, mixture: dict[str, float]) -> dict:
+    """One from-scratch plan entry in ``data_mixture sweep``'s format (as ``make_plan`` writes them)."""
+    every = -(-steps // CHECKPOINTS)
+    n = sizes()[preset]
+    tokens = float(steps * BATCH * SEQ_LEN)
+    overrides = {**PRESETS[preset], "train.steps": steps, "train.global_batch_size": BATCH, "train.seq_len": SEQ_LEN,
+                 "checkpoint.every_steps": every, "train.eval_every": every, "train.seed": seed,
+                 "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture}
+    return {"name": name, "role": "scratch", "preset": preset, "config": CONFIG, "overrides": overrides,
+            "mixture": mixture, "tokens": tokens, "steps": steps, "seed": seed,
+            "params_total": n["params_total"], "params_active": n["params_active"],
+            "flops": 6.0 * n["params_active"] * tokens}
+
+
+def pilot_plan(attempt: int) -> dict:
+    """The gate attempt's plan: every (size, mixture, seed) run with the target's repetition rate,
+    and the gate rule itself."""
+    a = ATTEMPTS[attempt]
+    _, target_tokens = tokens_of(TARGET, a["tokens_per_param"])
+    runs = []
+    for preset in a["sizes"]:
+        steps, _ = tokens_of(preset, a["tokens_per_param"])
+        for name, w in a["mixtures"].items():
+            for seed in a["seeds"]:
+                run = scratch_run(f"{preset}_{name}_s{seed}", preset, steps, seed, dict(zip(DOMAINS, map(float, w))))
+                runs.append(proxy_pools(run, a["target_unique"], target_tokens, SEQ_LEN))
+    epochs = {name: {SCARCE: w[DOMAINS.index(SCARCE)] * target_tokens / a["target_unique"][SCARCE]}
+              for name, w in a["mixtures"].items()}
+    return {
+        "version": 1, "study": "headroom", "attempt": attempt, "setting": "from scratch",
+        "target": {"set": TARGET_SET, "preset": TARGET, "tokens": target_tokens,
+                   "unique_tokens": a["target_unique"], "match_repetition": True},
+        "epochs_of_scarce_domain": epochs,
+        "gate": {
+            "metric": f"loss:{TARGET_SET} at each run's final checkpoint",
+            "rule": (f"At each gate size, best = the mixture with the lowest seed-mean target loss. Go on only if, at "
+                     f"BOTH sizes, uniform's seed mean minus best's is at least {GATE_SD:g} per-pair seed sd "
+                     "(sd_pair = sqrt((s_best^2 + s_uniform^2) / 2), s each mixture's own seed sd over its seeds), "
+                     "AND the best mixture at the smallest size differs from the best at the largest size."),
+            "gate_sd": GATE_SD, "sizes": list(a["sizes"]), "mixtures": list(a["mixtures"]), "seeds": list(a["seeds"]),
+        },
+        "why": a["why"], "runs": runs,
+    }
+
+
+def gate(runs_csv: str | Path, plan: dict) -> dict:
+    """The gate of ``plan`` computed from a collected runs table (final checkpoint of every run)."""
+    from data_mixture.decisions import seed_difference
+    from data_mixture.table import read_runs
+
+    table = read_runs(str(runs_csv))
+    metric = f"loss:{TARGET_SET}"
+    if TARGET_SET not in table.loss_domains:
+        raise SystemExit(f"{runs_csv}: no {metric} column; collect a sweep of the built-in corpus.")
+    loss_r = table.loss(TARGET_SET)
+    by_name = {r["name"]: r for r in plan["runs"]}
+    last = {}
+    for i, run in enumerate(table.run):
+        if run in by_name and (run not in last or table.tokens[i] > table.tokens[last[run]]):
+            last[run] = i
+    result: dict = {"metric": metric, "gate_sd": plan["gate"]["gate_sd"], "sizes": {}}
+    for preset in plan["gate"]["sizes"]:
+        cells = {}
+        for name in plan["gate"]["mixtures"]:
+            vals = [(int(by_name[r]["seed"]), float(loss_r[last[r]])) for r in by_name
+                    if r in last and by_name[r]["preset"] == preset and r.rsplit("_s", 1)[0] == f"{preset}_{name}"]
+            v = np.array([x for _, x in vals])
+            cells[name] = {"seeds": [s for s, _ in sorted(vals)], "values": [x for _, x in sorted(vals)],
+                           "mean": float(v.mean()) if v.size else None,
+                           "sd": float(v.std(ddof=1)) if v.size >= 2 else None}
+        done = {k: c for k, c in cells.items() if c["mean"] is not None}
+        best = min(done, key=lambda k: done[k]["mean"]) if done else None
+        row: dict = {"cells": cells, "best": best}
+        if best and "uniform" in done and best != "uniform" and done[best]["sd"] is not None \
+                and done["uniform"]["sd"] is not None:
+            b, u = done[best], done["uniform"]
+            sd_pair = float(np.sqrt((b["sd"] ** 2 + u["sd"] ** 2) / 2))
+            diff = seed_difference(list(zip(u["seeds"], u["values"])), list(zip(b["seeds"], b["values"])))
+            row.update(gain=u["mean"] - b["mean"], sd_pair=sd_pair,
+                       gain_in_sd=(u["mean"] - b["mean"]) / sd_pair if sd_pair > 0 else float("inf"),
+                       uniform_minus_best=diff)
+        elif best == "uniform":
+            row.update(gain=0.0, sd_pair=None, gain_in_sd=0.0)
+        result["sizes"][preset] = row
+    rows = list(result["sizes"].values())
+    complete = all(c["mean"] is not None and c["sd"] is not None for r in rows for c in r["cells"].values())
+    headroom = all((r.get("gain_in_sd") or 0.0) >= GATE_SD for r in rows)
+    moves = len({r["best"] for r in rows}) == len(rows)
+    result.update(complete=complete, headroom_at_every_size=headroom, best_moves=moves,
+                  passed=bool(complete and headroom and moves))
+    return result
+
+
+def gate_md(plan: dict, g: dict) -> str:
+    verdict = "PASS" if g["passed"] else ("FAIL" if g["complete"] else "INCOMPLETE (runs missing)")
+    lines = [f"# Headroom gate, attempt {plan['attempt']}: **{verdict}**", "",
+             f"Rule (plan.json, committed before the runs): {plan['gate']['rule']}", "",
+             f"Setting: {plan['setting']}; target `{g['metric']}`; scarce pool at the target "
+             f"{plan['target']['unique_tokens']} of {plan['target']['tokens']:.4g} tokens, every run's pool scaled to "
+             "its tokens (the target's epochs at every size).", "", plan["why"], ""]
+    for preset, r in g["sizes"].items():
+        lines += [f"## {preset}", "", "| mixture | knowledge epochs | seeds | target loss per seed | mean | sd |",
+                  "|---|---|---|---|---|---|"]
+        for name, c in r["cells"].items():
+            ep = plan["epochs_of_scarce_domain"][name][SCARCE]
+            vals = ", ".join(f"{v:.4f}" for v in c["values"])
+            mean = "" if c["mean"] is None else f"{c['mean']:.4f}"
+            sd = "" if c["sd"] is None else f"{c['sd']:.4f}"
+            lines.append(f"| {name} | {ep:.1f} | {len(c['values'])} | {vals} | {mean} | {sd} |")
+        lines.append("")
+        if r.get("sd_pair") is not None:
+            d = r["uniform_minus_best"]
+            iv = f"[{d['lo']:+.4f}, {d['hi']:+.4f}] ({d['method']})" if d["lo"] is not None else "(no interval)"
+            lines.append(f"Best: **{r['best']}**; uniform - best = {r['gain']:+.4f} nats; per-pair seed sd "
+                         f"{r['sd_pair']:.4f}; gain = **{r['gain_in_sd']:.1f} sd** (gate {GATE_SD:g}); 95% interval "
+                         f"{iv}.")
+        else:
+            lines.append(f"Best: **{r['best']}** (gain over uniform {r.get('gain', 0.0):+.4f} nats).")
+        lines.append("")
+    lines += [f"- headroom (>= {GATE_SD:g} sd) at every size: **{g['headroom_at_every_size']}**",
+              f"- best mixture differs between sizes: **{g['best_moves']}**",
+              f"- all runs present: **{g['complete']}**", f"- gate: **{verdict}**"]
+    return "\n".join(lines) + "\n"
+
+
+def dm(*args: str) -> None:
+    """``python -m data_mixture ARGS``; a failed command stops the study with its exit status."""
+    cmd = [sys.executable, "-m", "data_mixture", *args]
+    print("+", " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        raise SystemExit(f"{' '.join(args[:1])} exited {rc}; fix the cause and rerun the stage")
+
+
+def sweep(plan: Path, root: Path, parallel: int) -> None:
+    dm("sweep", "--plan", str(plan), "--root", str(root), "--parallel", str(parallel), "--eval-args", EVAL_ARGS)
+
+
+def attempt_dir(out: Path, attempt: int) -> Path:
+    return out / "pilot" / f"attempt{attempt}"
+
+
+def write_pilot_plan(out: Path, attempt: int) -> Path:
+    """Writes the attempt's plan.json (kept when it exists: the committed plan is the registration)."""
+    d = attempt_dir(out, attempt)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "plan.json"
+    if path.exists():
+        if json.loads(path.read_text()) != json.loads(json.dumps(pilot_plan(attempt))):
+            raise SystemExit(f"{path} differs from ATTEMPTS[{attempt}]: a committed gate plan is not edited; "
+                             "add a new attempt instead.")
+        return path
+    path.write_text(json.dumps(pilot_plan(attempt), indent=1))
+    print(f"pilot: wrote {path} ({len(pilot_plan(attempt)['runs'])} runs); commit it before running the attempt")
+    return path
+
+
+def stage_pilot(out: Path, root: Path, parallel: int, attempt: int, plan_only: bool) -> dict | None:
+    d = attempt_dir(out, attempt)
+    path = write_pilot_plan(out, attempt)
+    if plan_only:
+        return None
+    plan = json.loads(path.read_text())
+    if not (d / "runs.csv").exists():
+        sweep(path, root / f"pilot{attempt}", parallel)
+        shutil.copyfile(root / f"pilot{attempt}" / "runs.csv", d / "runs.csv")
+        shutil.copyfile(root / f"pilot{attempt}" / "sweep.log", d / "sweep.log")
+    g = gate(d / "runs.csv", plan)
+    (d / "gate.json").write_text(json.dumps(g, indent=1))
+    (d / "gate.md").write_text(gate_md(plan, g))
+    print(gate_md(plan, g))
+    return g
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    ap.add_argument("--attempt", type=int, default=max(ATTEMPTS), choices=sorted(ATTEMPTS),
+                    help="the gate attempt the pilot stage runs and the later stages require to have passed")
+    ap.add_argument("--plan-only", action="store_true", help="pilot: write the attempt's plan.json and stop (commit it, "
+                                                             "then run again without this flag)")
+    ap.add_argument("--out", default="data_mixture/results/headroom_v1", help="committed results")
+    ap.add_argument("--root", default="runs/headroom_v1", help="run directories (not committed)")
+    ap.add_argument("--parallel", type=int, default=2)
+    add_verbosity_flags(ap)
+    args = ap.parse_args(argv)
+    setup_logging(args.verbosity)
+    out, root = Path(args.out), Path(args.root)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = STAGES if args.stage == "all" else (args.stage,)
+    if "pilot" in todo:
+        g = stage_pilot(out, root, args.parallel, args.attempt, args.plan_only)
+        if g is None or (not g["passed"] and args.stage == "all"):
+            return
+    for stage in todo[1:] if args.stage == "all" else todo:
+        if stage != "pilot":
+            STAGE_FNS[stage](out, root, args.parallel, args.attempt)
+
+
+if __name__ == "__main__":
+    main()
