@@ -282,8 +282,301 @@ def stage_pilot(out: Path, root: Path, parallel: int, attempt: int, plan_only: b
     g = gate(d / "runs.csv", plan)
     (d / "gate.json").write_text(json.dumps(g, indent=1))
     (d / "gate.md").write_text(gate_md(plan, g))
+    (out / "report.md").write_text(report_md(out))
     print(gate_md(plan, g))
     return g
+
+
+
+# ---- the ladder and what follows it (run only after a gate at PROXIES[0] and PROXIES[-1] passed) ----
+
+MIXTURES = 12
+LADDER_SEEDS = 2  # at the largest proxy
+LAWS = ("mixing_law", "additive", "regmix", "regmix_linear", "camel", "additive+repfit", "camel+repfit")
+REP_LAW = "camel+repfit"  # the repetition-aware law whose optimum is a candidate
+SIZE_COLUMN = "params_active"
+FIT_BOOTSTRAP = 20
+TARGET_SEEDS = (0, 1, 2)
+DECISION_RULE = (f"mixture X beats mixture Y at the target when the mean of X's loss:{TARGET_SET} at the final checkpoint "
+                 "over the 3 seeds is lower and the 95% t-interval of the paired difference X - Y (paired by train "
+                 "seed, 2 degrees of freedom) excludes zero; otherwise X and Y tie.")
+
+
+def passed_attempt(out: Path, attempt: int) -> dict:
+    """The setting of a gate attempt that passed at the smallest and the largest proxy size; the
+    study stops with the reason otherwise."""
+    path = attempt_dir(out, attempt) / "gate.json"
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: run --stage pilot --attempt {attempt} first.")
+    g = json.loads(path.read_text())
+    if not g["passed"]:
+        raise SystemExit(f"gate attempt {attempt} did not pass ({attempt_dir(out, attempt) / 'gate.md'}): no ladder "
+                         "without headroom; add an attempt with another setting.")
+    if list(g["sizes"]) != [PROXIES[0], PROXIES[-1]]:
+        raise SystemExit(f"gate attempt {attempt} passed at {', '.join(g['sizes'])}, not at the ladder's smallest and "
+                         f"largest proxy ({PROXIES[0]}, {PROXIES[-1]}): repeat the gate there before the ladder.")
+    return ATTEMPTS[attempt]
+
+
+def target_point(a: dict) -> tuple[float, float]:
+    """(active parameters, tokens) of a target run in the setting ``a``."""
+    return sizes()[TARGET]["params_active"], tokens_of(TARGET, a["tokens_per_param"])[1]
+
+
+def ladder_plan(a: dict) -> dict:
+    """``make_plan`` from scratch at PROXIES with the budget that affords exactly MIXTURES mixtures,
+    pools matched to the target's repetition (``--match-repetition``)."""
+    from data_mixture.plan import PlanSpec, make_plan
+
+    n = {p: sizes()[p]["params_active"] for p in PRESETS}
+    tpp = a["tokens_per_param"]
+    per_mixture = sum(6 * n[p] * tpp * n[p] * (LADDER_SEEDS if p == PROXIES[-1] else 1) for p in PROXIES)
+    size, tokens = target_point(a)
+    spec = PlanSpec(budget_flops=per_mixture * (MIXTURES + 0.5), target_size=size, target_tokens=tokens,
+                    presets=PRESETS, law="camel", domains=",".join(DOMAINS), tokens_per_param=(tpp,),
+                    min_sizes=len(PROXIES), min_runs_per_size=MIXTURES, config=CONFIG, batch=BATCH, seq_len=SEQ_LEN,
+                    checkpoints=CHECKPOINTS, seeds=LADDER_SEEDS, seed_sizes=(PROXIES[-1],),
+                    unique_tokens=a["target_unique"], match_repetition=True)
+    plan = make_plan(spec)
+    if plan["chosen"]["runs_per_size"] != MIXTURES or plan["chosen"]["sizes"] != list(PROXIES):
+        raise SystemExit(f"the planner chose {plan['chosen']}, not {MIXTURES} mixtures at {list(PROXIES)}")
+    plan["target"]["set"] = TARGET_SET
+    plan["decision_rule"] = DECISION_RULE
+    plan["notes"] = (f"Ladder of the headroom study, from scratch at {tpp:g} tokens per active parameter: proxies "
+                     f"{', '.join(PROXIES)}, target {TARGET} ({n[TARGET] / n[PROXIES[0]]:.1f}x the smallest); "
+                     f"{MIXTURES} space-filling mixtures, {LADDER_SEEDS} seeds at {PROXIES[-1]}; every run's "
+                     f"{SCARCE} pool gives it the target's epochs at its weight.")
+    return plan
+
+
+def stage_ladder(out: Path, root: Path, parallel: int, attempt: int) -> None:
+    a = passed_attempt(out, attempt)
+    path = out / "plan.json"
+    if not path.exists():
+        path.write_text(json.dumps(ladder_plan(a), indent=1))
+        print(f"ladder: wrote {path}")
+    if not (out / "runs.csv").exists():
+        sweep(path, root / "ladder", parallel)
+        shutil.copyfile(root / "ladder" / "runs.csv", out / "runs.csv")
+        shutil.copyfile(root / "ladder" / "sweep.log", out / "sweep_ladder.log")
+
+
+def stage_fit(out: Path, root: Path, parallel: int, attempt: int) -> None:
+    """Laws and baselines on the ladder for the target (largest proxy held out); every law fitted on
+    the whole ladder for the target and its optimum at the target point with the target's pool."""
+    a = passed_attempt(out, attempt)
+    runs = str(out / "runs.csv")
+    if not (out / "evaluate_ladder" / "evaluation.json").exists():
+        dm("evaluate", "--runs", runs, "--laws", ",".join(LAWS), "--size-column", SIZE_COLUMN, "--target", TARGET_SET,
+           "--out-dir", str(out / "evaluate_ladder"), "--force")
+    size, tokens = target_point(a)
+    pools = [f"{d}={u}" for d, u in a["target_unique"].items()]
+    for law in LAWS:
+        fit, opt = out / "fits" / f"{law}.json", out / "optima" / f"{law}.json"
+        fit.parent.mkdir(exist_ok=True)
+        opt.parent.mkdir(exist_ok=True)
+        if not fit.exists():
+            dm("fit", "--runs", runs, "--law", law, "--size-column", SIZE_COLUMN, "--target", TARGET_SET,
+               "--bootstrap", str(FIT_BOOTSTRAP), "--out", str(fit), "--no-progress")
+        if not opt.exists():
+            dm("optimize", "--fit", str(fit), "--size", repr(size), "--tokens", repr(tokens), "--unique-tokens", *pools,
+               "--out", str(opt))
+
+
+def final_means(table, preset_size: float) -> tuple[dict, dict]:
+    """At one size: ({mixture key: weights}, {mixture key: [target loss per seed]}) over runs' final checkpoints."""
+    loss_r = table.loss(TARGET_SET)
+    weights, values = {}, {}
+    for run in sorted(set(table.run[table.params_active == preset_size].tolist())):
+        rows = np.flatnonzero(table.run == run)
+        i = rows[np.argmax(table.tokens[rows])]
+        key = run.rsplit("_s", 1)[0] if run.rsplit("_s", 1)[-1].isdigit() else run
+        weights[key] = {d: float(table.mix_rm[i, j]) for j, d in enumerate(table.mix_domains)}
+        values.setdefault(key, []).append(float(loss_r[i]))
+    return weights, values
+
+
+def capped_weights(favour: str, cap_share: float) -> dict[str, float]:
+    """As much of ``favour`` as ``cap_share`` allows, the rest split equally over the other domains."""
+    w = min(1.0, cap_share)
+    return {d: (w if d == favour else (1.0 - w) / (len(DOMAINS) - 1)) for d in DOMAINS}
+
+
+def candidates(out: Path, a: dict) -> dict[str, dict]:
+    """The target's candidates {name: {"weights", "why"}}: laws' optima, uniform, proportional, UniMax,
+    best-at-proxy and rank-by-weight (MergeMix is a mid-training method and is not run from scratch)."""
+    from data_mixture.baselines import UNIMAX_MAX_EPOCHS, unimax_weights
+    from data_mixture.optimize import available_tokens
+    from data_mixture.table import read_runs
+
+    _, tokens = target_point(a)
+    pool = {**available_tokens(dataset="builtin", domains=list(DOMAINS)), **a["target_unique"]}
+    u_m = np.array([pool[d] for d in DOMAINS], np.float64)
+    got = {"uniform": {"weights": {d: 1.0 / len(DOMAINS) for d in DOMAINS}, "why": "uniform"},
+           "proportional": {"weights": dict(zip(DOMAINS, (u_m / u_m.sum()).tolist())),
+                            "why": "proportional to unique tokens at the target (built-in corpus, the scarce pool)"},
+           "unimax": {"weights": dict(zip(DOMAINS, unimax_weights(u_m, tokens, UNIMAX_MAX_EPOCHS).tolist())),
+                      "why": f"UniMax at the target's tokens, cap {UNIMAX_MAX_EPOCHS:g} epochs"}}
+    table = read_runs(str(out / "runs.csv"))
+    weights, values = final_means(table, sizes()[PROXIES[-1]]["params_active"])
+    best = min(weights, key=lambda k: np.mean(values[k]))
+    got["best_at_proxy"] = {"weights": weights[best], "why": f"{best}: lowest seed-mean target loss at {PROXIES[-1]}"}
+    names = sorted(weights)
+    from scipy.stats import spearmanr
+
+    rho = {d: spearmanr([weights[k][d] for k in names], [np.mean(values[k]) for k in names]).statistic for d in DOMAINS}
+    like = min(rho, key=rho.get)  # the domain whose weight lowers the target loss most consistently
+    cap = (UNIMAX_MAX_EPOCHS * pool[like] / tokens) if like in a["target_unique"] else 1.0
+    got["rank_by_weight"] = {"weights": capped_weights(like, min(cap, 0.7)),
+                             "why": f"as much {like} as a {UNIMAX_MAX_EPOCHS:g}-epoch cap (at most 0.7) allows: its weight "
+                                    f"has the most negative Spearman with the target loss at {PROXIES[-1]} ({rho[like]:.2f})"}
+    laws = json.loads((out / "evaluate_ladder" / "evaluation.json").read_text())["laws"]
+    got["camel"] = {"weights": json.loads((out / "optima" / "camel.json").read_text())["weights"],
+                    "why": "CAMEL's optimum for the target"}
+    scored = {k: v for k, v in laws.items() if k != "camel" and "decision" in v}
+    other = max(scored, key=lambda k: (scored[k]["decision"]["accuracy"], -scored[k]["mean"]["mae"]))
+    got["best_other_law"] = {"weights": json.loads((out / "optima" / f"{other}.json").read_text())["weights"], "law": other,
+                             "why": f"{other}: the best decision accuracy with {PROXIES[-1]} held out after CAMEL's "
+                                    f"({scored[other]['decision']['accuracy']:.3f})"}
+    got["repetition_law"] = {"weights": json.loads((out / "optima" / f"{REP_LAW}.json").read_text())["weights"],
+                             "why": f"{REP_LAW}'s optimum (R* fitted) for the target"}
+    return got
+
+
+def law_predictions(out: Path, a: dict, mixtures: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Every law's predicted target loss for each candidate at the target point with the target's pool."""
+    from data_mixture.fit import Fit
+
+    size, tokens = target_point(a)
+    names = list(mixtures)
+    mix_rm = np.array([[mixtures[n][d] for d in DOMAINS] for n in names])
+    unique_m = np.array([float(a["target_unique"].get(d, np.inf)) for d in DOMAINS])
+    got = {}
+    for law in LAWS:
+        fit = Fit.load(out / "fits" / f"{law}.json")
+        cols = [DOMAINS.index(d) for d in fit.mix_domains]  # the fit's domain order
+        pred = fit.predict_losses(np.full(len(names), size), np.full(len(names), tokens), mix_rm[:, cols],
+                                  unique_rm=np.broadcast_to(unique_m[cols], mix_rm.shape))
+        got[law] = dict(zip(names, pred[:, 0].tolist()))
+    return got
+
+
+def stage_register(out: Path, root: Path, parallel: int, attempt: int) -> None:
+    """``data_mixture register``: rule, candidates and predictions before any target run; commit it."""
+    a = passed_attempt(out, attempt)
+    path = out / "registration.json"
+    if path.exists():
+        print(f"register: {path} exists (kept)")
+        return
+    chosen = candidates(out, a)
+    (out / "candidates.json").write_text(json.dumps(chosen, indent=1))
+    mixtures = {n: c["weights"] for n, c in chosen.items()}
+    (out / "candidate_mixtures.json").write_text(json.dumps(mixtures, indent=1))
+    (out / "predictions.json").write_text(json.dumps(law_predictions(out, a, mixtures), indent=1))
+    size, tokens = target_point(a)
+    dm("register", "--rule", DECISION_RULE, "--candidates", str(out / "candidate_mixtures.json"), "--predictions",
+       str(out / "predictions.json"), "--size", repr(size), "--tokens", repr(tokens), "--size-column", SIZE_COLUMN,
+       "--metric", f"loss:{TARGET_SET}", "--out", str(path))
+    print(f"register: wrote {path}; commit it (git add {path} && git commit) before --stage target")
+
+
+def committed(path: Path) -> bool:
+    """Whether ``path`` is tracked by git and has no uncommitted change."""
+    tracked = subprocess.call(["git", "ls-files", "--error-unmatch", str(path)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) == 0
+    return tracked and subprocess.call(["git", "diff", "--quiet", "HEAD", "--", str(path)]) == 0
+
+
+def target_plan(out: Path, a: dict) -> dict:
+    """Each registered candidate from scratch at the target with the target's pool, TARGET_SEEDS each
+    (a candidate equal to an earlier one within 1e-6 is trained once)."""
+    reg = json.loads((out / "registration.json").read_text())
+    steps, _ = tokens_of(TARGET, a["tokens_per_param"])
+    runs, seen = [], {}
+    for name, w in reg["candidates"].items():
+        same = [m for m, v in seen.items() if max(abs(v[d] - w.get(d, 0.0)) for d in DOMAINS) < 1e-6]
+        if same:
+            continue
+        seen[name] = {d: float(w.get(d, 0.0)) for d in DOMAINS}
+        for seed in TARGET_SEEDS:
+            run = scratch_run(f"{TARGET}_{name}_s{seed}", TARGET, steps, seed, seen[name])
+            overrides = {**run["overrides"], "data.unique_tokens": ",".join(f"{d}={u}" for d, u in a["target_unique"].items())}
+            runs.append({**run, "overrides": overrides, "unique_tokens": dict(a["target_unique"])})
+    return {"version": 1, "decision_rule": reg["decision_rule"], "registration_sha256": reg["sha256"], "runs": runs}
+
+
+def stage_target(out: Path, root: Path, parallel: int, attempt: int) -> None:
+    a = passed_attempt(out, attempt)
+    reg = out / "registration.json"
+    if not reg.exists() or not committed(reg):
+        raise SystemExit(f"{reg} is missing or not committed: run --stage register and commit it before any target run.")
+    path = out / "target_plan.json"
+    if not path.exists():
+        path.write_text(json.dumps(target_plan(out, a), indent=1))
+    sweep(path, root / "target", parallel)
+    shutil.copyfile(root / "target" / "runs.csv", out / "target_runs.csv")
+    shutil.copyfile(root / "target" / "sweep.log", out / "sweep_target.log")
+
+
+def stage_report(out: Path, root: Path, parallel: int, attempt: int) -> None:
+    """``evaluate --registration`` on the ladder and the target runs, then ``report.md``."""
+    if not (out / "target_runs.csv").exists():
+        raise SystemExit(f"{out / 'target_runs.csv'} does not exist: run --stage target first.")
+    runs = [str(out / "runs.csv"), str(out / "target_runs.csv")]
+    dm("evaluate", "--runs", *runs, "--laws", ",".join(LAWS), "--size-column", SIZE_COLUMN, "--target", TARGET_SET,
+       "--registration", str(out / "registration.json"), "--out-dir", str(out / "evaluate_target"), "--force")
+    (out / "report.md").write_text(report_md(out))
+    print((out / "report.md").read_text())
+
+
+def report_md(out: Path) -> str:
+    """The study's report from its committed files: every gate attempt, then (when run) the
+    registration check with every registered comparison, the laws' predictions against the observed
+    target loss, and the two evaluate verdicts."""
+    from data_mixture.register import format_check, load, verify
+    from data_mixture.table import read_runs
+
+    lines = ["# The headroom study", "", "## Gate attempts", "", "| attempt | sizes | best per size | gain over uniform "
+             "(per-pair sd) | best moves | gate |", "|---|---|---|---|---|---|"]
+    for k in sorted(ATTEMPTS):
+        path = attempt_dir(out, k) / "gate.json"
+        if not path.exists():
+            continue
+        g = json.loads(path.read_text())
+        rows = g["sizes"]
+        lines.append(f"| {k} | {', '.join(rows)} | " + ", ".join(f"{p}: {r['best']}" for p, r in rows.items()) + " | "
+                     + ", ".join(f"{p}: {r.get('gain', 0.0):+.4f} ({r.get('gain_in_sd') or 0.0:.1f} sd)"
+                                 for p, r in rows.items())
+                     + f" | {g['best_moves']} | {'pass' if g['passed'] else 'fail'} |")
+    passed = [k for k in sorted(ATTEMPTS) if (attempt_dir(out, k) / "gate.json").exists()
+              and json.loads((attempt_dir(out, k) / "gate.json").read_text())["passed"]]
+    lines += ["", (f"Gate passed in attempt {passed[-1]} (pilot/attempt{passed[-1]}/gate.md)." if passed else
+                   "No attempt has passed the gate: no ladder run is made (each attempt's gate.md says why).")]
+    reg_path, target_csv = out / "registration.json", out / "target_runs.csv"
+    if reg_path.exists() and target_csv.exists():
+        reg = load(reg_path)
+        check = verify(reg, read_runs(str(target_csv)))
+        lines += ["", "## Target comparisons (registration check)", "", *format_check(check)]
+        table = read_runs(str(target_csv))
+        weights, values = final_means(table, sizes()[TARGET]["params_active"])
+        names = [n for n in reg["candidates"] if f"{TARGET}_{n}" in values]
+        lines += ["", "## Predicted vs observed target loss", "", "| law | " + " | ".join(names) + " |",
+                  "|---|" + "---|" * len(names),
+                  "| observed (seed mean) | " + " | ".join(f"{np.mean(values[f'{TARGET}_{n}']):.4f}" for n in names) + " |"]
+        lines += [f"| {law} | " + " | ".join(f"{p[n]:.4f}" for n in names) + " |" for law, p in reg["predictions"].items()]
+    for name, title in (("evaluate_ladder", f"{PROXIES[-1]} held out"), ("evaluate_target", "the target held out")):
+        path = out / name / "evaluation.json"
+        if path.exists():
+            lines += ["", f"## Evaluate, {title}", "", f"**{json.loads(path.read_text())['verdict']}** "
+                      f"(tables: {name}/evaluation.md)"]
+    lines += ["", "## Limits", "", "- One synthetic corpus (four generated domains and one held-out target set), "
+              "tiny models on CPU; MergeMix is not compared (a mid-training method; this study trains from scratch)."]
+    return "\n".join(lines) + "\n"
+
+
+STAGES = ("pilot", "ladder", "fit", "register", "target", "report")
+STAGE_FNS = {"ladder": stage_ladder, "fit": stage_fit, "register": stage_register, "target": stage_target,
+             "report": stage_report}
 
 
 def main(argv=None) -> None:
