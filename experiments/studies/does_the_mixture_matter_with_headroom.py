@@ -461,9 +461,10 @@ def candidates(out: Path, a: dict) -> dict[str, dict]:
     rho = {d: spearmanr([weights[k][d] for k in names], [np.mean(values[k]) for k in names]).statistic for d in DOMAINS}
     like = min(rho, key=rho.get)  # the domain whose weight lowers the target loss most consistently
     cap = (UNIMAX_MAX_EPOCHS * pool[like] / tokens) if like in a["target_unique"] else 1.0
+    limit = f"a {UNIMAX_MAX_EPOCHS:g}-epoch cap on its pool (at most 0.7)" if like in a["target_unique"] else "0.7"
     got["rank_by_weight"] = {"weights": capped_weights(like, min(cap, 0.7)),
-                             "why": f"as much {like} as a {UNIMAX_MAX_EPOCHS:g}-epoch cap (at most 0.7) allows: its weight "
-                                    f"has the most negative Spearman with the target loss at {PROXIES[-1]} ({rho[like]:.2f})"}
+                             "why": f"as much {like} as {limit} allows, the rest equal: its weight has the most negative "
+                                    f"Spearman with the target loss at {PROXIES[-1]} ({rho[like]:.2f})"}
     laws = json.loads((out / "evaluate_ladder" / "evaluation.json").read_text())["laws"]
     got["camel"] = {"weights": json.loads((out / "optima" / "camel.json").read_text())["weights"],
                     "why": "CAMEL's optimum for the target"}
