@@ -257,7 +257,7 @@ def gate_md(plan: dict, g: dict) -> str:
             d = r["uniform_minus_best"]
             iv = f"[{d['lo']:+.4f}, {d['hi']:+.4f}] ({d['method']})" if d["lo"] is not None else "(no interval)"
             lines.append(f"Best: **{r['best']}**; uniform - best = {r['gain']:+.4f} nats; per-pair seed sd "
-                         f"{r['sd_pair']:.4f}; gain = **{r['gain_in_sd']:.1f} sd** (gate {GATE_SD:g}); 95% interval "
+                         f"{r['sd_pair']:.4f}; gain = **{r['gain_in_sd']:.2f} sd** (gate {GATE_SD:g}); 95% interval "
                          f"{iv}.")
         else:
             lines.append(f"Best: **{r['best']}** (gain over uniform {r.get('gain', 0.0):+.4f} nats).")
@@ -583,7 +583,7 @@ def report_md(out: Path) -> str:
         g = json.loads(path.read_text())
         rows = g["sizes"]
         lines.append(f"| {k} | {', '.join(rows)} | " + ", ".join(f"{p}: {r['best']}" for p, r in rows.items()) + " | "
-                     + ", ".join(f"{p}: {r.get('gain', 0.0):+.4f} ({r.get('gain_in_sd') or 0.0:.1f} sd)"
+                     + ", ".join(f"{p}: {r.get('gain', 0.0):+.4f} ({r.get('gain_in_sd') or 0.0:.2f} sd)"
                                  for p, r in rows.items())
                      + f" | {g['best_moves']} | {'pass' if g['passed'] else 'fail'} |")
     passed = [k for k in sorted(ATTEMPTS) if (attempt_dir(out, k) / "gate.json").exists()
