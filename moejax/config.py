@@ -183,9 +183,10 @@ def default_config() -> ConfigDict:
     c.model.moe.ep_capacity_factor = 2.0
     # expert_parallel: what happens to assignments past the buffers: drop (counted in drop_rate) |
     # llep (Least-Loaded EP: an overloaded device's excess assignments, and the weights of their
-    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs ep_comm =
-    # all_gather and mesh.expert > 1; ep_capacity_factor then sizes each device's native buffer,
-    # ceil(factor x q) rows with q = its tokens x experts_per_token (not per device pair).
+    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs mesh.expert > 1;
+    # its spilling exchange moves tokens in the all_gather form (ep_comm is the form of the standard
+    # exchange it takes below ep_llep_threshold); ep_capacity_factor also sizes each device's native
+    # spill-mode buffer, ceil(factor x q) rows with q = its tokens x experts_per_token.
     c.model.moe.ep_balance = "drop"
     # llep: S, the extra experts (spill slots) a device may host, each with its weights and
     # ceil(ep_spill_capacity_factor x q) token rows. Memory per device and MoE layer, static (in
@@ -196,6 +197,15 @@ def default_config() -> ConfigDict:
     # routing, when S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
     c.model.moe.ep_spill_slots = 2
     c.model.moe.ep_spill_capacity_factor = 1.0
+    # llep: a layer spills only when an expert group's imbalance, its largest device load over the
+    # mean (loads as standard EP asks them), reaches this threshold, or when standard EP's buffers
+    # would drop; otherwise it takes standard EP's exchange (no plan, no weight ring, no spill rows)
+    # in the ep_comm form with this threshold as its capacity factor (per device pair
+    # ceil(threshold x q / mesh.expert) slots: what a device can be asked for under the threshold).
+    # The step's metrics count it (llep_engaged, per MoE layer).
+    # 1.3 is the value the LLEP authors' reference code runs with (MOE_ADAPTIVE_LPT_ROUTING_RATIO);
+    # <= 1: always spill.
+    c.model.moe.ep_llep_threshold = 1.3
     # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
     # (name, {hyperparameter: value}) pairs. Names: none | switch | global_batch | seq_aux | z_loss
     # | loss_free | phi | dpsl; formulas, hyperparameters and how to choose: docs/balancing.md.
@@ -614,7 +624,7 @@ def _fail_pair(changed: Any, first: tuple[str, Any, str], second: tuple[str, Any
 
 
 def _check_llep(moe: ConfigDict, mesh: dict[str, int]) -> None:
-    """ep_balance = llep: an expert axis to spill over, the gather form, buffers that can spill."""
+    """ep_balance = llep: an expert axis to spill over, buffers that can spill."""
     if moe.ep_balance != "llep":
         return
     if moe.backend != "expert_parallel":
@@ -623,9 +633,6 @@ def _check_llep(moe: ConfigDict, mesh: dict[str, int]) -> None:
     if mesh["expert"] < 2:
         _fail("model.moe.ep_balance", "llep", f"'drop' with mesh.expert={mesh['expert']}",
               "LLEP needs an expert mesh axis of size >= 2 to spill over: set mesh.expert.")
-    if moe.ep_comm != "all_gather":
-        _fail("model.moe.ep_comm", moe.ep_comm, "all_gather with model.moe.ep_balance=llep",
-              "LLEP moves tokens in the all_gather form.")
     if not isinstance(moe.ep_spill_slots, int) or isinstance(moe.ep_spill_slots, bool):
         _fail("model.moe.ep_spill_slots", moe.ep_spill_slots, "an int >= 1 (experts a device may host)")
     if moe.ep_spill_slots > moe.num_experts:

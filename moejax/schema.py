@@ -188,6 +188,8 @@ class DispatchConfig(TypedConfig):
                              doc="expert_parallel: drop the overflow, or llep (spill it to least-loaded devices)")
     ep_spill_slots: int = hparam(2, check=positive(int), doc="llep: extra experts a device may host")
     ep_spill_capacity_factor: float = hparam(1.0, check=positive(), doc="llep: each spill slot's rows, x q")
+    ep_llep_threshold: float = hparam(1.3, check=positive(),
+                                      doc="llep: spill when max device load >= this x mean load; <= 1: always")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

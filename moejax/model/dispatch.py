@@ -179,15 +179,20 @@ def dispatch(
           device's native buffer instead: ``ceil(ep_capacity_factor * q)`` rows;
         - ``ep_balance``: ``"expert_parallel"`` only; ``"drop"`` drops what the buffers cannot hold,
           ``"llep"`` spills it with the experts' weights to the least-loaded devices
-          (:mod:`moejax.model.llep`; needs ``ep_comm="all_gather"``);
+          (:mod:`moejax.model.llep`);
         - ``ep_spill_slots``, ``ep_spill_capacity_factor``: ``"llep"`` only; extra experts a device
-          may host, and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``.
+          may host, and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``;
+        - ``ep_llep_threshold``: ``"llep"`` only; the step spills when an expert group's largest
+          device load reaches this multiple of the mean load (or when standard EP's buffers would
+          drop); otherwise it takes standard EP's exchange, with this threshold as its
+          ``ep_capacity_factor``. ``<= 1``: always spill.
 
     Returns:
       y_gtd: [g, t, d] in x's dtype.
       stats: ``drop_rate``, float32 scalar, the fraction of (token, choice) assignments dropped
         (0 for dropless); ``tokens_per_expert_e``, float32 [e], assignments per expert before
-        dropping, summed over groups (over all devices for expert_parallel too).
+        dropping, summed over groups (over all devices for expert_parallel too); with
+        ``ep_balance="llep"`` also ``llep_engaged``, float32 scalar, 1.0 when the layer spilled.
     """
     _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
 
@@ -200,7 +205,7 @@ def dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, comm=cfg.ep_comm,
             capacity_factor=cfg.ep_capacity_factor, impl=cfg.impl, tile_size=cfg.tile_size,
             balance=cfg.ep_balance, spill_slots=cfg.ep_spill_slots,
-            spill_capacity_factor=cfg.ep_spill_capacity_factor,
+            spill_capacity_factor=cfg.ep_spill_capacity_factor, llep_threshold=cfg.ep_llep_threshold,
         )
     else:  # dropless, or expert_parallel with no expert axis to spread the experts over
         y_gtd, stats = _dropless_dispatch(
