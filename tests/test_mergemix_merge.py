@@ -16,7 +16,7 @@ from data_mixture.mergemix.arithmetic import is_router_path
 from data_mixture.mergemix.merge import (
     MergeEvaluator, MergeMismatch, MergeSet, check_alpha, compatibility_problems, flat_metrics,
 )
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.eval.evaluate import Evaluator, make_settings
 from moejax.eval.restore import EvalRun, open_run
 from moejax.train.checkpoint import Checkpointer
