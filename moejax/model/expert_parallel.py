@@ -57,7 +57,10 @@ least-loaded devices of the expert axis, by a plan every device computes identic
 all-gathered expert ids (:mod:`moejax.model.llep`). Tokens travel in the all_gather form; each
 device's buffer has native rows for its own experts plus one block of rows per spill slot; the
 hosted experts' weights arrive over a ring of ``ppermute`` steps (:func:`_ring_spill_weights`), and
-their gradients return to the owners by autodiff of the ring. All shapes are static.
+their gradients return to the owners by autodiff of the ring. All shapes are static. It spills only
+when some expert group's largest device load reaches ``llep_threshold`` times the mean (or standard
+EP's buffers would drop, :func:`llep_engages`); otherwise the layer takes standard EP's exchange.
+Both branches are compiled (``lax.cond``), one decision for the whole mesh.
 
 Statistics are global: ``drop_rate`` is the number of dropped assignments over the number of
 assignments, both summed over all devices; ``tokens_per_expert_e`` counts assignments before
@@ -489,8 +492,8 @@ def expert_parallel_dispatch(
     (:func:`moejax.model.llep.buffer_rows`). It spills only when an expert group's imbalance
     (largest device load over the mean) reaches ``llep_threshold`` or its standard exchange would
     drop (:func:`llep_engages`); otherwise the step takes standard EP's exchange in the ``comm``
-    form, with ``llep_threshold`` as its capacity factor. The statistics add ``llep_engaged`` (1.0 when it spilled). The spilling exchange moves
-    tokens in the all_gather form whatever ``comm`` is.
+    form, with ``llep_threshold`` as its capacity factor. The statistics add ``llep_engaged`` (1.0
+    when it spilled). The spilling exchange moves tokens in the all_gather form whatever ``comm`` is.
     """
     if comm not in COMMS:
         raise ValueError(f"ep_comm must be one of {COMMS}, got {comm!r}")
