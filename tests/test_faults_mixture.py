@@ -67,3 +67,31 @@ def test_predicting_past_a_multi_size_fit_says_how_far(tmp_path, law):
     with pytest.warns(SizeExtrapolationWarning, match=r"outside the sizes the fit saw \[1e\+06, 3e\+06\] \(up to 10x beyond\)"):
         main(["optimize", "--fit", str(fit), "--size", "3e7", "--tokens", "6e8", "--no-bootstrap",
               "--out", str(tmp_path / "m.json")])
+
+
+def test_a_lease_whose_runner_died_on_this_host_is_taken_over_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    from data_mixture.sweep import record
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is gone (a SIGKILLed runner's would be too)
+    killed = {**record.new_owner(), "pid": dead.pid}
+    assert record.try_acquire(tmp_path, killed, timeout=300)[0]  # heartbeat 0 s ago, far below the timeout
+    assert record.stale_reason(killed, 0.0, 300) == (
+        f"its runner, pid {dead.pid} on this host ({record.host()}), is no longer running")
+    mine = record.new_owner()
+    assert record.try_acquire(tmp_path, mine, timeout=300) == (True, mine)
+    record.release(tmp_path, mine)
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # a live runner of this host, or one of another host with a fresh heartbeat, keeps its lease
+        for holder in ({**record.new_owner(), "pid": alive.pid}, {**record.new_owner(), "host": "node7", "pid": dead.pid}):
+            assert record.try_acquire(tmp_path, holder, timeout=300)[0]
+            got, seen = record.try_acquire(tmp_path, record.new_owner(), timeout=300)
+            assert not got and seen["id"] == holder["id"]
+            record.release(tmp_path, holder)
+    finally:
+        alive.kill()
+        alive.wait()
