@@ -280,8 +280,9 @@ class TextStream:
     after whitespace, so a character split over several byte tokens is printed once complete and
     decoding stays cheap however long the text grows."""
 
-    def __init__(self, tokenizer, stop_ids: Sequence[int], write: Callable[[str], object] = sys.stdout.write):
-        self.tokenizer, self.stop_ids, self.write = tokenizer, set(stop_ids), write
+    def __init__(self, tokenizer, stop_ids: Sequence[int], write: Callable[[str], object] | None = None):
+        self.tokenizer, self.stop_ids = tokenizer, set(stop_ids)
+        self.write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
         self.ids: list[int] = []
         self.printed = 0
         self.stopped = False
@@ -296,7 +297,6 @@ class TextStream:
         if text.endswith("\ufffd") and len(self.ids) < 8:
             return  # the rest of a character is still to come
         self.write(text[self.printed:])
-        sys.stdout.flush()
         if text[-1:].isspace() or len(self.ids) >= 64:
             self.ids, self.printed = [], 0
         else:
