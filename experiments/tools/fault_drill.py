@@ -197,7 +197,7 @@ def main() -> None:
         slow = {case.name for case in fault_cases.CASES if case.slow}
         chosen = [n for n in chosen if n not in slow]
     print(f"| {'case':<27} | result | {'s':>6} | what the user sees |\n|{'-' * 29}|--------|{'-' * 8}|---|", flush=True)
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as root:
         cache_dir = os.environ.get("MOEJAX_CACHE") or os.path.join(root, "cache")
         rows = run_cases(chosen, root, cache_dir, kills=args.kills, steps=args.steps,
                          sig=getattr(signal, f"SIG{args.signal}"), seed=args.seed, every=args.every)
