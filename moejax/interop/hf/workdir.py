@@ -164,7 +164,7 @@ def check_only_exported_files(hf_dir: str, what: str) -> None:
     if not foreign:
         return
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-    why = (f"it holds {what}, not a moejax export" if marker is None
+    why = (f"it is not a moejax export (it holds {what}: {shown})" if marker is None
            else f"it holds files that export did not write ({shown})")
     raise InteropError(f"--hf-dir {hf_dir}: --force replaces only a previous export (the files listed in its "
                        f"{EXPORT_MARKER}), never files it did not write, and {why}. Choose a new or empty "
