@@ -104,6 +104,17 @@ def call(main: Callable[[list[str]], object], argv: list[str]) -> Result:
     return Result(code, out.getvalue(), err.getvalue(), time.perf_counter() - start)
 
 
+def command(module: str, argv: list[str], timeout: float = 600) -> Result:
+    """``python -m module argv`` in its own process (a command that reads checkpoints: in this
+    process, what earlier commands left to the garbage collector would print into its stderr)."""
+    from experiments.tools.fault_drill import child_xla_flags
+
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=child_xla_flags(1)), timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
+
+
 def start_training(drill: Drill, workdir: str, *overrides: str, preexec: Callable[[], None] | None = None,
                    env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m moejax.main --config <drill config> --workdir workdir [overrides]`` in its own process."""
@@ -187,11 +198,9 @@ def export_onto_source(drill: Drill) -> str:
 
 def damaged_checkpoint_eval(drill: Drill) -> str:
     """eval on a workdir whose latest checkpoint is damaged: one notice, the previous step used."""
-    from moejax.eval import __main__ as eval_cli
-
     workdir = drill.copy("damaged_eval")
     damage_latest(workdir)
-    result = call(eval_cli.main, ["--workdir", workdir, "--tasks", "--loss-batches", "1", "--no-progress"])
+    result = command("moejax.eval", ["--workdir", workdir, "--tasks", "--loss-batches", "1", "--no-progress"])
     expect(result.code == 0, f"eval exit {result.code}\n{result.err[-3000:]}")
     expect("is damaged; using step 9, the newest that reads" in result.err,
            f"eval did not say which step it used:\n{result.err[-2000:]}")
@@ -204,16 +213,14 @@ def damaged_checkpoint_eval(drill: Drill) -> str:
 def damaged_checkpoint_generate(drill: Drill) -> str:
     """generate on a workdir whose latest checkpoint is damaged: one notice, the previous step used;
     a damaged --step is a clear error."""
-    from moejax import generate as generate_cli
-
     workdir = drill.copy("damaged_generate")
     latest = damage_latest(workdir)
-    result = call(generate_cli.main, ["--workdir", workdir, "--prompt", "def ", "--max-new-tokens", "4"])
+    result = command("moejax.generate", ["--workdir", workdir, "--prompt", "def ", "--max-new-tokens", "4"])
     expect(result.code == 0, f"generate exit {result.code}\n{result.err[-3000:]}")
     expect("--- step 9" in result.out and "using step 9" in result.err,
            f"generate did not use and name step 9:\n{result.out}\n{result.err[-2000:]}")
     expect(len(result.err.strip().splitlines()) <= 4, f"generate's notice is {len(result.err.splitlines())} lines")
-    asked = call(generate_cli.main, ["--workdir", workdir, "--prompt", "def ", "--step", "12"])
+    asked = command("moejax.generate", ["--workdir", workdir, "--prompt", "def ", "--step", "12"])
     expect(asked.code == 2 and f"checkpoint {latest} is damaged" in asked.err and "Choose another --step" in asked.err,
            f"generate --step 12 (damaged): exit {asked.code}\n{asked.err[-2000:]}")
     return first_line(result.err)
