@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from moejax.config import default_config
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.from_config import check_data_config
 from moejax.data.prepare import prepare_dataset
 
