@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from experiments.tools import fault_cases, fault_drill
+from experiments.tools import drill_runs, fault_cases
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +15,8 @@ def reference(run_once, corpus_cache):
     """The uninterrupted drill run that tests/test_checkpoint.py shares (checkpoints at 9 and 12)."""
     def build(root):
         os.makedirs(root)
-        fault_drill.run_to_end(
-            fault_drill.write_config(root, steps=12, every=3, cache_dir=corpus_cache), os.path.join(root, "run"))
+        drill_runs.run_to_end(
+            drill_runs.write_config(root, steps=12, every=3, cache_dir=corpus_cache), os.path.join(root, "run"))
 
     return os.path.join(run_once("drill_reference", build), "run")
 

@@ -30,9 +30,10 @@ def _prepare(out, *specs):
 
 def test_failed_prepare_leaves_nothing_behind(sources, tmp_path, capsys):
     out = tmp_path / "ds"
-    code = prepare_main(["--source", f"good={sources / 'good'}", "--source", f"blank={sources / 'blank'}",
-                         "--out", str(out), "--workers", "1", "--heldout-fraction", "0.3", "--shard-mb", "0.002"])
-    assert code == 2
+    with pytest.raises(SystemExit) as exit_:
+        prepare_main(["--source", f"good={sources / 'good'}", "--source", f"blank={sources / 'blank'}",
+                      "--out", str(out), "--workers", "1", "--heldout-fraction", "0.3", "--shard-mb", "0.002"])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"source blank={sources / 'blank'} holds no non-empty documents" in err  # what happened
     assert f"Nothing was left behind: {out} was removed." in err

@@ -49,19 +49,19 @@ class Drill:
     every: int = 3
 
     def config(self) -> str:
-        """The drill's training config file (experiments/tools/fault_drill.py's template)."""
-        from experiments.tools import fault_drill
+        """The drill's training config file (experiments/tools/drill_runs.py's template)."""
+        from experiments.tools import drill_runs
 
         directory = os.path.join(self.root, "config")
         os.makedirs(directory, exist_ok=True)
-        return fault_drill.write_config(directory, steps=self.steps, every=self.every, cache_dir=self.cache_dir)
+        return drill_runs.write_config(directory, steps=self.steps, every=self.every, cache_dir=self.cache_dir)
 
     def reference(self) -> str:
         if self.reference_dir is None:
-            from experiments.tools import fault_drill
+            from experiments.tools import drill_runs
 
             self.reference_dir = os.path.join(self.root, "reference")
-            fault_drill.run_to_end(self.config(), self.reference_dir)
+            drill_runs.run_to_end(self.config(), self.reference_dir)
         return self.reference_dir
 
     def copy(self, name: str) -> str:
@@ -107,7 +107,7 @@ def call(main: Callable[[list[str]], object], argv: list[str]) -> Result:
 def command(module: str, argv: list[str], timeout: float = 600) -> Result:
     """``python -m module argv`` in its own process (a command that reads checkpoints: in this
     process, what earlier commands left to the garbage collector would print into its stderr)."""
-    from experiments.tools.fault_drill import child_xla_flags
+    from experiments.tools.drill_runs import child_xla_flags
 
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True,
@@ -118,7 +118,7 @@ def command(module: str, argv: list[str], timeout: float = 600) -> Result:
 def start_training(drill: Drill, workdir: str, *overrides: str, preexec: Callable[[], None] | None = None,
                    env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m moejax.main --config <drill config> --workdir workdir [overrides]`` in its own process."""
-    from experiments.tools.fault_drill import child_xla_flags
+    from experiments.tools.drill_runs import child_xla_flags
 
     command = [sys.executable, "-m", "moejax.main", "--config", drill.config(), "--workdir", workdir, *overrides]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -196,6 +196,15 @@ def export_onto_source(drill: Drill) -> str:
     return "refused (exit 2), nothing deleted: " + "; ".join(details) + "; --force over others' files"
 
 
+def _one_notice(err: str, who: str) -> None:
+    """One notice: its first line, then one indented line per damaged step; no traceback."""
+    lines = err.splitlines()
+    first = next(i for i, line in enumerate(lines) if "is damaged; using step" in line)
+    block = [lines[first]] + [line for line in lines[first + 1:first + 4] if line.startswith("  step ")]
+    expect("Traceback" not in err and len(block) == 2 and len(block[1]) < 600,
+           f"{who}'s notice is not one line per damaged step:\n{err[-3000:]}")
+
+
 def damaged_checkpoint_eval(drill: Drill) -> str:
     """eval on a workdir whose latest checkpoint is damaged: one notice, the previous step used."""
     workdir = drill.copy("damaged_eval")
@@ -204,8 +213,7 @@ def damaged_checkpoint_eval(drill: Drill) -> str:
     expect(result.code == 0, f"eval exit {result.code}\n{result.err[-3000:]}")
     expect("is damaged; using step 9, the newest that reads" in result.err,
            f"eval did not say which step it used:\n{result.err[-2000:]}")
-    expect("Traceback" not in result.err and len(result.err.strip().splitlines()) <= 4,
-           f"eval's notice is {len(result.err.splitlines())} lines:\n{result.err[-3000:]}")
+    _one_notice(result.err, "eval")
     expect(os.path.isfile(os.path.join(workdir, "eval", "step_9.json")), "eval wrote no result for step 9")
     return first_line(result.err)
 
@@ -219,7 +227,7 @@ def damaged_checkpoint_generate(drill: Drill) -> str:
     expect(result.code == 0, f"generate exit {result.code}\n{result.err[-3000:]}")
     expect("--- step 9" in result.out and "using step 9" in result.err,
            f"generate did not use and name step 9:\n{result.out}\n{result.err[-2000:]}")
-    expect(len(result.err.strip().splitlines()) <= 4, f"generate's notice is {len(result.err.splitlines())} lines")
+    _one_notice(result.err, "generate")
     asked = command("moejax.generate", ["--workdir", workdir, "--prompt", "def ", "--step", "12"])
     expect(asked.code == 2 and f"checkpoint {latest} is damaged" in asked.err and "Choose another --step" in asked.err,
            f"generate --step 12 (damaged): exit {asked.code}\n{asked.err[-2000:]}")
@@ -396,9 +404,9 @@ def size_extrapolation(drill: Drill) -> str:
 def kill_and_resume(drill: Drill, *, kills: int = 3, steps: int = 20, every: int = 3, sig: int = signal.SIGKILL,
                     seed: int = 0) -> str:
     """SIGKILL at random steps, rerun each time: the curve is bit-identical to an uninterrupted run."""
-    from experiments.tools import fault_drill
+    from experiments.tools import drill_runs
 
-    done, divergent = fault_drill.drill(kills, steps, every, sig, seed, os.path.join(drill.root, "kills"))
+    done, divergent = drill_runs.drill(kills, steps, every, sig, seed, os.path.join(drill.root, "kills"))
     expect(not divergent, f"{done} kills, divergent steps {divergent}")
     return f"{done} kills, 0 divergent steps"
 
