@@ -43,3 +43,19 @@ def test_a_missing_metadata_file_is_named(tmp_path):
 def test_a_long_message_is_cut_to_one_line(tmp_path):
     reason = unreadable_reason(_step_dir(tmp_path), RuntimeError("x" * 1000 + "\nsecond line"))
     assert reason.startswith("RuntimeError: xxx") and reason.endswith("...") and len(reason) < 450
+
+
+def test_only_the_closed_event_loop_report_is_dropped_after_a_failed_read(monkeypatch):
+    import sys
+    import types
+
+    from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    quiet_closed_loop_callbacks()
+    quiet_closed_loop_callbacks()  # once is enough: not wrapped twice
+    report = lambda exc: types.SimpleNamespace(exc_value=exc)  # noqa: E731
+    sys.unraisablehook(report(RuntimeError("Event loop is closed")))
+    sys.unraisablehook(report(RuntimeError("something else")))
+    assert [str(r.exc_value) for r in seen] == ["something else"]

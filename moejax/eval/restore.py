@@ -29,7 +29,7 @@ from moejax.errors import ConfigError
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
-from moejax.train.checkpoint_damage import unreadable_reason
+from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks, unreadable_reason
 from moejax.train.state import Run, num_moe_layers, setup
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class EvalRun:
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
+            quiet_closed_loop_callbacks()
             others = [s for s in self.steps if s != step]
             raise ConfigError(
                 f"checkpoint {self.checkpoint_dir}/{step} is damaged: {unreadable_reason(self._step_dir(step), e)}. "
@@ -92,6 +93,7 @@ class EvalRun:
                 raise
             except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
                 damaged.append((step, unreadable_reason(self._step_dir(step), e)))
+                quiet_closed_loop_callbacks()
                 continue
             if damaged:
                 log.warning(damaged_notice(self.checkpoint_dir, damaged, used=step))

@@ -40,7 +40,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from moejax.errors import ConfigError
-from moejax.train.checkpoint_damage import unreadable_reason
+from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks, unreadable_reason
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,7 @@ class Checkpointer:
         source = os.path.join(self.directory, str(step))
         target = os.path.join(self.corrupt_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
         reason = unreadable_reason(source, error)
+        quiet_closed_loop_callbacks()
         if jax.process_index() == 0:
             os.makedirs(self.corrupt_dir, exist_ok=True)
             shutil.move(source, target)

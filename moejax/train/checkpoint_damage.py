@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 # Files orbax writes into a step directory (moejax.train.checkpoint's items): the state's always,
 # an item's metadata where the item's directory exists. A step that lacks one cannot be read.
@@ -44,3 +45,21 @@ def unreadable_reason(step_dir: str, error: BaseException | None) -> str:
 def _expected(step_dir: str, name: str) -> bool:
     item = name.split("/")[0]
     return item == "state" or os.path.isdir(os.path.join(step_dir, item))
+
+
+def quiet_closed_loop_callbacks() -> None:
+    """After a read that failed, a storage thread may still complete an I/O callback onto the
+    event loop orbax already closed; Python would print that as an "Exception ignored ...
+    RuntimeError: Event loop is closed" traceback, sometimes at exit, under the one-line notice.
+    Drops exactly that report (any other unraisable exception is printed as before)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_moejax_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._moejax_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
