@@ -45,7 +45,7 @@ def test_a_long_message_is_cut_to_one_line(tmp_path):
     assert reason.startswith("RuntimeError: xxx") and reason.endswith("...") and len(reason) < 450
 
 
-def test_only_the_closed_event_loop_report_is_dropped_after_a_failed_read(monkeypatch):
+def test_only_the_late_reports_of_a_failed_read_are_dropped(monkeypatch):
     import sys
     import types
 
@@ -57,5 +57,7 @@ def test_only_the_closed_event_loop_report_is_dropped_after_a_failed_read(monkey
     quiet_closed_loop_callbacks()  # once is enough: not wrapped twice
     report = lambda exc: types.SimpleNamespace(exc_value=exc)  # noqa: E731
     sys.unraisablehook(report(RuntimeError("Event loop is closed")))
+    sys.unraisablehook(report(Exception("Encountered error while reading array index: (slice(0, 1, 1),). See full "
+                                        f"TensorStore details: <bound method spec of TensorStore({SPEC}")))
     sys.unraisablehook(report(RuntimeError("something else")))
     assert [str(r.exc_value) for r in seen] == ["something else"]

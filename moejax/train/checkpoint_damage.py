@@ -48,16 +48,20 @@ def _expected(step_dir: str, name: str) -> bool:
 
 
 def quiet_closed_loop_callbacks() -> None:
-    """After a read that failed, a storage thread may still complete an I/O callback onto the
-    event loop orbax already closed; Python would print that as an "Exception ignored ...
-    RuntimeError: Event loop is closed" traceback, sometimes at exit, under the one-line notice.
-    Drops exactly that report (any other unraisable exception is printed as before)."""
+    """After a read that failed, the read's other parts still end: a storage thread completes an
+    I/O callback onto the event loop orbax already closed ("RuntimeError: Event loop is closed"),
+    and the reads of other array chunks fail too, in coroutines nobody awaits any more. Python
+    prints each as an "Exception ignored in ..." traceback (with the whole TensorStore spec: a
+    thousand lines), sometimes at exit, under the one-line notice. Drops exactly these reports;
+    any other unraisable exception is printed as before."""
     previous = sys.unraisablehook
     if getattr(previous, "_moejax_quiet", False):
         return
 
     def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+        message = str(unraisable.exc_value)
+        if (isinstance(unraisable.exc_value, RuntimeError) and message == "Event loop is closed") or (
+                "TensorStore" in message and "error while reading" in message):
             return
         previous(unraisable)
 
