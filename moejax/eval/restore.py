@@ -68,6 +68,7 @@ class EvalRun:
         """The parameters and balancing state of ``step``, in the mesh. Default: the newest
         checkpoint that reads (a damaged newer one is reported in one notice and skipped, as
         training's resume does); a damaged ``step`` asked for by number is a ``ConfigError``."""
+        quiet_closed_loop_callbacks()  # a failed read's late reports would bury the notice
         if step is None:
             return self._load_newest_readable()
         if step not in self.steps:
@@ -77,7 +78,6 @@ class EvalRun:
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
-            quiet_closed_loop_callbacks()
             others = [s for s in self.steps if s != step]
             raise ConfigError(
                 f"checkpoint {self.checkpoint_dir}/{step} is damaged: {unreadable_reason(self._step_dir(step), e)}. "
@@ -93,7 +93,6 @@ class EvalRun:
                 raise
             except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
                 damaged.append((step, unreadable_reason(self._step_dir(step), e)))
-                quiet_closed_loop_callbacks()
                 continue
             if damaged:
                 log.warning(damaged_notice(self.checkpoint_dir, damaged, used=step))

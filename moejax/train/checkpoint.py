@@ -159,6 +159,7 @@ class Checkpointer:
     def restore_latest(self, abstract_state: Any) -> Restored | None:
         """The newest checkpoint that reads back on every process; unreadable ones are reported
         and set aside."""
+        quiet_closed_loop_callbacks()  # a failed read's late reports would bury the notice
         for step in reversed(self.steps()):
             restored, error = None, None
             try:
@@ -178,7 +179,6 @@ class Checkpointer:
         source = os.path.join(self.directory, str(step))
         target = os.path.join(self.corrupt_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
         reason = unreadable_reason(source, error)
-        quiet_closed_loop_callbacks()
         if jax.process_index() == 0:
             os.makedirs(self.corrupt_dir, exist_ok=True)
             shutil.move(source, target)

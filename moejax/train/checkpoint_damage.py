@@ -48,7 +48,8 @@ def _expected(step_dir: str, name: str) -> bool:
 
 
 def quiet_closed_loop_callbacks() -> None:
-    """After a read that failed, the read's other parts still end: a storage thread completes an
+    """Installed before checkpoints are read (once per process). After a read that failed, the
+    read's other parts still end: a storage thread completes an
     I/O callback onto the event loop orbax already closed ("RuntimeError: Event loop is closed"),
     and the reads of other array chunks fail too, in coroutines nobody awaits any more. Python
     prints each as an "Exception ignored in ..." traceback (with the whole TensorStore spec: a
