@@ -32,7 +32,12 @@ EXAMPLES = {
                f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'\n"
                f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
     "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
-           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5",
+           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5\n"
+           f"{PROG} fit --runs runs.csv --law camel --out fit.json --holdout largest   # fit below the largest size\n"
+           f"{PROG} fit --runs runs.csv --law camel --target heldout_qa --out fit.json   # a held-out target\n"
+           f"{PROG} fit --runs runs.csv --law additive+repfit --out fit.json   # repeated data (unique:<domain>)",
+    "laws": f"{PROG} laws              # each law's minimum sizes and runs for 2..8 training domains\n"
+            f"{PROG} laws --domains 3  # for 3 training domains",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
     "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
                 "--out-dir results/eval\n"
@@ -43,6 +48,8 @@ EXAMPLES = {
                 f"{PROG} evaluate --runs proxies.csv targets.csv --registration registration.json --out-dir results/eval",
     "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
+                f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --target code=0.6,prose=0.4 "
+                "--unique-tokens code=2e7 --max-epochs code=4 --out mixture.json\n"
                 "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json",
     "plan": f"{PROG} plan --budget-flops 3e15 --prior fit.json --target-size 3.1e6 --target-tokens 5e8 --out plan.json\n"
             f"{PROG} plan --budget-flops 2e16 --domains code,prose,math,knowledge --target-size 2e7 --target-tokens 4e8 "
@@ -56,6 +63,8 @@ EXAMPLES = {
 }
 
 
+TARGET_HELP = ("what the mixture is chosen for, when not the training mix: a validation domain (heldout_qa), a weighted "
+               "set (code=0.6,prose=0.4) or a benchmark log-probability (logprob:know_type); docs/data_mixture.md, 'Targets'")
 FORCE_HELP = "replace an existing --out (default: refuse it); the new file is renamed into place when complete"
 
 # What Ctrl-C leaves, per command (sweep handles Ctrl-C itself: its runs save and resume).
@@ -64,6 +73,7 @@ INTERRUPTED = {
                "Rerun the command to continue.",
     "fit": "nothing was written (--out is unchanged; a fit is saved only when complete). Rerun the command to fit again.",
     "predict": "nothing was written (--out is unchanged). Rerun the command.",
+    "laws": "nothing was written.",
     "evaluate": "nothing was written to --out-dir (the report is written when every law is done). Rerun the command.",
     "register": "nothing was written (--out is unchanged). Rerun the command.",
     "optimize": "nothing was written (--out is unchanged). Rerun the command.",
@@ -85,10 +95,34 @@ def _parse_weights(items: list[str] | None, flag: str) -> dict[str, float]:
             try:
                 if not sep or not name:
                     raise ValueError
-                out[name.strip()] = float(value)
+                number = float(value)
             except ValueError:
                 raise UsageError(f"{flag} {part!r}: expected DOMAIN=NUMBER, e.g. {flag} code=0.1") from None
+            name = name.strip()
+            if name in out and out[name] != number:
+                raise UsageError(f"{flag} gives {name!r} twice, as {out[name]:g} and {number:g}; give each "
+                                 f"domain once (every {flag} counts, e.g. {flag} code=0.1 {flag} math=0.4).")
+            out[name] = number
     return out
+
+
+def _target(args):
+    """The parsed ``--target`` (None when not given); a TableError naming the part at fault."""
+    from data_mixture.target import parse_target
+
+    return parse_target(args.target) if getattr(args, "target", None) else None
+
+
+def _max_epochs(items: list[str] | None) -> tuple[float, dict[str, float]]:
+    """``--max-epochs 4`` (every domain with available tokens) or ``--max-epochs code=4 math=8``."""
+    if not items:
+        return 1.0, {}
+    if len(items) == 1 and "=" not in items[0]:
+        try:
+            return float(items[0]), {}
+        except ValueError:
+            raise UsageError(f"--max-epochs {items[0]!r}: expected a number or DOMAIN=EPOCHS, e.g. --max-epochs code=4") from None
+    return 1.0, _parse_weights(items, "--max-epochs")
 
 
 def _json_arg(text: str, flag: str):
@@ -117,7 +151,8 @@ def cmd_collect(args) -> None:
 
     got = collect(args.workdirs, evaluate=args.evaluate, eval_args=shlex.split(args.eval_args),
                   losses_from_log=args.losses_from_log, bases="none" if args.ignore_init_from else "auto",
-                  bench_metric=args.bench_metric)
+                  bench_metric=args.bench_metric,
+                  validation_only=tuple(d.strip() for d in args.validation_only.split(",") if d.strip()))
     for note in got.skipped:
         log.warning(f"collect: skipped {note}")
     if got.unevaluated:
@@ -138,19 +173,51 @@ def cmd_collect(args) -> None:
           f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
 
 
+def _progress(args) -> bool:
+    """Progress bars only on a terminal, and not with -q/--no-progress: a pipe or a log file gets
+    the messages, not a bar's redraws."""
+    return not args.no_progress and getattr(args, "verbosity", 0) >= 0 and sys.stderr.isatty()
+
+
 def cmd_fit(args) -> None:
     from data_mixture.fit import fit_table
     from data_mixture.table import read_runs
 
+    import numpy as np
+
     table = read_runs(args.runs)
+    held_out = ""
+    if args.holdout != "none":  # the same choices as evaluate: fit on the rest
+        from data_mixture.evaluate import split_holdout
+
+        if args.holdout == "each":
+            raise UsageError("--holdout each makes one fit per held-out size: that is `evaluate --holdout each`; "
+                             "fit takes largest | size=N | runs=a,b,... | none.")
+        test, held_out = split_holdout(table, args.holdout, args.size_column)
+        table = table.take(np.flatnonzero(~test))
     chance = _parse_weights(args.chance, "--chance") or None
     fixed = _parse_fixed(args.fix)
     fit = fit_table(table, args.law, size_column=args.size_column, bootstrap=args.bootstrap, seed=args.seed,
-                    starts=args.starts, chance=chance, progress=not args.no_progress, fixed=fixed)
+                    starts=args.starts, chance=chance, progress=_progress(args), fixed=fixed,
+                    target=_target(args))
+    if held_out:
+        fit.info["held_out"] = held_out
     fit.save(args.out)
-    print(f"wrote {args.out}: law {fit.law}, {len(fit.loss_domains)} validation domain(s), "
+    if held_out:
+        print(f"fitted without the rows of the {held_out} ({len(table)} rows left)")
+    aim = f", target {fit.target.text!r} as loss:{fit.target.domain}" if fit.target is not None else ""
+    print(f"wrote {args.out}: law {fit.law}{aim}, {len(fit.loss_domains)} validation domain(s), "
           f"{len(fit.bootstrap)} bootstrap member(s), {len(fit.bench)} benchmark law(s)")
     _print_fit_notes(fit)
+
+
+def cmd_laws(args) -> None:
+    from data_mixture.laws import min_runs_table
+
+    counts = (args.domains,) if args.domains else (2, 3, 4, 5, 6, 8)
+    print("What each law needs to be identified: distinct model sizes, and runs in all (over every size) for M "
+          "training domains; fit refuses fewer, plan warns of fewer.")
+    print(min_runs_table(counts))
 
 
 def _parse_fixed(items: list[str] | None) -> dict[str, float]:
@@ -190,6 +257,9 @@ def cmd_predict(args) -> None:
     _print_fit_notes(fit)
     query = read_runs(args.runs, query=True)
     pred = fit.predict(query, interval=args.interval)
+    target = _target(args)
+    if target is not None and f"pred:{target.domain}" not in pred:
+        pred[f"pred:{target.domain}"] = target.combine(fit.loss_domains, np.stack([pred[f"pred:{d}"] for d in fit.loss_domains], 1))
     write_runs(query, args.out, extra={k: np.asarray(v) for k, v in pred.items()})
     print(f"wrote {args.out}: {len(query)} rows, columns {', '.join(pred)}")
 
@@ -222,6 +292,9 @@ def cmd_evaluate(args) -> None:
     from moejax.paths import replace_dir
 
     table = _read_runs_files(args.runs)
+    target = _target(args)
+    if target is not None:  # the target is the one validation domain every law is fitted to and scored on
+        table = target.apply(table)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
     registration = None
     if args.registration:
@@ -230,9 +303,13 @@ def cmd_evaluate(args) -> None:
         registration = load(args.registration)
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
                            starts=args.starts, tokens=args.tokens, resamples=args.resamples, registration=registration)
+    if target is not None:
+        report["target"] = target.to_json()
     final = Path(args.out_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     text = format_report(report)
+    if target is not None:
+        text = f"Target: {target.text} (loss:{target.domain})\n\n{text}"
     names = ["evaluation.json", "evaluation.md"]
     with replace_dir(str(final)) as tmp:  # the whole directory is replaced: no old plot stays beside new results
         out = Path(tmp)
@@ -314,17 +391,19 @@ def cmd_optimize(args) -> None:
             explicit=_parse_weights(args.available, "--available") if args.available else None,
             dataset=args.dataset, cache_dir=args.cache_dir, domains=fit.mix_domains,
         )
+    max_epochs, domain_epochs = _max_epochs(args.max_epochs)
     constraints = Constraints(
         min_weight=_parse_weights(args.min_weight, "--min-weight"),
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
-        available_tokens=available, max_epochs=args.max_epochs,
+        available_tokens=available, max_epochs=max_epochs, domain_epochs=domain_epochs,
     )
     result = optimize_mixture(
         fit, size=args.size, tokens=args.tokens, objective=args.objective,
         loss_weights=_parse_weights(args.loss_weights, "--loss-weights") or None,
         task_weights=_parse_weights(args.task_weights, "--task-weights") or None,
         constraints=constraints, starts=args.starts, seed=args.seed, bootstrap=not args.no_bootstrap,
-        interval=args.interval,
+        interval=args.interval, target=_target(args),
+        unique_tokens=_parse_weights(args.unique_tokens, "--unique-tokens") or None,
     )
     result["fit_file"] = str(args.fit)
     write_mixture(result, args.out)
@@ -334,8 +413,12 @@ def cmd_optimize(args) -> None:
     if boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
-    print(f"wrote {args.out}; train with: ./launch.sh experiments/configs/tiny_moe.py "
-          f"--config.data.mixture_file={args.out}")
+    from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command
+
+    overrides = {"data.mixture_file": os.path.abspath(args.out)}
+    if args.dataset not in (None, "builtin"):  # the dataset the mixture's domains are from
+        overrides = {"data.path": os.path.abspath(args.dataset), **overrides}
+    print(f"wrote {args.out}; train with: {launch_command(DEFAULT_CONFIG, 'runs/optimized', overrides)}")
 
 
 def _numbers(text: str, flag: str) -> list[float]:
@@ -353,6 +436,11 @@ def cmd_plan(args) -> None:
     if args.mid_training and args.tokens_per_param is not None:
         raise UsageError("--tokens-per-param sizes runs from scratch; a --mid-training plan takes "
                          "--mid-tokens-per-param (or --mid-tokens) and --base-tokens-per-param (or --base-tokens).")
+    domains = args.domains
+    if args.dataset and not domains and not args.prior:  # the dataset's own domains
+        from moejax.data import describe_dataset
+
+        domains = ",".join(describe_dataset(args.dataset).domains)
     spec = PlanSpec(
         budget_flops=args.budget_flops, target_size=args.target_size, target_tokens=args.target_tokens,
         prior=args.prior, law=args.law, presets=_json_arg(args.presets, "--presets") if args.presets else None,
@@ -360,7 +448,7 @@ def cmd_plan(args) -> None:
         min_weight=_parse_weights(args.min_weight, "--min-weight"),
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
         noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
-        config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
+        config=args.config, batch=args.batch, seq_len=args.seq_len, domains=domains,
         min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
         mid_training=args.mid_training, base_tokens_per_param=args.base_tokens_per_param, base_tokens=args.base_tokens,
         mid_tokens_per_param=(_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param")
@@ -368,8 +456,14 @@ def cmd_plan(args) -> None:
         base_mixture=_parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None,
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
+        target=args.target, unique_tokens=_parse_weights(args.unique_tokens, "--unique-tokens"),
+        match_repetition=args.match_repetition,
     )
-    plan = make_plan(spec, progress=not args.no_progress)
+    plan = make_plan(spec, progress=_progress(args))
+    if args.dataset:  # every run trains on the user's dataset (its vocabulary size is derived from it)
+        plan["dataset"] = args.dataset
+        for run in plan["runs"]:
+            run["overrides"]["data.path"] = args.dataset
     write_text(args.out, json.dumps(plan, indent=1))
     chosen, protocol = plan["chosen"], plan["protocol"]
     roles = [r["role"] for r in plan["runs"]]
@@ -382,7 +476,29 @@ def cmd_plan(args) -> None:
     left_out = [p for p in protocol["seed_sizes_requested"] or [] if p not in protocol["seed_sizes"]]
     if protocol["seeds"] > 1 and left_out:
         log.warning(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there")
-    print(f"wrote {args.out}")
+    _warn_laws_left_short(plan)
+    from data_mixture.sweep.targets import launch_command
+
+    first = plan["runs"][0]
+    example = launch_command(first["config"], os.path.join("runs", first["name"]), first["overrides"])
+    print(f"wrote {args.out}; run it with: python -m data_mixture sweep --plan {args.out} --root runs/sweep; "
+          f"each run trains as, e.g.: {example}")
+
+
+def _warn_laws_left_short(plan: dict) -> None:
+    """A warning for each law the plan's runs cannot identify (too few runs or sizes in all)."""
+    from data_mixture.laws import LAWS, get_law
+
+    fitted = [r for r in plan["runs"] if r.get("role") != "base"]  # a mid-training plan's laws see the mid runs
+    runs, sizes = len(fitted), len({r["preset"] for r in fitted})
+    m = len(fitted[0]["mixture"]) if fitted else 0
+    short = [f"{name} (needs {get_law(name).min_runs(m)} runs at {get_law(name).min_sizes()}+ sizes)" for name in LAWS
+             if runs < get_law(name).min_runs(m) or sizes < get_law(name).min_sizes()]
+    if short:
+        log.warning(f"plan: warning: its {runs} runs at {sizes} size(s) over {m} training domains are too few to fit "
+                    f"{', '.join(short)}; fit and evaluate will refuse those laws on its table "
+                    "(python -m data_mixture laws lists every law's minimum). Raise --budget-flops or "
+                    "--min-runs-per-size to give them enough.")
 
 
 def cmd_sweep(args) -> None:
@@ -393,7 +509,7 @@ def cmd_sweep(args) -> None:
     options = SweepOptions(
         root=args.root, backend=args.backend, parallel=args.parallel, retries=args.retries,
         eval_args=shlex.split(args.eval_args), lease_timeout=args.lease_timeout, heartbeat=args.heartbeat,
-        grace=args.grace, wait_others=args.wait_others, progress=not args.no_progress and sys.stderr.isatty(),
+        grace=args.grace, wait_others=args.wait_others, progress=_progress(args),
         ray_address=args.ray_address,
         cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         ray_init_kwargs={"num_cpus": args.ray_num_cpus} if args.ray_num_cpus else {},
@@ -421,7 +537,7 @@ def cmd_mergemix(args) -> None:
         parallel=args.parallel, max_items=args.max_items, loss_batches=args.loss_batches,
         calib_batches=args.calib_batches, damping=args.damping, experts_dir=args.experts_dir, cache=args.cache,
         expert_eval_args=args.expert_eval_args,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=_progress(args),
     ))
     print(json.dumps({k: summary[k] for k in ("mixture", "best_method", "searches", "merges_evaluated")}, indent=1))
 
@@ -455,12 +571,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-init-from", action="store_true",
                    help="collect runs warm-started with checkpoint.init_from (e.g. MergeMix experts) as runs from "
                         "scratch; default: they are mid-training runs of the collected base they name")
+    p.add_argument("--validation-only", default="",
+                   help="comma-separated domains no run trains on (a held-out target in a prepared dataset): a "
+                        "loss:<domain> column and no mix:<domain> (an error if a run gives one a weight)")
     p.add_argument("--bench-metric", choices=("accuracy", "gold_logprob"), default="accuracy",
                    help="score in the bench: columns: accuracy (exact match for exact-match tasks), or gold_logprob, "
                         "the mean log-probability of the correct answer (continuous; moves after accuracy saturates)")
     p.set_defaults(func=cmd_collect)
 
-    p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws).")
+    p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws). "
+                   "How many runs and sizes each law needs: `python -m data_mixture laws`.")
     p.add_argument("--runs", required=True, help="runs table CSV")
     p.add_argument("--law", required=True, help="law name: mixing_law | additive | regmix | regmix_linear | camel")
     p.add_argument("--out", required=True, help="fit JSON to write")
@@ -469,12 +589,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples over runs (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--starts", type=int, default=64, help="random starts per fit")
-    p.add_argument("--chance", nargs="*", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--chance", nargs="*", action="extend", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--holdout", default="none",
+                   help="rows to leave out of the fit, as evaluate chooses them: 'none' (default: fit every row), "
+                        "'largest' (the largest size), 'size=N' (the size closest to N), 'runs=a,b,...'")
     p.add_argument("--fix", nargs="+", action="extend", metavar="NAME=VALUE",
                    help="hold law parameters constant (repeatable), e.g. --fix beta=0.28 s=0 t[1]=0.5: NAME fixes a "
                         "scalar or every entry of a vector, NAME[i] entry i (0-based); natural units, within the bounds")
+    p.add_argument("--target", default=None, help="fit the law to this target alone: " + TARGET_HELP)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_fit)
+
+    p = add("laws", "Print each law's minimum number of model sizes and of runs for M training domains.")
+    p.add_argument("--domains", type=int, default=None, help="M, the number of training domains (default: 2..8)")
+    p.set_defaults(func=cmd_laws)
 
     p = add("predict", "Predict per-domain losses (and benchmark scores) for a query table.")
     p.add_argument("--fit", required=True, help="fit JSON written by `fit`")
@@ -482,11 +610,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--interval", type=float, default=0.9, help="bootstrap interval mass")
+    p.add_argument("--target", default=None, help="also write pred:<target> (from the fit's domains): " + TARGET_HELP)
     p.set_defaults(func=cmd_predict)
 
     p = add("evaluate", "Compare laws with baselines on held-out sizes: decision accuracy (with the seed noise "
                         "floor and bootstrap intervals), errors, pick regret, and a one-line verdict.")
-    p.add_argument("--runs", required=True, nargs="+",
+    p.add_argument("--runs", required=True, nargs="+", action="extend",
                    help="runs table CSV; several files with the same columns are concatenated (e.g. proxies + targets)")
     p.add_argument("--laws", default="mixing_law,additive,regmix,camel")
     p.add_argument("--holdout", default="largest",
@@ -504,6 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out-dir (files of the same names are replaced)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--target", default=None, help="score the laws on this target instead of every loss column: " + TARGET_HELP)
     p.add_argument("--registration", default=None,
                    help="registration JSON (`register`): check it against the table's started_at column and score "
                         "every registered comparison; the report says pre-registered only when the check passes")
@@ -513,7 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "predictions, git commit, UTC time and a sha256 of it all.")
     p.add_argument("--rule", required=True, help="the decision rule, in words")
     p.add_argument("--candidates", required=True, help='JSON file {"name": {"domain": weight, ...}, ...}')
-    p.add_argument("--fits", nargs="*", metavar="LAW=FIT.json", help="fits whose mean predicted loss per candidate is registered")
+    p.add_argument("--fits", nargs="*", action="extend", metavar="LAW=FIT.json", help="fits whose mean predicted loss per candidate is registered")
     p.add_argument("--predictions", default=None, help='JSON file {"law": {"candidate": value}} of other predictions')
     p.add_argument("--size", type=float, default=None, help="target model size (the size column); restricts the check "
                                                             "to the runs at it")
@@ -531,16 +661,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=float, required=True, help="target training tokens")
     p.add_argument("--objective", choices=("loss", "bench"), default="loss",
                    help="loss: minimise the weighted validation loss; bench: maximise weighted predicted accuracy")
-    p.add_argument("--loss-weights", nargs="*", help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
-    p.add_argument("--task-weights", nargs="*", help="benchmark-task weights (default: equal over the fit's tasks)")
-    p.add_argument("--min-weight", nargs="*", help="per-domain minimum share, e.g. code=0.1")
-    p.add_argument("--max-weight", nargs="*", help="per-domain maximum share, e.g. math=0.4")
-    p.add_argument("--available", nargs="*", help="available training tokens per domain, e.g. code=1e9 math=2e8")
+    p.add_argument("--loss-weights", nargs="*", action="extend", help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
+    p.add_argument("--task-weights", nargs="*", action="extend", help="benchmark-task weights (default: equal over the fit's tasks)")
+    p.add_argument("--min-weight", nargs="*", action="extend", help="per-domain minimum share, e.g. code=0.1")
+    p.add_argument("--max-weight", nargs="*", action="extend", help="per-domain maximum share, e.g. math=0.4")
+    p.add_argument("--available", nargs="*", action="extend", help="available training tokens per domain, e.g. code=1e9 math=2e8")
     p.add_argument("--dataset", default=None,
                    help="read available tokens from a moejax dataset: a prepared dataset directory, or 'builtin'")
     p.add_argument("--cache-dir", default="", help="built-in corpus cache (default: $MOEJAX_CACHE or ~/.cache/moejax)")
-    p.add_argument("--max-epochs", type=float, default=1.0,
-                   help="repetition cap: share x tokens <= available x max-epochs per domain")
+    p.add_argument("--max-epochs", nargs="*", default=None,
+                   help="repetition cap: a number (share x tokens <= available x max-epochs for every domain with "
+                        "--available/--dataset tokens; default 1) or DOMAIN=EPOCHS per domain, e.g. code=4 (needs the "
+                        "domain's unique tokens: --unique-tokens, --available/--dataset, or the fit's unique:<domain>)")
+    p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain's pool at the target, e.g. "
+                                                     "code=2e8 (repetition-aware laws and --max-epochs; default: the fit's)")
+    p.add_argument("--target", default=None, help="minimise this target (a fit's own target is the default): " + TARGET_HELP)
     p.add_argument("--starts", type=int, default=16, help="local-optimiser starts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.9)
@@ -559,9 +694,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size presets, JSON text or file: {name: {overrides...}} (default: the ladder presets)")
     p.add_argument("--tokens-per-param", default=None,
                    help="runs from scratch: candidate tokens/params ratios, comma-separated (default 20)")
-    p.add_argument("--min-weight", nargs="*")
-    p.add_argument("--max-weight", nargs="*")
-    p.add_argument("--domains", default=None, help="training domains, comma-separated (default: the prior's)")
+    p.add_argument("--min-weight", nargs="*", action="extend")
+    p.add_argument("--max-weight", nargs="*", action="extend")
+    p.add_argument("--domains", default=None,
+                   help="training domains, comma-separated (default: the prior's, else the --dataset's)")
+    p.add_argument("--dataset", default=None,
+                   help="a prepared dataset directory every planned run trains on (data.path); its domains "
+                        "are the training domains unless --domains or --prior says otherwise")
     p.add_argument("--noise", type=float, default=0.01, help="relative noise of simulated losses")
     p.add_argument("--simulations", type=int, default=3, help="simulated ladders per candidate allocation")
     p.add_argument("--sim-starts", type=int, default=16, help="random starts per simulated fit")
@@ -588,10 +727,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mid-tokens-per-param", default=None,
                    help="mid-training: candidate mid-training tokens/params ratios, comma-separated (default 4)")
     p.add_argument("--mid-tokens", type=float, default=None, help="mid-training: mid-training tokens at every size")
-    p.add_argument("--base-mixture", nargs="*", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
+    p.add_argument("--base-mixture", nargs="*", action="extend", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
                                                      "(default: uniform)")
     p.add_argument("--mid-lr-scale", type=float, default=1.0,
                    help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")
+    p.add_argument("--target", default=None, help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
+    p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
+                                                     "(recorded in the plan; with --match-repetition, subsampled per proxy)")
+    p.add_argument("--match-repetition", action="store_true",
+                   help="give every proxy run a pool of unique tokens x its tokens / --target-tokens per scarce domain "
+                        "(data.unique_tokens), so proxies repeat a scarce domain as often as the target run will")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True, help="plan JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -639,10 +784,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", default="mergemix", help="mergemix (regressor-guided, the paper) | cmaes | both")
     p.add_argument("--budget", type=int, default=60, help="merges evaluated per search (default 60)")
     p.add_argument("--seeds", type=int, default=40, help="seed design of the mergemix search (default 40)")
-    p.add_argument("--task-weights", nargs="*", help="objective: benchmark weights, e.g. know_type=2,math_copy=1 "
+    p.add_argument("--task-weights", nargs="*", action="extend", help="objective: benchmark weights, e.g. know_type=2,math_copy=1 "
                                                       "(default: macro-average of every benchmark)")
-    p.add_argument("--loss-weights", nargs="*", help="objective: held-out loss weights (count negatively), e.g. code=1")
-    p.add_argument("--min-weight", nargs="*", help="per-domain floors of the merge weights, e.g. code=0.05,math=0.05")
+    p.add_argument("--loss-weights", nargs="*", action="extend", help="objective: held-out loss weights (count negatively), e.g. code=1")
+    p.add_argument("--min-weight", nargs="*", action="extend", help="per-domain floors of the merge weights, e.g. code=0.05,math=0.05")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="local", help="experts' training: local | ray")
     p.add_argument("--parallel", type=int, default=1, help="experts trained at once")

@@ -117,9 +117,12 @@ def unique_tokens(table: RunsTable) -> np.ndarray | None:
     """(R, M) unique tokens of each training domain (columns ``unique:<domain>``, read as numbers;
     the table's own parsed ``unique_rm`` when it has one); None when any domain's column is absent
     or a value is not a number > 0."""
-    got = getattr(table, "unique_rm", None)
-    if got is not None:
-        return np.asarray(got, np.float64)
+    if hasattr(table, "unique_rm") and callable(table.unique_rm):  # RunsTable.unique_rm(): inf where absent or empty
+        try:
+            got = np.asarray(table.unique_rm(), np.float64)
+        except ValueError:  # a TableError: a cell that is not a number > 0
+            return None
+        return got if np.all(np.isfinite(got)) else None
     cols = [table.extra.get(f"{UNIQUE}{d}") for d in table.mix_domains]
     if any(c is None for c in cols):
         return None

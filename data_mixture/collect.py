@@ -23,6 +23,16 @@ config), ``checkpoints/<step>/`` and, once evaluated with ``python -m moejax.eva
 ``bench:<task>``   ``accuracy`` for multiple-choice tasks, ``exact_match`` for exact-match tasks;
                    with ``bench_metric="gold_logprob"`` the continuous score of either kind, the
                    mean log-probability of the correct answer (empty when not scored)
+``loss:<set>``     ``losses.targets[<set>].loss``: held-out *target sets* no run trains on (the
+                   built-in corpus's ``heldout_qa``, docs/data.md): a loss column without a
+                   ``mix:`` column
+``logprob:<task>`` the task's ``gold_logprob`` (mean log-probability of the correct answer), beside
+                   ``bench:<task>`` whatever ``bench_metric`` is: a continuous target
+                   (``--target logprob:<task>``)
+``unique:<domain>`` the run's pool of unique tokens of a data-constrained domain (its
+                   ``data.unique_tokens``, else the prepared dataset's ``unique_tokens``)
+``epochs:<domain>`` epochs of that pool seen at the checkpoint: ``epochs/<domain>`` of the training
+                   log at that step, else share x tokens / unique tokens
 ``seed``           ``train.seed`` of the run; written when the runs' seeds differ or a run is a
                    mid-training run (a table without it reads as seed 0 everywhere)
 ``base``           mid-training runs only (below): the base's run name as collected, empty for
@@ -276,12 +286,15 @@ BENCH_METRICS = ("accuracy", "gold_logprob")  # accuracy: exact_match for exact-
 
 def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             eval_args: Sequence[str] = (), losses_from_log: bool = False,
-            bases: str | Mapping[str, str] = "auto", bench_metric: str = "accuracy") -> Collected:
+            bases: str | Mapping[str, str] = "auto", bench_metric: str = "accuracy",
+            validation_only: Sequence[str] = ()) -> Collected:
     """Reads moejax workdirs into runs-table columns (see the module docstring).
 
     ``bases``: which runs are mid-training runs of which base: ``"auto"`` (every run with a
     ``checkpoint.init_from``), ``"none"`` (none) or {workdir: base workdir}. ``bench_metric``: one of
-    BENCH_METRICS, the score in the ``bench:`` columns."""
+    BENCH_METRICS, the score in the ``bench:`` columns. ``validation_only``: domains no run trains
+    on (a prepared dataset's held-out target): a ``loss:`` column and no ``mix:`` column; a run
+    that gives one a weight is a CollectError."""
     from moejax.model.transformer import param_counts
 
     if bench_metric not in BENCH_METRICS:
@@ -296,6 +309,8 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     mix_domains: list[str] = []
     loss_domains: list[str] = []
     tasks: list[str] = []
+    logprob_tasks: list[str] = []
+    pooled: list[str] = []
     names = _run_names(dirs)
     cfgs = [_run_config(wd) for wd in dirs]
     base_of = _bases(dirs, names, cfgs, bases)
@@ -312,6 +327,8 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             continue
         counts = param_counts(cfg.model)
         tokens_per_step = int(cfg.train.global_batch_size) * int(cfg.train.seq_len)
+        pools = run_pools(cfg, wd)
+        logged_epochs = _log_epochs(wd) if pools else {}
         for step in sorted(evals):
             if step == 0:
                 skipped.append(f"{wd}: eval/step_0.json (no training tokens yet)")
@@ -336,13 +353,27 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
                 "tokens": float(step * tokens_per_step),
                 "flops": 6.0 * counts["active"] * step * tokens_per_step,
             }
+            trained = [d for d in validation_only if mix.get(d, 0.0) > 0]
+            if trained:
+                raise CollectError(f"{wd}: --validation-only {', '.join(trained)}, but the run trains on it (weight "
+                                   f"{mix[trained[0]]:.4g}); a validation-only domain must have weight 0 in every run.")
             for d in dataset_domains:
-                if d not in mix_domains:
+                if d not in mix_domains and d not in validation_only:
                     mix_domains.append(d)
                 if d not in loss_domains:
                     loss_domains.append(d)
-                row["mix:" + d] = mix.get(d, 0.0)
+                if d not in validation_only:
+                    row["mix:" + d] = mix.get(d, 0.0)
                 row["loss:" + d] = float(domain_losses[d]["loss"])
+            for d, v in ((result.get("losses") or {}).get("targets") or {}).items():  # target sets: loss only
+                if d not in loss_domains:
+                    loss_domains.append(d)
+                row["loss:" + d] = float(v["loss"])
+            for d, u in pools.items():
+                if d not in pooled:
+                    pooled.append(d)
+                row["unique:" + d] = float(u)
+                row["epochs:" + d] = logged_epochs.get(step, {}).get(d, mix.get(d, 0.0) * row["tokens"] / u)
             for task, res in (result.get("benchmarks") or {}).items():
                 if task not in tasks:
                     tasks.append(task)
@@ -351,6 +382,10 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
                 else:
                     value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
                 row["bench:" + task] = "" if value is None else float(value)
+                if res.get("gold_logprob") is not None:
+                    if task not in logprob_tasks:
+                        logprob_tasks.append(task)
+                    row["logprob:" + task] = float(res["gold_logprob"])
             row["seed"] = int(cfg.train.seed)
             row["base"], row["base_tokens"] = base_of.get(name, ("", ""))
             row["step"] = step
@@ -358,11 +393,17 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             row["workdir"] = str(wd)
             row["started_at"] = _started_at(wd)
             rows.append(row)
+    unknown = [d for d in validation_only if d not in loss_domains]
+    if unknown:
+        raise CollectError(f"--validation-only names {', '.join(unknown)}, which no collected run was evaluated on; "
+                           f"their validation domains: {', '.join(loss_domains) or 'none'}.")
     _check_base_rows(rows, base_of, dirs, names)
     protocol = (["seed"] if base_of or len({r["seed"] for r in rows}) > 1 else []) + (["base", "base_tokens"] if base_of else [])
     columns: dict[str, list[Any]] = {}
     order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
-             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + protocol
+             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks]
+             + ["logprob:" + t for t in logprob_tasks] + [f"{k}:{d}" for d in pooled for k in ("unique", "epochs")]
+             + protocol
              + ["step", "loss_source", "workdir", "started_at"])
     for col in order:
         if col.startswith("mix:"):
@@ -377,6 +418,37 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             "validation domains (different datasets). Collect them into separate tables."
         )
     return Collected(columns=columns, unevaluated=unevaluated, skipped=skipped)
+
+
+def run_pools(cfg, workdir: Path) -> dict[str, int]:
+    """{domain: unique tokens} of a run's data-constrained domains: its prepared dataset's pools
+    (``dataset.json``) overridden by its ``data.unique_tokens`` (as training reads them)."""
+    from moejax.data.pools import parse_unique_tokens
+
+    pools: dict[str, int] = {}
+    path = str(cfg.data.get("path", "") or "")
+    if path and (Path(path) / "dataset.json").is_file():
+        for d, entry in (_read_json(Path(path) / "dataset.json").get("domains") or {}).items():
+            if isinstance(entry, dict) and entry.get("unique_tokens"):
+                pools[d] = int(entry["unique_tokens"])
+    try:
+        pools.update(parse_unique_tokens(cfg.data.get("unique_tokens", "")))
+    except ValueError as e:
+        raise CollectError(f"{workdir}: {e}") from None
+    return pools
+
+
+def _log_epochs(workdir: Path) -> dict[int, dict[str, float]]:
+    """step -> {domain: epochs} from the training log (``epochs/<domain>``)."""
+    path = workdir / "metrics.jsonl"
+    out: dict[int, dict[str, float]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            found = {k[len("epochs/"):]: float(v) for k, v in rec.items() if k.startswith("epochs/")}
+            if found:
+                out[int(rec["step"])] = found
+    return out
 
 
 def _check_base_rows(rows: Sequence[Mapping[str, Any]], base_of: Mapping[str, tuple[str, float]],

@@ -29,7 +29,9 @@ from data_mixture.laws import LawFit, get_law
 from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.solver import resample_weights
-from data_mixture.table import RunsTable, TableError, to_columns
+from data_mixture.table import UNIQUE, RunsTable, TableError, to_columns
+from data_mixture.target import Target
+from data_mixture.target import resolve as resolve_target
 from moejax.errors import UserError
 
 FORMAT = "moejax.data_mixture.fit/1"
@@ -46,7 +48,9 @@ class Fit:
     info: seed, starts, n_rows, n_runs, sizes, created, table sha256, fit seconds, skipped tasks;
         ``fixed`` {domain: {key: value}} and ``fixed_reason`` {domain: text} of parameters held
         constant (domains without any are left out); ``at_bounds`` {domain: [{param, index,
-        value, bound, limit}]} of the point fits' parameters at or within 1 % of a bound.
+        value, bound, limit}]} of the point fits' parameters at or within 1 % of a bound;
+        ``target`` ({text, weights, domain}) when the fit was made for a target
+        (:mod:`data_mixture.target`).
     """
 
     law: str
@@ -67,10 +71,17 @@ class Fit:
             raise IndexError(f"bootstrap member {member} out of range; this fit has {len(self.bootstrap)} members.")
         return self.bootstrap[member]
 
-    def predict_losses(self, size_r, tokens_r, mix_rm, *, member: int | None = None) -> np.ndarray:
-        """(R, V) predicted losses in ``loss_domains`` order (member None: point fit)."""
+    def predict_losses(self, size_r, tokens_r, mix_rm, *, member: int | None = None, unique_rm=None) -> np.ndarray:
+        """(R, V) predicted losses in ``loss_domains`` order (member None: point fit).
+        ``unique_rm``: pools of unique tokens per training domain, for repetition-aware laws."""
         fits = self._member(member)
-        return np.stack([fits[d].predict(size_r, tokens_r, mix_rm) for d in self.loss_domains], axis=1)
+        return np.stack([fits[d].predict(size_r, tokens_r, mix_rm, unique_rm) for d in self.loss_domains], axis=1)
+
+    @property
+    def target(self) -> Target | None:
+        """The target the fit was made for (``fit_table(target=...)``), or None."""
+        t = self.info.get("target")
+        return Target.from_json(t) if t else None
 
     def predict_bench(self, loss_rv, *, member: int | None = None) -> np.ndarray:
         """(R, T) predicted scores from losses (R, V), tasks in ``self.bench`` order."""
@@ -107,7 +118,8 @@ class Fit:
         mix = self.query_mix(query)
         size = query.size(self.size_column)
         out: dict[str, np.ndarray] = {}
-        loss = self.predict_losses(size, query.tokens, mix)
+        pools = query.unique_rm(self.mix_domains) if any(c.startswith(UNIQUE) for c in query.extra) else None
+        loss = self.predict_losses(size, query.tokens, mix, unique_rm=pools)
         for j, d in enumerate(self.loss_domains):
             out[f"pred:{d}"] = loss[:, j]
         acc = self.predict_bench(loss)
@@ -115,7 +127,7 @@ class Fit:
             out[f"pred:bench:{t}"] = acc[:, j]
         if self.bootstrap:
             q = [(1 - interval) / 2 * 100, (1 + interval) / 2 * 100]
-            loss_b = np.stack([self.predict_losses(size, query.tokens, mix, member=i) for i in range(len(self.bootstrap))])
+            loss_b = np.stack([self.predict_losses(size, query.tokens, mix, member=i, unique_rm=pools) for i in range(len(self.bootstrap))])
             lo, hi = np.percentile(loss_b, q, axis=0)
             for j, d in enumerate(self.loss_domains):
                 out[f"lo:{d}"], out[f"hi:{d}"] = lo[:, j], hi[:, j]
@@ -283,8 +295,14 @@ def fit_table(
     progress: bool = True,
     boot_starts: int = BOOT_STARTS,
     fixed: Mapping[str, float] | None = None,
+    target: "Target | str | None" = None,
 ) -> Fit:
     """Fits ``law`` to every validation domain of ``table`` (+ bootstrap + benchmark laws).
+
+    ``target`` (:mod:`data_mixture.target`; text such as ``"heldout_qa"``, ``"code=0.6,prose=0.4"``
+    or ``"logprob:know_type"``): fit the law to that target alone, as the fit's one validation
+    domain (``Target.domain``); ``info["target"]`` records it, and ``optimize`` then chooses the
+    mixture for it.
 
     ``fixed``: parameters held constant in every domain's fit and bootstrap member,
     {NAME: value} (a scalar, or every entry of a vector) or {NAME[i]: value} (entry i, 0-based),
@@ -301,6 +319,9 @@ def fit_table(
     """
     t0 = time.perf_counter()
     the_law = get_law(law)
+    target = resolve_target(target)
+    if target is not None:
+        table = target.apply(table)
     if table.loss_rv is None or not table.loss_domains:
         raise TableError("the table has no loss:* columns to fit (was it read with query=True?).")
     n_base_rows = len(table) - len(table.law_rows())
@@ -370,4 +391,6 @@ def fit_table(
         "fixed_reason": {d: f.info["fixed_reason"] for d, f in point.items() if f.info.get("fixed")},
         "at_bounds": {d: list(f.info.get("at_bounds") or []) for d, f in point.items()},
     }
+    if target is not None:
+        info["target"] = target.to_json()
     return Fit(law, size_column, tuple(table.mix_domains), tuple(table.loss_domains), point, boots, bench, bench_boot, info)

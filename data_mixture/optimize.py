@@ -70,6 +70,10 @@ class Constraints:
     max_weight: Mapping[str, float] = dataclasses.field(default_factory=dict)
     available_tokens: Mapping[str, float] | None = None  # domains not listed are not capped
     max_epochs: float = 1.0
+    # Per-domain epoch caps {domain: E}: share x D <= U_d x E with U_d the domain's unique tokens
+    # (``pools``, else ``available_tokens``); a domain named here needs one of them.
+    domain_epochs: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    pools: Mapping[str, float] = dataclasses.field(default_factory=dict)  # unique tokens per domain
 
 
 def available_tokens(*, explicit: Mapping[str, float] | None = None, dataset: str | None = None,
@@ -163,11 +167,30 @@ def feasible_bounds(domains: Sequence[str], constraints: Constraints, tokens: fl
         if d in available:
             cap[j] = min(1.0, available[d] * c.max_epochs / tokens)
             caps[d] = float(cap[j])
+    unknown = sorted(set(c.domain_epochs) - known)
+    if unknown:
+        raise OptimizeError(f"--max-epochs names domain(s) {', '.join(unknown)} that the fit does not train on; "
+                            f"its training domains: {', '.join(domains)}.")
+    for j, d in enumerate(domains):
+        if d not in c.domain_epochs:
+            continue
+        e = float(c.domain_epochs[d])
+        if not (math.isfinite(e) and e > 0):
+            raise OptimizeError(f"--max-epochs {d}={e!r}; allowed: a number of epochs > 0.")
+        pool = c.pools.get(d, available.get(d))
+        if pool is None or not math.isfinite(pool):
+            raise OptimizeError(f"--max-epochs {d}={e:g} needs the unique tokens of {d!r}: give --unique-tokens {d}=N "
+                                f"(or --available / --dataset), or fit a repetition-aware law on a table with unique:{d}.")
+        cap[j] = min(cap[j], pool * e / tokens)
+        caps[d] = float(cap[j])
     limit = np.minimum(hi, cap)
     why = {d: ("repetition cap" if cap[j] < hi[j] else "max weight") for j, d in enumerate(domains)}
     for j, d in enumerate(domains):
         if lo[j] > limit[j] + 1e-12:
-            if cap[j] < hi[j]:
+            if cap[j] < hi[j] and d in c.domain_epochs:
+                detail = (f"its repetition cap {cap[j]:.4g} = {c.pools.get(d, available.get(d)):.4g} unique tokens x "
+                          f"{c.domain_epochs[d]:g} epochs / {tokens:.4g} target tokens")
+            elif cap[j] < hi[j]:
                 detail = (f"its repetition cap {cap[j]:.4g} = {available[d]:.4g} available tokens x "
                           f"{c.max_epochs:g} epochs / {tokens:.4g} target tokens")
             else:
@@ -182,7 +205,8 @@ def feasible_bounds(domains: Sequence[str], constraints: Constraints, tokens: fl
         raise OptimizeError(f"infeasible: the largest shares allowed sum to {limit.sum():.4g} < 1 ({listed}); raise "
                             "--max-weight or --max-epochs, add available tokens, or lower --tokens.")
     notes = {"min_weight": dict(zip(domains, lo.tolist())), "max_weight": dict(zip(domains, limit.tolist())),
-             "repetition_cap": caps, "max_epochs": c.max_epochs, "binding_upper": why}
+             "repetition_cap": caps, "max_epochs": c.max_epochs, "binding_upper": why,
+             **({"domain_epochs": dict(c.domain_epochs)} if c.domain_epochs else {})}
     return lo, limit, notes
 
 
@@ -257,22 +281,28 @@ def _minimise(f: Callable[[np.ndarray], np.ndarray], lo_m, hi_m, *, candidates: 
     return best_w, best_v, {"candidates": int(cand.shape[0]), "starts": int(len(order)), "slsqp_iterations": iters}
 
 
-def _objective(fit, size: float, tokens: float, kind: str, loss_weights, task_weights, member):
+def _losses(fit, size_r, tokens_r, w_km, member, unique_m):
+    """fit.predict_losses, with the target's pools when known (repetition-aware laws)."""
+    if unique_m is None:
+        return np.asarray(fit.predict_losses(size_r, tokens_r, w_km, member=member))
+    return np.asarray(fit.predict_losses(size_r, tokens_r, w_km, member=member, unique_rm=unique_m))
+
+
+def _objective(fit, size: float, tokens: float, kind: str, loss_weights, task_weights, member, unique_m=None):
     """f(W_km) -> (K,) to minimise, for the point fit (member None) or one bootstrap member."""
     if kind == "loss":
         a_v = loss_weights
 
         def f(w_km):
             n = w_km.shape[0]
-            loss = fit.predict_losses(np.full(n, size), np.full(n, tokens), w_km, member=member)
-            return np.asarray(loss) @ a_v
+            return _losses(fit, np.full(n, size), np.full(n, tokens), w_km, member, unique_m) @ a_v
     else:
         b_t = task_weights
 
         def f(w_km):
             n = w_km.shape[0]
-            loss = fit.predict_losses(np.full(n, size), np.full(n, tokens), w_km, member=member)
-            return -(np.asarray(fit.predict_bench(np.asarray(loss), member=member)) @ b_t)
+            loss = _losses(fit, np.full(n, size), np.full(n, tokens), w_km, member, unique_m)
+            return -(np.asarray(fit.predict_bench(loss, member=member)) @ b_t)
     return f
 
 
@@ -288,17 +318,76 @@ def _weights_vector(names: Sequence[str], given: Mapping[str, float] | None, fla
     return v / v.sum()
 
 
+def _target_weights(fit, target, loss_weights):
+    """(loss weights, target JSON or None) for ``target`` on ``fit`` (see optimize_mixture)."""
+    from data_mixture.table import TableError
+    from data_mixture.target import resolve
+
+    target = resolve(target)
+    if target is None:
+        info = getattr(fit, "info", None)
+        return loss_weights, (info.get("target") if isinstance(info, dict) else None)
+    if loss_weights:
+        raise OptimizeError("give either --target or --loss-weights, not both (a target is a weighted set of domains).")
+    if target.domain in fit.loss_domains:
+        return {target.domain: 1.0}, target.to_json()
+    parts = target.loss_domains()
+    missing = [d for d in parts if d not in fit.loss_domains] if parts else list(target.weights)
+    if missing:
+        raise TableError(f"--target {target.text!r} needs {', '.join(missing)}, which the fit does not predict; it predicts "
+                         f"loss:{', loss:'.join(fit.loss_domains)}. Fit the law with --target {target.text!r} instead.")
+    return parts, target.to_json()
+
+
+def _unique_vector(fit, unique_tokens: Mapping[str, float] | None) -> np.ndarray | None:
+    """(M,) pools at the target (``inf``: unlimited) from ``unique_tokens``, else the fit's
+    recorded ones (repetition-aware laws), else None."""
+    domains = tuple(fit.mix_domains)
+    if unique_tokens:
+        unknown = sorted(set(unique_tokens) - set(domains))
+        if unknown:
+            raise OptimizeError(f"--unique-tokens names domain(s) {', '.join(unknown)} that the fit does not train on; "
+                                f"its training domains: {', '.join(domains)}.")
+        for d, v in unique_tokens.items():
+            if not (math.isfinite(v) and v > 0):
+                raise OptimizeError(f"--unique-tokens {d}={v!r}; allowed: a number of tokens > 0.")
+        return np.array([float(unique_tokens.get(d, np.inf)) for d in domains])
+    recorded = _recorded_pools(fit)
+    if recorded is None:
+        return None
+    return np.array([np.inf if v is None else float(v) for v in recorded])
+
+
+def _recorded_pools(fit) -> list | None:
+    """The pools a repetition-aware fit recorded (``info["unique_tokens"]``), else None."""
+    point = getattr(fit, "point", None)
+    if not isinstance(point, dict):
+        return None
+    return next((f.info["unique_tokens"] for f in point.values() if "unique_tokens" in getattr(f, "info", {})), None)
+
+
 def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss",
                      loss_weights: Mapping[str, float] | None = None, task_weights: Mapping[str, float] | None = None,
                      constraints: Constraints | None = None, starts: int = 16, seed: int = 0,
-                     bootstrap: bool = True, interval: float = 0.9) -> dict[str, Any]:
+                     bootstrap: bool = True, interval: float = 0.9, target=None,
+                     unique_tokens: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The optimal mixture and what the law predicts at it, as the JSON ``optimize`` writes.
 
     ``fit`` is a :class:`data_mixture.fit.Fit` (anything with ``mix_domains``, ``loss_domains``,
     ``predict_losses``, ``predict_bench``, ``bench``, ``bootstrap``, ``law``, ``size_column``).
+
+    ``target`` (:mod:`data_mixture.target`, text or a Target): the loss to minimise, when it is
+    not the fit's own (a fit made with ``--target`` is optimised for its target already): a
+    weighted set of the fit's validation domains sets ``loss_weights``. ``unique_tokens``
+    {domain: tokens}: each domain's pool at the target, for repetition-aware laws (default: the
+    pools the fit recorded) and for ``Constraints.domain_epochs``.
     """
     t0 = time.perf_counter()
     constraints = constraints or Constraints()
+    loss_weights, target_json = _target_weights(fit, target, loss_weights)
+    unique_m = _unique_vector(fit, unique_tokens)
+    # the pools reach the predictions only of laws that read them (repetition-aware fits record theirs)
+    pred_unique = unique_m if _recorded_pools(fit) is not None else None
     domains = tuple(fit.mix_domains)
     if objective not in ("loss", "bench"):
         raise OptimizeError(f"objective {objective!r}; allowed: loss | bench.")
@@ -315,23 +404,26 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
         b_t = _weights_vector(tasks, task_weights, "--task-weights", "task(s)")
     else:
         b_t = None
+    if unique_m is not None:
+        constraints = dataclasses.replace(constraints, pools={**{d: float(u) for d, u in zip(domains, unique_m)
+                                                                  if np.isfinite(u)}, **constraints.pools})
     lo, hi, notes = feasible_bounds(domains, constraints, tokens)
     rng = np.random.default_rng(seed)
-    f = _objective(fit, size, tokens, objective, a_v, b_t, None)
+    f = _objective(fit, size, tokens, objective, a_v, b_t, None, pred_unique)
     w_star, v_star, search = _minimise(f, lo, hi, candidates=CANDIDATES, starts=starts, rng=rng)
 
     n_members = len(getattr(fit, "bootstrap", []) or [])
     members_w, at_star_loss, at_star_bench = [], [], []
     if bootstrap and n_members:
         for b in range(n_members):
-            fb = _objective(fit, size, tokens, objective, a_v, b_t, b)
+            fb = _objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique)
             wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
             members_w.append(wb)
     size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
-    loss_point = np.asarray(fit.predict_losses(size_1, tokens_1, w_star[None]))[0]
+    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, pred_unique)[0]
     bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
     for b in range(n_members):
-        lb = np.asarray(fit.predict_losses(size_1, tokens_1, w_star[None], member=b))[0]
+        lb = _losses(fit, size_1, tokens_1, w_star[None], b, pred_unique)[0]
         at_star_loss.append(lb)
         if tasks:
             at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
@@ -364,8 +456,11 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
         "target": {"size": float(size), "size_column": fit.size_column, "tokens": float(tokens)},
         "objective": {"kind": objective, "value": value,
                       "loss_weights": dict(zip(fit.loss_domains, a_v.tolist())),
-                      "task_weights": dict(zip(tasks, b_t.tolist())) if b_t is not None else {}},
+                      "task_weights": dict(zip(tasks, b_t.tolist())) if b_t is not None else {},
+                      **({"target": target_json} if target_json else {})},
         "constraints": notes,
+        **({"unique_tokens": {d: (float(u) if np.isfinite(u) else None) for d, u in zip(domains, unique_m)}}
+           if unique_m is not None else {}),
         "predicted": predicted,
         "bootstrap": boot,
         "search": {**search, "seed": seed, "seconds": time.perf_counter() - t0},

@@ -122,6 +122,13 @@ class PlanSpec:
     # Replicates: train seeds seed .. seed + seeds - 1 at seed_sizes (None: every size).
     seeds: int = 1
     seed_sizes: Sequence[str] | None = None
+    # What the mixture is chosen for (data_mixture.target text; None: every validation domain).
+    target: str | None = None
+    # Unique tokens per scarce domain at the target run; with match_repetition every proxy run
+    # gets the pool U x (its tokens / target_tokens) (data.unique_tokens), so that a proxy repeats
+    # each scarce domain as many times as the target run will at the same weight.
+    unique_tokens: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    match_repetition: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,6 +445,55 @@ def mid_schedule(steps: int, optim, lr_scale: float) -> dict[str, Any]:
             "optim.warmup_steps": max(1, math.ceil(MID_WARMUP_FRACTION * steps))}
 
 
+def _plan_target(spec: PlanSpec):
+    from data_mixture.table import TableError
+    from data_mixture.target import parse_target
+
+    if not spec.target:
+        return None
+    try:
+        return parse_target(spec.target)
+    except TableError as e:
+        raise PlanError(str(e)) from None
+
+
+def target_truth(truth: Callable, loss_domains: Sequence[str], target) -> Callable:
+    """The prior's loss of ``target`` (one validation domain) from its per-domain losses."""
+    if target.domain in loss_domains:
+        v0 = list(loss_domains).index(target.domain)
+        return lambda v, n_r, d_r, mix_rm: truth(v0, n_r, d_r, mix_rm)
+    parts = target.loss_domains()
+    missing = [d for d in parts if d not in loss_domains] if parts else list(target.weights)
+    if missing:
+        raise PlanError(f"--target {target.text!r} needs {', '.join(missing)}, which the prior does not predict; it predicts "
+                        f"{', '.join(loss_domains)}. Give a --prior fitted with --target {target.text!r}.")
+    idx = {d: list(loss_domains).index(d) for d in parts}
+    return lambda v, n_r, d_r, mix_rm: sum(w * np.asarray(truth(idx[d], n_r, d_r, mix_rm)) for d, w in parts.items())
+
+
+def _check_pools(spec: PlanSpec, mix_domains: Sequence[str]) -> None:
+    unknown = sorted(set(spec.unique_tokens) - set(mix_domains))
+    if unknown:
+        raise PlanError(f"--unique-tokens names domain(s) {', '.join(unknown)} that are not training domains: "
+                        f"{', '.join(mix_domains)}.")
+    bad = {d: v for d, v in spec.unique_tokens.items() if not (math.isfinite(v) and v >= 1)}
+    if bad:
+        raise PlanError(f"--unique-tokens {bad}; allowed: a number of tokens >= 1 per domain.")
+    if spec.match_repetition and not spec.unique_tokens:
+        raise PlanError("--match-repetition subsamples the scarce domains' pools per proxy; name them with "
+                        "--unique-tokens DOMAIN=N (the unique tokens the target run has).")
+
+
+def proxy_pools(run: Mapping[str, Any], unique_tokens: Mapping[str, float], target_tokens: float,
+                seq_len: int) -> dict[str, Any]:
+    """``run`` with the pools that give it the target's repetition rate: U_d x tokens / target
+    tokens unique tokens per scarce domain d (at least one window of ``seq_len``), written as
+    ``unique_tokens`` and the override ``data.unique_tokens`` the sweep trains with."""
+    pools = {d: int(max(seq_len, round(u * run["tokens"] / target_tokens))) for d, u in sorted(unique_tokens.items())}
+    text = ",".join(f"{d}={n}" for d, n in pools.items())
+    return {**run, "overrides": {**run["overrides"], "data.unique_tokens": text}, "unique_tokens": pools}
+
+
 def _steps(tokens_goal: float, per_step: int) -> int:
     return max(2, math.floor(tokens_goal / per_step))
 
@@ -570,6 +626,10 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         loss_domains, size_column = mix_domains, "params_active"
         truth, law = default_prior(mix_domains), spec.law or "camel"
         prior_desc = {"kind": "default", "formula": DEFAULT_PRIOR_FORMULA}
+    target = _plan_target(spec)
+    if target is not None:
+        truth, loss_domains = target_truth(truth, loss_domains, target), (target.domain,)
+    _check_pools(spec, mix_domains)
     from data_mixture.laws import get_law
 
     law_obj = get_law(law)
@@ -597,6 +657,9 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
     best = min(cands, key=lambda c: (c["sim_error"], c["flops"]))
     mix = space_filling_mixtures(best["runs_per_size"], len(mix_domains), lo, hi, seed=spec.seed)
     runs = _plan_runs(spec, proto, best, presets, sizes, size_column, mix, mix_domains, optim)
+    if spec.match_repetition:
+        runs = [proxy_pools(r, spec.unique_tokens, spec.target_tokens, spec.seq_len) if r["role"] != "base" else r
+                for r in runs]
     total = float(sum(r["flops"] for r in runs))
     if total > spec.budget_flops:
         raise PlanError(f"the chosen runs need {total:.4g} FLOPs, over --budget-flops {spec.budget_flops:.4g}: the "
@@ -607,7 +670,10 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         "version": PLAN_VERSION,
         "budget_flops": float(spec.budget_flops), "total_flops": total,
         "flops_formula": "6 * params_active * tokens",
-        "target": {"size": float(spec.target_size), "size_column": size_column, "tokens": float(spec.target_tokens)},
+        "target": {"size": float(spec.target_size), "size_column": size_column, "tokens": float(spec.target_tokens),
+                   **({"objective": target.to_json()} if target is not None else {}),
+                   **({"unique_tokens": {d: float(v) for d, v in spec.unique_tokens.items()}} if spec.unique_tokens else {}),
+                   **({"match_repetition": True} if spec.match_repetition else {})},
         "law": law, "prior": prior_desc,
         "mix_domains": list(mix_domains), "loss_domains": list(loss_domains),
         "bounds": {"min_weight": dict(zip(mix_domains, lo.tolist())), "max_weight": dict(zip(mix_domains, hi.tolist()))},

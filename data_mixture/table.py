@@ -17,6 +17,11 @@ Columns (``docs/data_mixture.md``, "Runs table"):
                     scratch). Every base named must be a run of the table, of the same model size
 ``base_tokens``     tokens the base was trained on (> 0 where ``base`` is set; empty otherwise).
                     For a mid-training run ``tokens`` counts the mid-training tokens only
+``unique:<domain>`` optional: the unique tokens of a training domain's pool in that run (empty or
+                    absent: unlimited); read with :meth:`RunsTable.unique_rm`. Repetition-aware
+                    laws (``data_mixture/laws/repeated.py``) and the baselines use it
+``epochs:<domain>`` optional: epochs of the domain's pool seen at the checkpoint (collect writes it)
+``logprob:<task>``  optional: the mean log-probability of a task's correct answer (a target)
 anything else       carried through unchanged as strings (``extra``)
 ==================  ===========================================================================
 
@@ -47,6 +52,7 @@ REQUIRED = ("run", "params_total", "params_active", "tokens")
 PROTOCOL = ("seed", "base", "base_tokens")
 SIZE_COLUMNS = ("params_total", "params_active")
 MIX, LOSS, BENCH = "mix:", "loss:", "bench:"
+UNIQUE, EPOCHS, LOGPROB = "unique:", "epochs:", "logprob:"  # optional numeric columns kept in ``extra``
 SIMPLEX_TOL = 1e-3  # rows within this of sum 1 are renormalised; hand-written CSVs carry rounding
 MAX_LISTED = 8
 
@@ -154,6 +160,29 @@ class RunsTable:
         """(unique run names, inverse index (R,)): row r belongs to run ``names[inverse[r]]``."""
         names, inverse = np.unique(self.run, return_inverse=True)
         return names, inverse.reshape(-1)
+
+    def numeric_extra(self, column: str, *, positive: bool = False) -> np.ndarray:
+        """(R,) floats of an extra column (NaN where empty); a TableError naming the column and
+        rows when a cell is not a number (or, with ``positive``, not > 0)."""
+        if column not in self.extra:
+            raise TableError(f"column {column!r} is not in the table; its extra columns: {', '.join(self.extra) or 'none'}.")
+        return _numeric(column, list(self.extra[column]), self.run, empty="nan", positive=positive)
+
+    def unique_rm(self, domains: Sequence[str] | None = None) -> np.ndarray:
+        """(R, M) unique tokens of each training domain's pool (``unique:<domain>``; ``inf`` where
+        the column is absent or the cell empty: an unlimited domain), in ``domains`` order
+        (default ``mix_domains``)."""
+        domains = self.mix_domains if domains is None else tuple(domains)
+        out = np.full((len(self), len(domains)), np.inf)
+        for j, d in enumerate(domains):
+            if UNIQUE + d in self.extra:
+                col = self.numeric_extra(UNIQUE + d, positive=True)
+                out[:, j] = np.where(np.isnan(col), np.inf, col)
+        stray = [c for c in self.extra if c.startswith(UNIQUE) and c[len(UNIQUE):] not in self.mix_domains]
+        if stray:
+            raise TableError(f"column(s) {', '.join(stray)} name no training domain; the table's training domains: "
+                             f"{', '.join(self.mix_domains)} (a unique:<domain> column gives a mix:<domain>'s pool).")
+        return out
 
     def loss(self, domain: str) -> np.ndarray:
         """(R,) observed loss of one validation domain; a clear error for unknown domains."""

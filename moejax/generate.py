@@ -100,12 +100,14 @@ class Generator:
         done: Callable[[np.ndarray], bool] | None = None,
         return_logits: bool = False,
         progress: bool = False,
+        on_token: Callable[[np.ndarray], None] | None = None,
     ):
         """New tokens per prompt (int32 arrays, ending at the first stop id, which is dropped).
 
         Generation stops early once every row has hit a stop id or satisfies ``done(new_ids)``.
-        With ``return_logits`` also the logits [steps, B, V] each token was chosen from.
-        Prompts are cut from the left so that prompt + new tokens fit the cache.
+        With ``return_logits`` also the logits [steps, B, V] each token was chosen from (kept only
+        then). ``on_token(token_b)`` is called with every new token of every row as it is chosen
+        (to stream the text). Prompts are cut from the left so that prompt + new tokens fit the cache.
         """
         if not 0 < max_new_tokens < self.max_len:
             raise ValueError(f"max_new_tokens must be in [1, {self.max_len - 1}] (cache length {self.max_len})")
@@ -123,32 +125,37 @@ class Generator:
         token_b, logits_bv, cache = self._prefill(
             params, balance, tokens_bp, lengths_b, jax.random.fold_in(key, 0), temperature_, top_p_
         )
-        out_sb, logits_sbv = [np.asarray(token_b)], [logits_bv]
+        new_bs = np.zeros((len(prompts), max_new_tokens), np.int32)  # host memory: no growth per token
+        new_bs[:, 0] = np.asarray(token_b)
+        logits_sbv = [logits_bv] if return_logits else []
+        if on_token is not None:
+            on_token(new_bs[:, 0])
+        stop_list = list(stop_ids)
         finished_b = np.zeros(len(prompts), bool)
         bar = tqdm.tqdm(total=max_new_tokens, unit="tok", disable=not progress, leave=False)
         bar.update(1)
+        count = 1
         for i in range(1, max_new_tokens):
-            finished_b |= self._finished(np.stack(out_sb, 1), stop_ids, done)
+            finished_b |= np.isin(new_bs[:, i - 1], stop_list)
+            if done is not None:
+                finished_b |= np.array([done(_cut(row, stop_ids)) for row in new_bs[:, :i]])
             if finished_b.all():
                 break
             token_b, logits_bv, cache = self._step(
                 params, balance, cache, token_b, jnp.asarray(lengths_b + i - 1), jax.random.fold_in(key, i),
                 temperature_, top_p_,
             )
-            out_sb.append(np.asarray(token_b))
-            logits_sbv.append(logits_bv)
+            new_bs[:, i] = np.asarray(token_b)
+            count = i + 1
+            if return_logits:
+                logits_sbv.append(logits_bv)
+            if on_token is not None:
+                on_token(new_bs[:, i])
             bar.update(1)
         bar.close()
-        new_bs = np.stack(out_sb, 1)
+        new_bs = new_bs[:, :count]
         rows = [_cut(row, stop_ids) for row in new_bs]
         return (rows, np.stack([np.asarray(x) for x in logits_sbv])) if return_logits else rows
-
-    @staticmethod
-    def _finished(new_bs: np.ndarray, stop_ids, done) -> np.ndarray:
-        stopped_b = np.isin(new_bs, list(stop_ids)).any(axis=1)
-        if done is not None:
-            stopped_b |= np.array([done(_cut(row, stop_ids)) for row in new_bs])
-        return stopped_b
 
 
 def _cut(row: np.ndarray, stop_ids: Sequence[int]) -> np.ndarray:
@@ -184,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [erun.tokenizer.encode(p) for p in args.prompt]
         if not args.beyond_context:
             check_context(prompts, args.max_new_tokens, erun.cfg.train.seq_len)
+        check_memory(erun.cfg, prompts, args.max_new_tokens, available_bytes(jax.devices()[0]))
         _generate(erun, ckpt, args, prompts)
 
     return run(generate, prog="moejax.generate", verbosity=args.verbosity, quiet_absl=True,
@@ -205,16 +213,106 @@ def check_context(prompts: Sequence[np.ndarray], max_new_tokens: int, seq_len: i
         f"untrained. {fix[0].upper() + fix[1:]}, or pass --beyond-context to generate anyway.")
 
 
+# Of the memory a device reports free, generation may plan to use this share (the rest: the
+# compiled steps' temporaries, the runtime, other processes).
+MEMORY_SHARE = 0.8
+
+
+def cache_len(prompts: Sequence[np.ndarray], max_new_tokens: int) -> int:
+    """Positions per row of the key/value cache: the prompt's length bucket plus the new tokens."""
+    return length_bucket(max(len(p) for p in prompts), 1 << 30) + max_new_tokens
+
+
+def memory_bytes(cfg, batch: int, max_len: int, max_new_tokens: int) -> int:
+    """What generation allocates beyond the parameters: the key/value cache (keys and values of
+    every layer, ``max_len`` positions per row, in the compute dtype) and the new ids (int32)."""
+    m = cfg.model
+    itemsize = np.dtype(DTYPES[cfg.train.compute_dtype]).itemsize
+    return 2 * m.num_layers * batch * max_len * m.num_kv_heads * m.head_dim * itemsize + 4 * batch * max_new_tokens
+
+
+def available_bytes(device) -> int | None:
+    """Free memory of ``device``: the accelerator's own (its memory_stats), the host's for a CPU
+    (MemAvailable); None when it cannot be told."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(cfg, prompts: Sequence[np.ndarray], max_new_tokens: int, available: int | None) -> None:
+    """Refuses ``--max-new-tokens`` whose cache would not fit ``MEMORY_SHARE`` of ``available``
+    bytes, before anything is allocated, naming the most that fits."""
+    if available is None:
+        return
+    need = memory_bytes(cfg, len(prompts), cache_len(prompts, max_new_tokens), max_new_tokens)
+    budget = int(available * MEMORY_SHARE)
+    if need <= budget:
+        return
+    from moejax.errors import ConfigError
+
+    per_token = memory_bytes(cfg, len(prompts), 1, 1)
+    fits = max(0, (budget - memory_bytes(cfg, len(prompts), cache_len(prompts, 0), 0)) // per_token)
+    raise ConfigError(
+        f"--max-new-tokens {max_new_tokens:,} needs about {need / 2**30:.1f} GiB (the key/value cache of "
+        f"{cache_len(prompts, max_new_tokens):,} positions for {len(prompts)} prompt(s)), more than the "
+        f"{budget / 2**30:.1f} GiB generation may use ({MEMORY_SHARE:.0%} of the {available / 2**30:.1f} GiB free "
+        f"on {jax.devices()[0].platform}). Use --max-new-tokens {fits:,} or fewer"
+        + (", or fewer prompts." if len(prompts) > 1 else "."))
+
+
+class TextStream:
+    """Prints one row's new tokens as they are chosen. Ids are decoded in short windows that end
+    after whitespace, so a character split over several byte tokens is printed once complete and
+    decoding stays cheap however long the text grows."""
+
+    def __init__(self, tokenizer, stop_ids: Sequence[int], write: Callable[[str], object] | None = None):
+        self.tokenizer, self.stop_ids = tokenizer, set(stop_ids)
+        self.write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        self.ids: list[int] = []
+        self.printed = 0
+        self.stopped = False
+
+    def __call__(self, token_b: np.ndarray) -> None:
+        token = int(token_b[0])
+        if self.stopped or token in self.stop_ids:
+            self.stopped = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(np.asarray(self.ids, np.int32))
+        if text.endswith("\ufffd") and len(self.ids) < 8:
+            return  # the rest of a character is still to come
+        self.write(text[self.printed:])
+        if text[-1:].isspace() or len(self.ids) >= 64:
+            self.ids, self.printed = [], 0
+        else:
+            self.printed = len(text)
+
+
 def _generate(erun, ckpt, args, prompts: list) -> None:
-    """Samples from ``ckpt`` and prints each prompt with its continuation."""
+    """Samples from ``ckpt`` and prints each prompt with its continuation (one prompt: streamed as
+    the tokens are chosen)."""
     tokenizer = erun.tokenizer
-    max_len = length_bucket(max(len(p) for p in prompts), 1 << 30) + args.max_new_tokens
-    generator = Generator(erun.run, erun.cfg, max_len=max_len, balancer=erun.run.balancer,
-                          num_tokens=tokenizer.vocab_size)
+    generator = Generator(erun.run, erun.cfg, max_len=cache_len(prompts, args.max_new_tokens),
+                          balancer=erun.run.balancer, num_tokens=tokenizer.vocab_size)
+    stream = TextStream(tokenizer, (tokenizer.eos_id,)) if len(prompts) == 1 else None
+    if stream is not None:
+        print(f"--- step {ckpt.step}\n{args.prompt[0]}", end="", flush=True)
     rows = generator.generate(
         ckpt.params, ckpt.balance, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, seed=args.seed, stop_ids=(tokenizer.eos_id,), progress=sys.stderr.isatty(),
+        top_p=args.top_p, seed=args.seed, stop_ids=(tokenizer.eos_id,), progress=sys.stderr.isatty() and stream is None,
+        on_token=stream,
     )
+    if stream is not None:
+        print(f"\n--- {len(rows[0])} new tokens")
+        return
     for prompt, row in zip(args.prompt, rows):
         print(f"--- step {ckpt.step}, {len(row)} new tokens\n{prompt}{tokenizer.decode(row)}")
 

@@ -14,7 +14,7 @@ import pytest
 
 from moejax.config import default_config
 from moejax.data import layout
-from moejax.data.dataset import open_dataset, verify_dataset
+from moejax.data.dataset import PROGRESS_FILE, open_dataset, verify_dataset
 from moejax.errors import DataError
 from moejax.data.from_config import make_data
 from moejax.data.packing import ShardedPacker
@@ -153,19 +153,47 @@ def test_rerun_skips_finished_shards_and_redoes_changed_ones(sources, tmp_path):
     assert json.loads((out / layout.DATASET_FILE).read_text())["sha256"] != reference["sha256"]
 
 
-def test_a_failed_run_resumes_after_the_input_is_fixed(tmp_path, docs):
-    """A real interruption: the run dies on a bad line in its last file; the rerun keeps the rest."""
+def test_a_failed_run_leaves_nothing_and_the_fixed_rerun_completes(tmp_path, docs):
+    """The run dies on a bad line in its last file, after other shards were written: the new output
+    directory is removed; a run into an existing dataset removes only what it wrote."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs["jsonl"]))
     (src / "b.jsonl").write_text(json.dumps({"text": "fine"}) + "\n{not json\n")
-    with pytest.raises(DataError, match=r"b.jsonl: the line at byte 17 is not valid JSON"):
+    with pytest.raises(DataError, match=r"b.jsonl: the line at byte 17 is not valid JSON.* Nothing was left behind"):
         prepare_dataset([f"facts={src}"], tmp_path / "ds", **OPTIONS)
-    finished = len(list((tmp_path / "ds" / "facts").glob("shard-*.json")))
-    assert finished >= 3
+    assert not (tmp_path / "ds").exists()
     (src / "b.jsonl").write_text(json.dumps({"text": "fine"}) + "\n")
     summary = prepare_dataset([f"facts={src}"], tmp_path / "ds", **OPTIONS)
-    assert summary["shards_skipped"] == finished and summary["shards_tokenized"] == 1
+    assert summary["shards_skipped"] == 0 and summary["shards_tokenized"] >= 4
+    before = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "ds").rglob("*"))
+    (src / "b.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match=r"were removed; what was there before is untouched"):
+        prepare_dataset([f"more={src / 'b.jsonl'}"], tmp_path / "ds", **OPTIONS)
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "ds").rglob("*")) == before
+
+
+def test_files_a_failed_run_of_an_older_version_left_are_cleared_and_said(tmp_path, docs, caplog):
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs["jsonl"]))
+    out = tmp_path / "ds"
+    (out / "facts").mkdir(parents=True)
+    (out / "facts" / "shard-00000.train.tokens.npy").write_bytes(b"left by a failed run")
+    (out / PROGRESS_FILE).write_text(json.dumps({"state": "failed", "domains": ["facts"], "error": "bad line"}))
+    prepare_dataset([f"facts={src}"], out, **OPTIONS)
+    assert "an earlier run into" in caplog.text and "removed what it left: facts, prepare-progress.json" in caplog.text
+    assert open_dataset(out).domains == ("facts",)
+
+
+def test_non_utf8_text_is_refused_naming_the_file_byte_and_line(tmp_path):
+    text, jsonl = tmp_path / "latin1.txt", tmp_path / "latin1.jsonl"
+    text.write_bytes("line one\ncaf\u00e9 two\n".encode("latin-1"))
+    jsonl.write_bytes(b'{"text": "ok"}\n' + '{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.txt: byte 12 \(line 2\) is not valid UTF-8 .*iconv"):
+        prepare_dataset([f"prose={text}"], tmp_path / "a", **OPTIONS)
+    with pytest.raises(DataError, match=r"latin1.jsonl: the line at byte 15: byte 28 is not valid UTF-8"):
+        prepare_dataset([f"prose={jsonl}"], tmp_path / "b", **OPTIONS)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_adding_a_domain_keeps_the_others(prepared, sources, tmp_path):
@@ -429,13 +457,31 @@ def test_files_are_read_by_what_they_are_not_by_their_name(tmp_path):
     assert open_dataset(tmp_path / "o3").info.domains == ("m", "p")
 
 
-def test_a_split_without_a_training_window_stops_prepare_with_the_fraction_that_fixes_it(tmp_path):
+def test_prepare_chooses_a_held_out_fraction_that_holds_out_enough_and_keeps_it_on_rerun(tmp_path, caplog):
+    """1% of 60 documents holds out none: prepare picks a fraction itself (no rerun), says so,
+    records it, and a rerun of the same command skips every shard."""
     src = tmp_path / "small"
     src.mkdir()
-    for i in range(60):  # 60 documents, ~2.4k tokens each: 1% holds out none of them, usually
+    for i in range(60):  # 60 documents, ~2.4k tokens each
         (src / f"f{i:02d}.txt").write_text(" ".join(f"w{(i * 31 + j) % 97}" for j in range(600)))
-    with pytest.raises(DataError, match=r"domain 'small': its held-out split has 0 documents / 0 tokens, less "
-                                        r"than one training window of 257 tokens .* --heldout-fraction 0.083"):
-        prepare_dataset([f"small={src}"], tmp_path / "ds", **{**OPTIONS, "heldout_fraction": 0.01})
-    summary = prepare_dataset([f"small={src}"], tmp_path / "ds", **{**OPTIONS, "heldout_fraction": 0.083})
-    assert summary["domains"]["small"]["heldout"]["tokens"] >= 257
+    many = tmp_path / "many.jsonl"  # 3,000 documents of ~60 tokens: 1% holds out ~30 docs, ~1.8k tokens
+    many.write_text("".join(json.dumps({"text": f"record {i}: " + "lorem ipsum " * 5}) + "\n" for i in range(3000)))
+    options = {**OPTIONS, "heldout_fraction": 0.01}
+    with caplog.at_level("INFO", logger="moejax"):
+        summary = prepare_dataset([f"small={src}", f"many={many}"], tmp_path / "ds", **options)
+    chosen = summary["heldout_fractions"]
+    assert chosen["small"] > 0.01 and chosen["many"] > 0.01
+    assert f"domain 'many': held-out fraction {chosen['many']:g} instead of 0.01" in caplog.text
+    many_split = summary["domains"]["many"]["heldout"]
+    assert many_split["documents"] >= 20 and many_split["tokens"] >= 8192  # the documented minimum
+    assert summary["domains"]["small"]["heldout"]["tokens"] >= 257  # a training window at least
+    manifest = json.loads((tmp_path / "ds" / "many" / layout.MANIFEST_FILE).read_text())
+    assert (manifest["heldout_fraction"], manifest["heldout_fraction_asked"]) == (chosen["many"], 0.01)
+    again = prepare_dataset([f"small={src}", f"many={many}"], tmp_path / "ds", **options)
+    assert again["shards_tokenized"] == 0 and again["heldout_fractions"] == chosen
+    # A source too small for any split stops with the reason.
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a few words " * 20)
+    with pytest.raises(DataError, match=r"domain 'tiny': its train split has 1 documents / 241 tokens, less than "
+                                        r"one training window of 257 tokens .* give it more text"):
+        prepare_dataset([f"tiny={tiny}"], tmp_path / "ds2", **options)

@@ -42,6 +42,8 @@ def _synthetic_rows(header: list[str], seed: int = 0) -> list[dict]:
                     losses[dom] = (1.5 + 30 / n ** 0.3 + 50 / d ** 0.3 + 0.3 * np.exp(-2 * w[j])) * np.exp(0.005 * rng.normal())
                     row[f"mix:{dom}"] = w[j]
                     row[f"loss:{dom}"] = losses[dom]
+                # the held-out target set (no mix: column) needs knowledge, math and prose
+                row["loss:heldout_qa"] = (losses["knowledge"] + losses["math"] + losses["prose"]) / 3 + 0.2
                 row["bench:knowledge"] = 0.25 + 0.5 / (1 + np.exp(4 * (losses["knowledge"] - 3.0)))
                 row["bench:math"] = 0.5 / (1 + np.exp(4 * (losses["math"] - 3.0)))
                 rows.append({h: row.get(h, "") for h in header})
@@ -69,7 +71,7 @@ def pipeline(workdir, tmp_path_factory):
 
 def test_collect_writes_a_valid_table_of_the_real_run(pipeline, workdir):
     table = read_runs(pipeline["collected"])
-    assert len(table) == 2 and set(table.mix_domains) == set(DOMAINS) == set(table.loss_domains)
+    assert len(table) == 2 and set(table.mix_domains) == set(DOMAINS) == set(table.loss_domains) - {"heldout_qa"}
     assert table.extra["workdir"].tolist() == [workdir, workdir]
 
 
@@ -80,7 +82,7 @@ def test_fit_json_holds_every_domain_bootstrap_and_bench_laws(pipeline):
     from data_mixture.fit import Fit
 
     loaded = Fit.load(pipeline["fit"])
-    assert set(loaded.loss_domains) == set(DOMAINS) and set(loaded.bench) == {"knowledge", "math"}
+    assert set(loaded.loss_domains) == {*DOMAINS, "heldout_qa"} and set(loaded.bench) == {"knowledge", "math"}
 
 
 def test_predict_adds_predictions_intervals_and_keeps_extra_columns(pipeline):
@@ -168,7 +170,7 @@ def test_evaluate_compares_laws_and_reports_the_unidentifiable(pipeline, capsys)
     report = json.loads((out / "evaluation.json").read_text())
     assert report["holdout"].startswith("largest size 1e+06")
     lin = report["laws"]["regmix_linear"]
-    assert set(lin["domains"]) == set(DOMAINS) and lin["mean"]["mre"] < 0.2
+    assert set(lin["domains"]) == {*DOMAINS, "heldout_qa"} and lin["mean"]["mre"] < 0.2
     assert abs(sum(lin["optimal_mixture"].values()) - 1) < 1e-9
     assert "needs at least 23" in report["laws"]["camel"]["skipped"]  # 13 runs below the largest size
     assert (out / "pred_vs_obs.png").stat().st_size > 1000

@@ -60,6 +60,10 @@ def test_one_row_per_evaluated_checkpoint(workdir, tmp_path):
     assert continuous["bench:math"][1] == ev["benchmarks"]["math"]["gold_logprob"] < 0
     with pytest.raises(ValueError, match="allowed: accuracy, gold_logprob"):
         collect([workdir], bench_metric="f1")
+    # the continuous metric is a column of its own too, and the held-out target set a loss with no mix: column
+    assert cols["logprob:math"][1] == ev["benchmarks"]["math"]["gold_logprob"]
+    assert cols["loss:heldout_qa"][1] == ev["losses"]["targets"]["heldout_qa"]["loss"] > 0
+    assert "mix:heldout_qa" not in cols and "unique:code" not in cols
     out = tmp_path / "runs.csv"
     write_columns(cols, out)
     table = read_runs(out)  # the table validates, floats round-trip
@@ -122,3 +126,42 @@ def test_losses_from_the_training_log_for_unevaluated_checkpoints(workdir, tmp_p
     assert cols["step"] == [5] and got.unevaluated == [(str(bare), 3)]  # the log evaluates every 5 steps here
     assert cols["loss:code"] == [at5["eval_loss/code"]] and cols["loss_source"] == ["train_log"]
     assert "bench:math" not in cols
+
+
+def test_pools_become_unique_and_epochs_columns(workdir, tmp_path):
+    pooled = tmp_path / "pooled"
+    shutil.copytree(workdir, pooled, ignore=shutil.ignore_patterns("checkpoints"))
+    cfg = json.load(open(pooled / "config.json"))
+    cfg["data"]["unique_tokens"] = "math=640"
+    json.dump(cfg, open(pooled / "config.json", "w"))
+    lines = [json.loads(line) for line in open(pooled / "metrics.jsonl")]
+    for rec in lines:
+        for key in [k for k in rec if k.startswith("epochs/")]:
+            del rec[key]  # the fixture run had no pool
+        if rec.get("step") == 5:
+            rec["epochs/math"] = 1.75  # what the pipeline logged at that step
+    (pooled / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cols = collect([str(pooled)]).columns
+    assert cols["unique:math"] == [640.0, 640.0] and "unique:code" not in cols
+    assert cols["epochs:math"][1] == 1.75  # the logged count where there is one
+    assert cols["epochs:math"][0] == pytest.approx(0.25 * cols["tokens"][0] / 640)  # else share x tokens / pool
+    out = tmp_path / "runs.csv"
+    write_columns(cols, out)
+    assert read_runs(out).unique_rm().tolist()[0] == [np.inf, np.inf, 640.0, np.inf]
+
+
+def test_validation_only_domains_get_a_loss_and_no_mix_column(workdir, tmp_path):
+    held = tmp_path / "held"
+    shutil.copytree(workdir, held, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(CollectError, match="the run trains on it"):
+        collect([str(held)], validation_only=("knowledge",))
+    cfg = json.load(open(held / "config.json"))
+    cfg["data"]["mixture"] = {"code": 1 / 3, "prose": 1 / 3, "math": 1 / 3, "knowledge": 0.0}
+    json.dump(cfg, open(held / "config.json", "w"))
+    cols = collect([str(held)], validation_only=("knowledge",)).columns
+    assert "mix:knowledge" not in cols and cols["loss:knowledge"][0] > 0
+    write_columns(cols, tmp_path / "runs.csv")
+    table = read_runs(tmp_path / "runs.csv")
+    assert "knowledge" not in table.mix_domains and "knowledge" in table.loss_domains
+    with pytest.raises(CollectError, match="no collected run was evaluated on"):
+        collect([str(held)], validation_only=("qa",))

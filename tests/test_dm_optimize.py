@@ -116,3 +116,16 @@ def test_projection_is_exact():
     w = project(rng.normal(0, 1, (500, 4)), lo, hi)
     assert np.all(w >= lo) and np.all(w <= hi)
     np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_per_domain_epoch_caps_need_a_pool_and_bind():
+    fit = QuadraticFit(TARGET)  # wants code 0.4
+    out = optimize_mixture(fit, size=1e6, tokens=1e9, bootstrap=False, unique_tokens={"code": 5e7},
+                           constraints=Constraints(domain_epochs={"code": 4}))
+    assert out["weights"]["code"] == pytest.approx(0.2)  # 5e7 unique tokens x 4 epochs / 1e9 tokens
+    assert out["constraints"]["binding_upper"]["code"] == "repetition cap" and out["unique_tokens"]["code"] == 5e7
+    with pytest.raises(OptimizeError, match="--max-epochs math=2 needs the unique tokens of 'math'"):
+        optimize_mixture(fit, size=1e6, tokens=1e9, bootstrap=False, constraints=Constraints(domain_epochs={"math": 2}))
+    with pytest.raises(OptimizeError, match="--max-epochs names domain"):
+        optimize_mixture(fit, size=1e6, tokens=1e9, bootstrap=False, unique_tokens={"code": 5e7},
+                         constraints=Constraints(domain_epochs={"cobol": 2}))

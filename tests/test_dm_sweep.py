@@ -38,7 +38,8 @@ MIXTURES = [dict(zip(DOMAINS, w)) for w in ((0.25, 0.25, 0.25, 0.25), (0.1, 0.1,
 EVAL_ARGS = "--tasks --loss-batches 1"
 GOOD = [f"{s}_m{k}" for s in SIZES for k in range(len(MIXTURES))]
 HEADER = (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{d}" for d in DOMAINS]
-          + [f"loss:{d}" for d in DOMAINS] + ["step", "loss_source", "workdir", "started_at"])
+          + [f"loss:{d}" for d in DOMAINS] + ["loss:heldout_qa"]  # the built-in corpus's held-out target set
+          + ["step", "loss_source", "workdir", "started_at"])
 
 
 def entry(name: str, size: str, mixture: dict, **extra) -> dict:

@@ -16,22 +16,23 @@
 #
 # Fit one law (`DM_LAW`, default `camel`) on the whole table, look at how each validation loss
 # moves with the share of each training domain at every model size, then ask the law for the best
-# mixture at a range of sizes (equal-weight mean of the validation losses, at the table's largest
-# tokens-per-parameter ratio). A law whose optimum cannot move with scale (`additive`) draws flat
+# mixture at a range of sizes (for `DM_TARGET` if set, else the equal-weight mean of the
+# validation losses, at the table's largest tokens-per-parameter ratio). A law whose optimum cannot move with scale (`additive`) draws flat
 # bands; CAMEL may not.
 
 # %%
 import numpy as np
 
-from _common import LAW, OUT, RUNS, STARTS
+from _common import LAW, OUT, RUNS, STARTS, TARGET, target_table
 
 from data_mixture.fit import fit_table
 from data_mixture.optimize import optimize_mixture
 from data_mixture.plots import plot_loss_vs_share, plot_optimal_vs_size
 from data_mixture.table import read_runs
 
-table = read_runs(RUNS)
+table = target_table(read_runs(RUNS))  # DM_TARGET: the target is then the one validation domain
 fit = fit_table(table, LAW, bootstrap=0, starts=STARTS, progress=False)
+print(f"target: {TARGET or 'the equal-weight mean of the validation losses'}")
 print(f"{LAW} fitted on {len(table)} rows; domains {fit.loss_domains}")
 
 # %% [markdown]
@@ -48,8 +49,8 @@ print("\n".join(fit.at_bounds_lines()) or "no fitted parameter at a bound")
 # ## Loss vs share, per size (points: runs at their last checkpoint; lines: the law)
 
 # %%
-for dom in table.loss_domains[:2]:
-    for mix_dom in table.mix_domains[:2]:
+for dom in table.loss_domains:  # every validation domain against every training domain's share
+    for mix_dom in table.mix_domains:
         print("wrote", plot_loss_vs_share(table, dom, mix_dom, OUT / f"loss_{dom}_vs_{mix_dom}.png", fit=fit))
 
 # %% [markdown]

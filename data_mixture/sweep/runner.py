@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from data_mixture.sweep import record
-from data_mixture.sweep.targets import RunTarget, SweepError, load_plan, targets_from_plan
+from data_mixture.sweep.targets import RunTarget, SweepError, launch_command, load_plan, targets_from_plan
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,10 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     display = _Display(len(targets), len(skipped), root / "sweep.log", options.progress, backend.slots)
     display.say(f"sweep: {len(targets)} runs in {root} ({backend.describe()}); {len(skipped)} already done"
                 + (f": {', '.join(skipped[:6])}{' ...' if len(skipped) > 6 else ''}" if skipped else ""))
+    if queue:  # what each run is, as a command the user can run by hand
+        first = by_name[queue[0]]
+        display.say("sweep: each run trains as, e.g. " + launch_command(
+            first.config_file, first.run_dir, {**first.overrides, **first.added_overrides}))
     stop = {"signum": 0, "count": 0}
 
     def on_signal(signum, frame):
@@ -418,10 +422,11 @@ def _fill(queue, by_name, running, backend, owner, options, version, eval_args, 
             gates["waiting"][name] = t.base
             continue
         age = record.lease_age(t.run_dir)
-        if age is not None and age > options.lease_timeout:
-            stale = record.read_json(t.run_dir / record.LEASE) or {}
+        stale = (record.read_json(t.run_dir / record.LEASE) or {}) if age is not None else {}
+        why = record.stale_reason(stale, age, options.lease_timeout) if age is not None else None
+        if why:
             display.say(f"sweep: {name}: taking over the stale lease of {stale.get('host')}:{stale.get('pid')} "
-                        f"(no heartbeat for {age:.0f} s > --lease-timeout {options.lease_timeout:g})", logging.WARNING)
+                        f"({why})", logging.WARNING)
         got, holder = record.try_acquire(t.run_dir, owner, options.lease_timeout)
         if not got:
             if name not in elsewhere:

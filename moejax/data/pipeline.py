@@ -44,6 +44,7 @@ import numpy as np
 from moejax.data.dataset import TokenDataset, describe_dataset, open_dataset
 from moejax.data.mixture import Schedule, Stage, make_schedule, stage_index
 from moejax.data.packing import Example, ShardedPacker, padding_example, stack_examples
+from moejax.data.pools import pool_windows
 from moejax.errors import DataError
 
 STATE_VERSION: Final = 2
@@ -64,6 +65,17 @@ class _Pick:
 
     def __call__(self, window: int) -> dict[str, np.ndarray]:
         return {"domain": self.domain, "window": np.int64(window)}
+
+
+class _PoolPick(_Pick):
+    """Index into a domain's pool -> ``{"domain", "window"}`` (``pools.pool_windows``)."""
+
+    def __init__(self, domain_index: int, windows: np.ndarray):
+        super().__init__(domain_index)
+        self.windows = windows
+
+    def __call__(self, index: int) -> dict[str, np.ndarray]:
+        return {"domain": self.domain, "window": np.int64(self.windows[index])}
 
 
 class MixtureIterator:
@@ -89,7 +101,10 @@ class MixtureIterator:
         process_index: int = 0,
         process_count: int = 1,
         rows: Sequence[int] | None = None,
+        unique_tokens: Mapping[str, int] | None = None,
     ):
+        """``unique_tokens``: {domain: tokens} of data-constrained domains (``pools``): such a
+        domain draws from its pool of ``tokens // seq_len`` windows, repeated epoch after epoch."""
         _check_positive_int("seq_len", seq_len)
         _check_positive_int("global_batch_size", global_batch_size)
         _check_seed(seed)
@@ -106,6 +121,8 @@ class MixtureIterator:
                        fix="give it more text, use a shorter train.seq_len, or weight it 0.")
             for d in used
         }
+        self._pools = {d: pool_windows(self._packers[d].num_windows, n, seq_len, d)
+                       for d, n in sorted((unique_tokens or {}).items()) if d in self._packers}
         self._made_with = {
             "data": dataset.content_hash,
             "domains": list(dataset.domains),
@@ -113,6 +130,8 @@ class MixtureIterator:
             "global_batch_size": global_batch_size,
             "seed": self.seed,
         }
+        if self._pools:  # recorded only when set: states of runs without pools stay as they were
+            self._made_with["unique_tokens"] = {d: int(unique_tokens[d]) for d in self._pools}  # type: ignore[index]
         self._step = 0
         self._consumed = dict.fromkeys(used, 0)
         self._start_stage(0, self._consumed)
@@ -140,6 +159,15 @@ class MixtureIterator:
         """Batches drawn so far."""
         return self._step
 
+    def epochs(self) -> dict[str, float]:
+        """Epochs drawn so far of every trained domain: windows drawn / windows of its pool (its
+        whole train split when it has no pool)."""
+        return {d: self._consumed[d] / self._windows(d) for d in self._consumed}
+
+    def _windows(self, domain: str) -> int:
+        pool = self._pools.get(domain)
+        return len(pool) if pool is not None else self._packers[domain].num_windows
+
     def get_state(self) -> dict[str, Any]:
         """The position, as JSON-serialisable data."""
         stage = self.schedule[self._stage]
@@ -164,11 +192,11 @@ class MixtureIterator:
                 f"expected {STATE_VERSION}); resume with the code that wrote it or start a fresh workdir."
             )
         saved = state["made_with"]
-        for key in ("domains", "seq_len", "global_batch_size", "seed"):
-            if saved[key] != self._made_with[key]:
+        for key in ("domains", "seq_len", "global_batch_size", "seed", "unique_tokens"):
+            if saved.get(key) != self._made_with.get(key):
                 raise DataError(
-                    f"the saved data-iterator state was made with {key}={saved[key]!r}, this run "
-                    f"has {self._made_with[key]!r}; batches could not continue exactly. Resume "
+                    f"the saved data-iterator state was made with {key}={saved.get(key)!r}, this run "
+                    f"has {self._made_with.get(key)!r}; batches could not continue exactly. Resume "
                     "with the same data and train.seq_len/global_batch_size/seed, or start a fresh workdir."
                 )
         if saved["data"] != self._made_with["data"]:
@@ -197,10 +225,11 @@ class MixtureIterator:
         stage = self.schedule[index]
         components = {
             domain: (
-                grain.MapDataset.range(self._packers[domain].num_windows)
+                grain.MapDataset.range(self._windows(domain))
                 .shuffle(seed=shuffle_seed(self.seed, domain))
                 .repeat()[int(offsets[domain]):]
-                .map(_Pick(self.dataset.domains.index(domain)))
+                .map(_Pick(self.dataset.domains.index(domain)) if domain not in self._pools
+                     else _PoolPick(self.dataset.domains.index(domain), self._pools[domain]))
                 .to_iter_dataset(_READ_OPTIONS)
             )
             for domain in stage.weights
@@ -222,8 +251,10 @@ def make_train_iterator(
     process_index: int = 0,
     process_count: int = 1,
     rows: Sequence[int] | None = None,
+    unique_tokens: Mapping[str, int] | None = None,
 ) -> MixtureIterator:
-    """An endless iterator of training batches mixing ``dataset``'s domains by ``weights``.
+    """An endless iterator of training batches mixing ``dataset``'s domains by ``weights``
+    (``unique_tokens``: pools of data-constrained domains, see ``pools``).
 
     ``weights`` is a mapping domain -> weight (one stage) or a ``Schedule``. Without ``dataset``
     the built-in corpus (cached in ``cache_dir``) is used. With ``process_count > 1`` every
@@ -243,7 +274,8 @@ def make_train_iterator(
     _check_seed(seed)
     dataset = dataset if dataset is not None else open_dataset("", cache_dir)
     return MixtureIterator(dataset, schedule, seq_len=seq_len, global_batch_size=global_batch_size,
-                           seed=seed, process_index=process_index, process_count=process_count, rows=rows)
+                           seed=seed, process_index=process_index, process_count=process_count, rows=rows,
+                           unique_tokens=unique_tokens)
 
 
 def make_eval_batches(
@@ -281,15 +313,21 @@ def make_eval_batches(
             dataset, domain, "heldout", seq_len,
             fix="use a shorter train.seq_len or prepare it with a larger --heldout-fraction.",
         )
-        num_batches = min(batches_per_domain, max(1, packer.num_windows // batch_size))
-        batches[domain] = [
-            stack_examples([
-                packer(i) if i < packer.num_windows else padding_example(seq_len, packer.domain, pad_id)
-                for i in (b * batch_size + rows).tolist()
-            ])
-            for b in range(num_batches)
-        ]
+        batches[domain] = fixed_batches(packer, batch_size, batches_per_domain, rows, pad_id)
     return batches
+
+
+def fixed_batches(packer: ShardedPacker, batch_size: int, batches: int, rows: np.ndarray, pad_id: int) -> list[Example]:
+    """``batches`` batches (fewer if the windows run out, at least one, padded) of consecutive
+    windows of ``packer``, rows ``rows`` of each: what :func:`make_eval_batches` gives a domain."""
+    num_batches = min(batches, max(1, packer.num_windows // batch_size))
+    return [
+        stack_examples([
+            packer(i) if i < packer.num_windows else padding_example(packer.seq_len, packer.domain, pad_id)
+            for i in (b * batch_size + rows).tolist()
+        ])
+        for b in range(num_batches)
+    ]
 
 
 def shuffle_seed(seed: int, domain: str) -> int:

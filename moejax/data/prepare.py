@@ -31,10 +31,12 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -50,13 +52,17 @@ import tqdm
 from moejax import paths
 from moejax.config import default_config
 from moejax.data import layout, sources as sources_lib
-from moejax.data.dataset import PROGRESS_FILE, HeldoutWarning, combined_hash, small_heldout_message
+from moejax.data.dataset import (MIN_HELDOUT_DOCUMENTS, MIN_HELDOUT_TOKENS, PROGRESS_FILE, HeldoutWarning,
+                                 combined_hash, small_heldout_message)
+from moejax.data.pools import parse_unique_tokens
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
-from moejax.errors import DataError, user_stacklevel
+from moejax.errors import DataError, UserError, user_stacklevel
 from moejax.log import add_verbosity_flags
 from moejax.runner import run
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from moejax.data.hf_tokenizer import HFTokenizer
@@ -68,6 +74,9 @@ DEFAULT_VOCAB_SIZE: Final = 8192
 DEFAULT_BPE_SAMPLE_MB: Final = 256
 MB: Final = 2**20
 AUTO_BYTES_PER_WORKER: Final = 32 * MB
+# A held-out fraction prepare chooses itself never holds out more than this share of a domain's tokens.
+MAX_AUTO_HELDOUT_SHARE: Final = 0.25
+log = logging.getLogger("moejax.data.prepare")  # also when run as __main__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,84 @@ class ShardTask:
         return sum(piece.size for piece in self.pieces)
 
 
+def _leaves_nothing_on_failure(prepare):
+    """``prepare_dataset`` that, when it fails (bad input, a full disk), removes every file and
+    directory it created in ``out_dir`` (all of it if ``out_dir`` was new), so nothing is left that
+    was not there before; and first clears what an earlier failed run left, saying so. An
+    interruption (Ctrl-C, a kill) keeps the finished shards: rerunning the command resumes."""
+    @functools.wraps(prepare)
+    def wrapper(sources, out_dir, **kwargs):
+        out = Path(out_dir)
+        _clear_failed_attempt(out)
+        before = _snapshot(out)
+        try:
+            return prepare(sources, out_dir, **kwargs)
+        except Exception as e:
+            if not _remove_new(out, before):
+                raise
+            note = (f" Nothing was left behind: {out} was removed." if before is None else
+                    f" The files this run had written to {out} were removed; what was there before is untouched.")
+            if isinstance(e, UserError):  # the one-paragraph errors the command prints
+                e.args = (f"{e}{note}",)
+            raise
+    return wrapper
+
+
+def _snapshot(out: Path) -> set[str] | None:
+    """Every path under ``out`` (relative), or None if ``out`` does not exist."""
+    if not out.is_dir():
+        return None
+    found = set()
+    for root, dirs, files in os.walk(out):
+        found.update(os.path.relpath(os.path.join(root, name), out) for name in dirs + files)
+    return found
+
+
+def _remove_new(out: Path, before: set[str] | None) -> bool:
+    """Removes what is under ``out`` but not in ``before`` (``out`` itself if it was new); whether
+    anything was removed."""
+    if before is None:
+        if not out.exists():
+            return False
+        shutil.rmtree(out, ignore_errors=True)
+        return True
+    removed = False
+    for root, dirs, files in os.walk(out, topdown=False):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            if os.path.relpath(path, out) not in before:
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                removed = True
+    return removed
+
+
+def _clear_failed_attempt(out: Path) -> None:
+    """Removes what a failed earlier run left in ``out`` (its progress record says ``failed``): its
+    domains that no finished run wrote, its progress record, and its tokenizer files if no run
+    finished; one warning says what was removed."""
+    try:
+        with open(out / PROGRESS_FILE, encoding="utf-8") as f:
+            progress = json.load(f)
+    except (OSError, ValueError):
+        return
+    if progress.get("state") != "failed":
+        return
+    finished = set()
+    if (out / layout.DATASET_FILE).is_file():
+        with open(out / layout.DATASET_FILE, encoding="utf-8") as f:
+            finished = set(json.load(f).get("domains", ()))
+    names = [d for d in progress.get("domains", ()) if d not in finished and layout.DOMAIN_NAME.fullmatch(d)]
+    if not finished:
+        names += [layout.TOKENIZER_FILE, "tokenizer_config.json"]
+    removed = [name for name in names if (out / name).exists()]
+    for name in removed:
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    (out / PROGRESS_FILE).unlink()
+    log.warning(f"prepare: an earlier run into {out} failed ({progress.get('error', 'error not recorded')[:200]}); "
+                f"removed what it left: {', '.join(removed + [PROGRESS_FILE])}.")
+
+
+@_leaves_nothing_on_failure
 def prepare_dataset(
     sources: Sequence[str | Source],
     out_dir: str | os.PathLike[str],
@@ -103,8 +190,13 @@ def prepare_dataset(
     workers: int | None = None,
     progress: bool = True,
     seq_len: int = DEFAULT_SEQ_LEN,
+    unique_tokens: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Prepare ``sources`` (``"DOMAIN=PATH"`` strings or ``Source`` s) into ``out_dir``.
+
+    ``unique_tokens``: {domain: tokens} of data-constrained domains, recorded in ``dataset.json``
+    (``domains.<domain>.unique_tokens``): training reads only that many unique tokens of the
+    domain and repeats them (``moejax.data.pools``).
 
     Every domain's train and held-out split must hold one training window of ``seq_len + 1``
     tokens (the sequence length training will use), so that training on the dataset cannot stop
@@ -124,6 +216,7 @@ def prepare_dataset(
     out = Path(out_dir)
     parsed = [s if isinstance(s, Source) else sources_lib.parse_source(s) for s in sources]
     _check_options(parsed, heldout_fraction, shard_mb, bpe_sample_mb, workers, seq_len)
+    _check_pool_domains(parsed, unique_tokens or {})
     external = _external_tokenizer(tokenizer, special_tokens)  # read before anything is written
     shard_bytes = max(1, int(shard_mb * MB))
     plans = {s.domain: sources_lib.plan_source(s, shard_bytes, text_field) for s in parsed}
@@ -159,6 +252,7 @@ def prepare_dataset(
     except DataError as e:
         _write_json(out / PROGRESS_FILE, {**record, "state": "failed", "error": str(e)})
         raise
+    _record_pools(dataset, unique_tokens or {})
     _write_json(out / layout.DATASET_FILE, dataset)
     (out / PROGRESS_FILE).unlink()
     return {**summary, "bpe_train_s": bpe_seconds, "seconds": time.perf_counter() - start_time,
@@ -166,12 +260,31 @@ def prepare_dataset(
             "special_tokens": {role: _special_token(tok, role) for role in ("bos", "eos", "pad")}}
 
 
+def _check_pool_domains(parsed: list[Source], unique_tokens: Mapping[str, int]) -> None:
+    unknown = sorted(set(unique_tokens) - {s.domain for s in parsed})
+    if unknown:
+        raise DataError(f"--unique-tokens names domain(s) {', '.join(unknown)} without a --source; the sources' "
+                        f"domains: {', '.join(s.domain for s in parsed)}.")
+
+
+def _record_pools(dataset: dict[str, Any], unique_tokens: Mapping[str, int]) -> None:
+    """Each pool into its domain's ``dataset.json`` entry (at most the domain's train tokens)."""
+    for domain, tokens in unique_tokens.items():
+        entry = dataset["domains"][domain]
+        if tokens > entry["train_tokens"]:
+            raise DataError(f"--unique-tokens {domain}={tokens}: the domain's train split holds only "
+                            f"{entry['train_tokens']:,} tokens; allowed: at most that many.")
+        entry["unique_tokens"] = int(tokens)
+
+
 def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str, list[Piece]],
                             dataset: dict[str, Any], tok: Tokenizer, tok_json: str | None,
                             heldout_fraction: float, text_field: str, shard_bytes: int,
                             workers: int | None, progress: bool, seq_len: int) -> dict[str, Any]:
     """Tokenize every shard not already done, write the domain manifests and fill ``dataset``."""
-    tasks = {domain: _shard_tasks(out, domain, pieces, tok, tok_json, heldout_fraction, text_field,
+    # A domain whose held-out fraction an earlier run chose itself starts from that choice.
+    fractions = {domain: _chosen_fraction(out, domain, heldout_fraction) for domain in plans}
+    tasks = {domain: _shard_tasks(out, domain, pieces, tok, tok_json, fractions[domain], text_field,
                                   shard_bytes) for domain, pieces in plans.items()}
     records, pending = {}, []
     for domain, domain_tasks in tasks.items():
@@ -188,10 +301,34 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
     for task, record in _run(pending, workers, progress, out):
         records[(task.domain, task.index)] = record
 
+    # A domain left with too small a held-out split gets a fraction that holds out enough; only
+    # its shards are tokenized again.
+    for domain, pieces in plans.items():
+        shards = [records[(domain, task.index)] for task in tasks[domain]]
+        auto = _auto_heldout_fraction(domain, pieces, shards, fractions[domain], text_field, seq_len)
+        if auto is None:
+            continue
+        chosen, minimum = auto
+        what = (f"the minimum of {MIN_HELDOUT_DOCUMENTS} documents and {MIN_HELDOUT_TOKENS:,} tokens" if minimum else
+                f"a few training windows (the minimum would take more than {MAX_AUTO_HELDOUT_SHARE:.0%} of its tokens)")
+        log.info(f"prepare: domain {domain!r}: held-out fraction {chosen:g} instead of {fractions[domain]:g}, "
+                 f"which held out {_split_sizes(shards, 'heldout')}; {chosen:g} holds out {what}. Its shards are "
+                 "redone with it.")
+        fractions[domain] = chosen
+        tasks[domain] = _shard_tasks(out, domain, pieces, tok, tok_json, chosen, text_field, shard_bytes)
+        again = [task for task in tasks[domain] if _finished_record(task) is None]
+        for task in tasks[domain]:
+            if task not in again:
+                records[(domain, task.index)] = _finished_record(task)
+        for task, record in _run(again, _worker_count(again, workers), progress, out):
+            records[(task.domain, task.index)] = record
+        pending += again
+
     summary_domains = {}
     for source in parsed:
         manifest = _write_domain_manifest(out, source, tasks[source.domain], records, tok,
-                                          heldout_fraction, text_field, seq_len)
+                                          fractions[source.domain], text_field, seq_len,
+                                          asked_fraction=heldout_fraction)
         dataset["domains"][source.domain] = {
             "source": str(source), "sha256": manifest["sha256"],
             **{f"{split}_{key}": manifest["splits"][split][key]
@@ -208,6 +345,7 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
         "input_bytes": sum(t.input_bytes for ts in tasks.values() for t in ts),
         "tokenized_bytes": sum(t.input_bytes for t in pending),
         "workers": workers,
+        "heldout_fractions": fractions,  # per domain: the one asked for, or the one prepare chose
     }
 
 
@@ -249,8 +387,7 @@ def tokenize_shard(task: ShardTask) -> dict[str, Any]:
 
 def is_heldout(text: str, fraction: float) -> bool:
     """Whether a document belongs to the held-out split: a hash of its text below ``fraction``."""
-    digest = hashlib.sha256(text.encode("utf-8", errors="replace")).digest()
-    return int.from_bytes(digest[:8], "little") < fraction * 2**64
+    return _document_hash(text) < fraction * 2**64
 
 
 def _check_options(parsed: list[Source], heldout_fraction: float,
@@ -507,9 +644,87 @@ def _ignore_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _chosen_fraction(out: Path, domain: str, asked: float) -> float:
+    """The held-out fraction an earlier run into ``out`` chose for ``domain`` when asked for
+    ``asked`` (so that a rerun skips its shards), else ``asked``."""
+    try:
+        with open(out / domain / layout.MANIFEST_FILE, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return asked
+    if manifest.get("heldout_fraction_asked") == asked and isinstance(manifest.get("heldout_fraction"), float):
+        return manifest["heldout_fraction"]
+    return asked
+
+
+def _split_sizes(shards: list[dict], split: str) -> str:
+    documents = sum(s["splits"][split]["documents"] for s in shards)
+    tokens = sum(s["splits"][split]["tokens"] for s in shards)
+    return f"{documents:,} documents / {tokens:,} tokens"
+
+
+def _document_hash(text: str) -> int:
+    """Where a document falls in [0, 2**64): it is held out when this is below fraction * 2**64."""
+    digest = hashlib.sha256(text.encode("utf-8", errors="replace")).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _auto_heldout_fraction(domain: str, pieces: list[Piece], shards: list[dict], fraction: float,
+                           text_field: str, seq_len: int) -> tuple[float, bool] | None:
+    """A held-out fraction for ``domain`` that holds out the documented minimum
+    (``MIN_HELDOUT_DOCUMENTS`` and ``MIN_HELDOUT_TOKENS``, and training windows), when
+    ``fraction`` (> 0) left less, and whether it reaches that minimum (else only training windows);
+    None when ``fraction`` is enough or no larger one helps.
+
+    Reads the domain's documents once more (no tokenizing): each document's hash decides its split,
+    and its tokens are estimated from its bytes at the domain's tokens per byte. The fraction
+    is the shortest decimal that holds out the fewest documents reaching the minimum, without
+    holding out more than ``MAX_AUTO_HELDOUT_SHARE`` of the domain's tokens; if the minimum needs
+    more than that, the fraction that holds out a few training windows."""
+    heldout = [s["splits"]["heldout"] for s in shards]
+    documents, tokens = sum(h["documents"] for h in heldout), sum(h["tokens"] for h in heldout)
+    window = seq_len + 1
+    has_window = max(h["tokens"] for h in heldout) >= window
+    if fraction <= 0 or (documents >= MIN_HELDOUT_DOCUMENTS and tokens >= MIN_HELDOUT_TOKENS and has_window):
+        return None
+    docs = sorted((_document_hash(text), len(text.encode("utf-8", errors="replace")))
+                  for piece in pieces for text in sources_lib.read_documents(piece, text_field)
+                  if text is not None and text.strip())
+    total_tokens = sum(s["splits"][split]["tokens"] for s in shards for split in layout.SPLITS)
+    total_bytes = sum(size for _, size in docs)
+    if len(docs) < 2 or not total_bytes:
+        return None
+    per_byte = max(total_tokens - len(docs), 0) / total_bytes
+    cap = MAX_AUTO_HELDOUT_SHARE * total_tokens
+    cumulative, reach_minimum, reach_windows = 0.0, None, None
+    for index, (_, size) in enumerate(docs[:-1]):
+        cumulative += size * per_byte + 1  # its tokens and its EOS
+        if cumulative > cap:
+            break
+        if reach_windows is None and cumulative >= 3 * window:
+            reach_windows = index
+        if index + 1 >= MIN_HELDOUT_DOCUMENTS and cumulative >= 1.1 * MIN_HELDOUT_TOKENS and cumulative >= 3 * window:
+            reach_minimum = index
+            break
+    last = reach_minimum if reach_minimum is not None else reach_windows
+    while last is not None and last + 1 < len(docs) and docs[last + 1][0] == docs[last][0]:
+        last += 1  # identical documents share a hash, and a split
+    if last is None or last + 1 >= len(docs):
+        return None
+    low, high = docs[last][0], docs[last + 1][0]  # hold out every document up to ``last``, not the next
+    chosen = high / 2**64
+    for digits in range(2, 17):
+        candidate = math.ceil(low / 2**64 * 10**digits) / 10**digits
+        if low < candidate * 2**64 <= high:
+            chosen = candidate
+            break
+    return (chosen, reach_minimum is not None) if chosen > fraction else None
+
+
 def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
                            records: Mapping[tuple[str, int], dict], tok: Tokenizer,
-                           heldout_fraction: float, text_field: str, seq_len: int) -> dict[str, Any]:
+                           heldout_fraction: float, text_field: str, seq_len: int,
+                           asked_fraction: float | None = None) -> dict[str, Any]:
     """Sum the shard records of a domain into its ``manifest.json``; drop stale shard files."""
     domain = source.domain
     shards = [records[(domain, task.index)] for task in tasks]
@@ -524,6 +739,11 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
         total_documents=splits["train"]["documents"] + splits["heldout"]["documents"],
         total_tokens=splits["train"]["tokens"] + splits["heldout"]["tokens"], fraction=heldout_fraction)
     if problem and heldout_fraction > 0:
+        if asked_fraction is not None and asked_fraction != heldout_fraction:  # prepare chose it
+            problem = (problem.split(": its eval_loss", 1)[0] + f": its eval_loss/{domain} will be noise. prepare "
+                       f"chose --heldout-fraction {heldout_fraction:g}; the minimum would hold out more than "
+                       f"{MAX_AUTO_HELDOUT_SHARE:.0%} of the domain's tokens: give it more text (in more "
+                       "documents), or pass a larger --heldout-fraction to hold out more anyway.")
         warnings.warn(problem, HeldoutWarning, stacklevel=user_stacklevel())
     manifest = {
         "format": layout.FORMAT,
@@ -532,6 +752,7 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
         "tokenizer": tok.name,
         "dtype": token_dtype(tok.vocab_size).name,
         "heldout_fraction": heldout_fraction,
+        "heldout_fraction_asked": heldout_fraction if asked_fraction is None else asked_fraction,
         "text_field": text_field,
         "input_bytes": sum(s["input_bytes"] for s in shards),
         "skipped_documents": sum(s["skipped_documents"] for s in shards),
@@ -667,6 +888,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN,
                         help="the train.seq_len training will use: every split of every domain must hold "
                              "one window of it")
+    parser.add_argument("--unique-tokens", action="append", default=[], metavar="DOMAIN=N",
+                        help="a data-constrained domain: training reads only N unique tokens of it and repeats "
+                             "them (recorded in dataset.json; a run's data.unique_tokens overrides it)")
     parser.add_argument("--verify", action="store_true",
                         help="only check every file of --out against its manifest checksums")
     add_verbosity_flags(parser)
@@ -692,6 +916,7 @@ def _prepare(args: argparse.Namespace, out: str) -> None:
         vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
         heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
         workers=args.workers, seq_len=args.seq_len,
+        unique_tokens=parse_unique_tokens(",".join(args.unique_tokens), "--unique-tokens"),
     )
     for domain, splits in summary["domains"].items():
         print(f"{domain:>12}: " + ", ".join(

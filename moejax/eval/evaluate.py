@@ -16,6 +16,7 @@ import numpy as np
 from moejax.config import BENCHMARK_VERSIONS
 from moejax.errors import ConfigError
 from moejax.data.pipeline import make_eval_batches
+from moejax.data.targets import target_eval_batches
 from moejax.eval import harness, losses, routing
 from moejax.eval.benchmarks import task_names
 from moejax.eval.forward import Scorer
@@ -91,6 +92,12 @@ class Evaluator:
             erun.dataset.domains, seq_len=cfg.train.seq_len, batch_size=cfg.train.global_batch_size,
             batches_per_domain=settings.loss_batches, dataset=erun.dataset,
         )
+        # The built-in corpus's held-out target sets (moejax.data.targets): scored apart from the
+        # domains (losses.targets), so loss_mean stays the training log's eval_loss.
+        self.target_batches = {} if cfg.data.path else target_eval_batches(
+            seq_len=cfg.train.seq_len, batch_size=cfg.train.global_batch_size, batches_per_set=settings.loss_batches,
+            first_domain_id=len(erun.dataset.domains), cache_dir=cfg.data.cache_dir or None,
+        )
         self.scorer = Scorer(erun.run, balancer, cfg.model.moe.num_experts)
         self.generator = (
             Generator(erun.run, cfg, max_len=settings.max_len, balancer=balancer, num_tokens=erun.tokenizer.vocab_size)
@@ -105,6 +112,12 @@ class Evaluator:
         loss_summary, routing_sums, loss_tokens = losses.heldout_losses(
             self.scorer, ckpt, self.eval_batches, tokenizer, progress=self.progress
         )
+        if self.target_batches:
+            targets, _, target_tokens = losses.heldout_losses(
+                self.scorer, ckpt, self.target_batches, tokenizer, progress=self.progress
+            )
+            loss_summary["targets"] = targets["domains"]
+            loss_tokens += target_tokens
         loss_seconds = time.perf_counter() - start
         benchmarks, phases = {}, {"multiple_choice": [0, 0.0], "exact_match": [0, 0.0]}
         for task in self.tasks:

@@ -40,6 +40,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from moejax.errors import ConfigError
+from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks, unreadable_reason
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class Checkpointer:
     def restore_latest(self, abstract_state: Any) -> Restored | None:
         """The newest checkpoint that reads back on every process; unreadable ones are reported
         and set aside."""
+        quiet_closed_loop_callbacks()  # a failed read's late reports would bury the notice
         for step in reversed(self.steps()):
             restored, error = None, None
             try:
@@ -176,14 +178,11 @@ class Checkpointer:
     def _quarantine(self, step: int, error: Exception | None) -> None:
         source = os.path.join(self.directory, str(step))
         target = os.path.join(self.corrupt_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if error is None:
-            reason = "another process could not read it"
-        else:
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+        reason = unreadable_reason(source, error)
         if jax.process_index() == 0:
             os.makedirs(self.corrupt_dir, exist_ok=True)
             shutil.move(source, target)
-            log.warning(f"moejax: checkpoint {source} is unreadable ({reason}); moved it to {target} and "
+            log.warning(f"moejax: checkpoint {source} is unreadable:\n  {reason}\n  moved it to {target} and "
                         "falling back to the previous checkpoint.")
         if jax.process_count() > 1:  # nobody lists the steps again before process 0 has moved it
             multihost_utils.sync_global_devices(f"moejax_quarantine_{step}")

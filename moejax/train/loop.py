@@ -292,6 +292,7 @@ def _train(cfg, workdir: str, mesh_shape: dict[str, int], data_info: DatasetInfo
                     )
                     record = step_record(jax.device_get(metrics), step_time, tokens_per_step, flops_tok, peak)
                     record.update({f"tokens/{d}": int(n) for d, n in zip(train_data.domains, domain_tokens)})
+                    record.update({f"epochs/{d}": e for d, e in data_iter.epochs().items()})
                     record["skipped_steps"] = skipped_steps
                     if len(train_data.schedule) > 1:  # which data.schedule stage this step trained on
                         record["stage"] = stage
