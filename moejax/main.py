@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     maybe_initialize_distributed()
     import jax
 
-    from moejax.train.loop import Diverged, train
+    from moejax.errors import RunStopped
+    from moejax.train.loop import train
     from moejax.train.precompile import use_persistent_cache
     from moejax.train.preemption import Preempted
 
@@ -387,9 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     except Preempted as e:
         sys.stderr.write(f"moejax: {e}; checkpoint saved. Rerun the same command to resume.\n")
         sys.exit(128 + e.signum)
-    except Diverged as e:
+    except RunStopped as e:  # diverged (3), a failed save (74): one paragraph
         sys.stderr.write(f"moejax: {e}\n")
-        sys.exit(3)
+        sys.exit(e.exit_code)
     if jax.process_index() == 0:
         print(summary_line(summary, command.workdir))
 
