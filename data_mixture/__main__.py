@@ -1,4 +1,4 @@
-"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,optimize,plan,sweep,mergemix} ...``.
+"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,register,optimize,plan,sweep,mergemix} ...``.
 
 Every subcommand has ``--help`` with an example; docs/data_mixture.md ("CLI") walks through the
 whole pipeline. Bad input (a runs table off the simplex, a query with unknown domains,
@@ -18,7 +18,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.errors import UserError
+from moejax.cli import preload_allocator
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,10 @@ EXAMPLES = {
     "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
                 "--out-dir results/eval\n"
                 f"{PROG} evaluate --runs runs.csv --laws camel,regmix_linear --holdout each --starts 16 --out-dir results/eval_each",
+    "register": f"{PROG} register --rule 'a beats b when the 95% paired t-interval over 3 seeds of loss(a) - loss(b) "
+                "lies below 0' --candidates candidates.json --fits camel=fit_camel.json additive=fit_additive.json "
+                "--size 6e5 --tokens 2.4e6 --out registration.json\n"
+                f"{PROG} evaluate --runs proxies.csv targets.csv --registration registration.json --out-dir results/eval",
     "optimize": f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
                 "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
                 "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json",
@@ -58,13 +65,14 @@ INTERRUPTED = {
     "fit": "nothing was written (--out is unchanged; a fit is saved only when complete). Rerun the command to fit again.",
     "predict": "nothing was written (--out is unchanged). Rerun the command.",
     "evaluate": "nothing was written to --out-dir (the report is written when every law is done). Rerun the command.",
+    "register": "nothing was written (--out is unchanged). Rerun the command.",
     "optimize": "nothing was written (--out is unchanged). Rerun the command.",
     "plan": "nothing was written (--out is unchanged). Rerun the command.",
     "mergemix": "the trained experts and every evaluated merge are kept in --out; rerun the same command to resume.",
 }
 
 
-class UsageError(ValueError):
+class UsageError(UserError):
     """A bad flag value found by the CLI itself."""
 
 
@@ -215,8 +223,13 @@ def cmd_evaluate(args) -> None:
 
     table = _read_runs_files(args.runs)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
+    registration = None
+    if args.registration:
+        from data_mixture.register import load
+
+        registration = load(args.registration)
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
-                           starts=args.starts, tokens=args.tokens, resamples=args.resamples)
+                           starts=args.starts, tokens=args.tokens, resamples=args.resamples, registration=registration)
     final = Path(args.out_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     text = format_report(report)
@@ -239,6 +252,55 @@ def cmd_evaluate(args) -> None:
     print(report["verdict"]["text"])
     written = [final / n for n in names]
     print(f"wrote {', '.join(str(w) for w in written)}")
+
+
+def cmd_register(args) -> None:
+    from data_mixture.fit import Fit
+    from data_mixture.register import RegistrationError, register, write
+
+    try:
+        candidates = json.loads(Path(args.candidates).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--candidates {args.candidates}: not a readable JSON file ({e}); allowed: a JSON object "
+                         '{"name": {"domain": weight, ...}, ...}.') from None
+    if not isinstance(candidates, dict) or not all(isinstance(w, dict) for w in candidates.values()):
+        raise UsageError(f"--candidates {args.candidates} is not an object of mixtures; allowed: "
+                         '{"name": {"domain": weight, ...}, ...}.')
+    fits = dict(_parse_pairs(args.fits or [], "--fits"))
+    if fits and (args.size is None or args.tokens is None):
+        raise UsageError("--fits needs --size and --tokens: the target point the laws predict.")
+    predictions = {}
+    for law, path in fits.items():
+        fit = Fit.load(path, "--fits")
+        names = list(candidates)
+        absent = sorted({d for w in candidates.values() for d in w} - set(fit.mix_domains))
+        if absent:
+            raise RegistrationError(f"--fits {law}={path} was fitted on {', '.join(fit.mix_domains)}; the candidates "
+                                    f"also weigh {', '.join(absent)}.")
+        import numpy as np
+
+        mix_rm = np.array([[float(candidates[n].get(d, 0.0)) for d in fit.mix_domains] for n in names])
+        pred_rv = fit.predict_losses(np.full(len(names), args.size), np.full(len(names), args.tokens), mix_rm)
+        predictions[law] = dict(zip(names, pred_rv.mean(axis=1).tolist()))
+    if args.predictions:
+        predictions.update(json.loads(Path(args.predictions).read_text()))
+    target = ({"size_column": args.size_column, "size": args.size, "tokens": args.tokens} if args.size is not None else None)
+    reg = register({"rule": args.rule, "metric": args.metric, "level": args.level}, candidates, predictions=predictions,
+                   target=target)
+    write(reg, args.out)
+    print(json.dumps({k: reg[k] for k in ("registered_at", "code_version", "sha256")}, indent=1))
+    print(f"wrote {args.out}: {len(reg['candidates'])} candidates, {len(reg['comparisons'])} comparisons, "
+          f"predictions of {', '.join(reg['predictions']) or 'no law'}")
+
+
+def _parse_pairs(items: list[str], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"{flag} {item!r}; allowed: NAME=PATH, e.g. {flag} camel=fit_camel.json.")
+        out.append((name.strip(), value.strip()))
+    return out
 
 
 def cmd_optimize(args) -> None:
@@ -442,7 +504,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out-dir (files of the same names are replaced)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--registration", default=None,
+                   help="registration JSON (`register`): check it against the table's started_at column and score "
+                        "every registered comparison; the report says pre-registered only when the check passes")
     p.set_defaults(func=cmd_evaluate)
+
+    p = add("register", "Pre-register a decision before its target runs: rule, candidate mixtures, each law's "
+                        "predictions, git commit, UTC time and a sha256 of it all.")
+    p.add_argument("--rule", required=True, help="the decision rule, in words")
+    p.add_argument("--candidates", required=True, help='JSON file {"name": {"domain": weight, ...}, ...}')
+    p.add_argument("--fits", nargs="*", metavar="LAW=FIT.json", help="fits whose mean predicted loss per candidate is registered")
+    p.add_argument("--predictions", default=None, help='JSON file {"law": {"candidate": value}} of other predictions')
+    p.add_argument("--size", type=float, default=None, help="target model size (the size column); restricts the check "
+                                                            "to the runs at it")
+    p.add_argument("--tokens", type=float, default=None, help="target tokens (for --fits)")
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--metric", default="loss:mean", help="what the rule compares: loss:mean or loss:<domain>")
+    p.add_argument("--level", type=float, default=0.95, help="interval mass of the rule (default 0.95)")
+    p.add_argument("--out", required=True, help="registration JSON to write")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.set_defaults(func=cmd_register)
 
     p = add("optimize", "Best mixture at a target (size, tokens) under weight bounds and a repetition cap.")
     p.add_argument("--fit", required=True)
@@ -577,46 +658,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _errors() -> tuple[type[BaseException], ...]:
-    """The error types that mean bad input (messages written for the user), not a bug."""
-    kinds: list[type[BaseException]] = [UsageError, FileNotFoundError]
-    for module, names in (("data_mixture.table", ("TableError",)), ("data_mixture.collect", ("CollectError",)),
-                          ("data_mixture.optimize", ("OptimizeError",)), ("data_mixture.plan", ("PlanError",)),
-                          ("data_mixture.fit", ("FitFileError",)),
-                          ("data_mixture.evaluate", ("EvaluateError",)), ("moejax.config", ("ConfigError",)),
-                          ("data_mixture.sweep.targets", ("SweepError",)),
-                          ("data_mixture.mergemix.experts", ("MergeMixError",)),
-                          ("data_mixture.mergemix.search", ("SearchError",)),
-                          ("data_mixture.mergemix.merge", ("MergeMismatch",))):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        kinds += [getattr(mod, n) for n in names if hasattr(mod, n)]
-    return tuple(kinds)
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """``data-mixture COMMAND ...`` (= ``python -m data_mixture COMMAND ...``): bad input (a
+    :class:`moejax.errors.UserError`, which every error kind of data_mixture subclasses, or a
+    missing file) ends in one paragraph and exit 2, Ctrl-C in one line and exit 130."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbosity)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    try:
+
+    def command() -> None:
         from data_mixture.user_files import check_inputs, check_outputs, resolve_paths
 
         resolve_paths(args)
         check_inputs(args)
         check_outputs(args)
         args.func(args)
-    except _errors() as e:
-        msg = str(e) if not isinstance(e, FileNotFoundError) else f"file not found: {e.filename or e}"
-        sys.stderr.write(f"{PROG} {args.command}: error: {msg}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        if args.command not in INTERRUPTED:
-            raise
-        sys.stderr.write(f"{PROG} {args.command}: interrupted: {INTERRUPTED[args.command]}\n")
-        sys.exit(130)
+
+    interrupted = f"interrupted: {INTERRUPTED[args.command]}" if args.command in INTERRUPTED else None
+    return run(command, prog=f"{PROG} {args.command}", verbosity=args.verbosity, interrupted=interrupted,
+               errors=(FileNotFoundError,))
+
+
+def console(argv: list[str] | None = None) -> int:
+    """The installed ``data-mixture COMMAND [arguments]`` = ``python -m data_mixture``, with mimalloc
+    preloaded for the training runs a sweep or MergeMix starts (:func:`moejax.cli.preload_allocator`)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if argv is None and not any(a in ("-h", "--help") for a in args[:1]):
+        preload_allocator()
+    return main(args)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,20 @@ The baselines predict the held-out cells from the training cells only, with no l
   borrows the nearest mixture that has them (noted); with none at all the baseline is skipped.
 - ``rank_by_weight``: for a validation domain that is also a training domain, the predicted
   order is the descending weight of that domain (score ``-r_v``). Per domain only; no loss.
+
+Two more for sources of unequal size, from the table's unique tokens per training domain (columns
+``unique:<domain>``; skipped, with the reason, when the table lacks them):
+
+- ``proportional``: the natural mixture, weights in proportion to each domain's unique tokens
+  ``p_j = U_j / sum U``; ranks mixtures by closeness to it, score ``KL(r || p) = sum_j r_j log(r_j / p_j)``
+  (the ``uniform`` score is the same with ``p`` uniform, up to a constant).
+- ``unimax``: UniMax (Chung et al. 2023, "UniMax: Fairer and More Effective Language Sampling for
+  Large-Scale Multilingual Pretraining"): as uniform as a cap of ``UNIMAX_MAX_EPOCHS`` epochs per
+  domain allows at the cell's token budget D. Domains in ascending order of unique tokens; each
+  takes the equal share of the budget not yet given out, capped at ``max_epochs x U_j``; what a
+  capped domain cannot take is shared among the larger ones. Ranks mixtures by ``KL(r || unimax)``.
+  The paper's cap is its parameter N (epochs per language); 4 here is ours, after Muennighoff et
+  al. 2023 (repeating data up to about 4 epochs is almost as good as new data).
 """
 
 from __future__ import annotations
@@ -43,7 +57,8 @@ class Cells:
 
     size_c, tokens_c, frac_c: model size (the size column), tokens, checkpoint fraction;
     mix_cm: mixture; obs_cv: loss averaged over the cell's replicates; seeds_c: replicates;
-    runs: the run names of each cell; reps: per cell, (seed, loss_v) of each replicate.
+    runs: the run names of each cell; reps: per cell, (seed, loss_v) of each replicate;
+    unique_cm: unique tokens per training domain (columns ``unique:<domain>``), None without them.
     """
 
     size_c: np.ndarray
@@ -54,6 +69,7 @@ class Cells:
     seeds_c: np.ndarray
     runs: list
     reps: list
+    unique_cm: np.ndarray | None = None  # (C, M) unique tokens per training domain; None: the table has none
 
     def __len__(self) -> int:
         return int(self.size_c.shape[0])
@@ -89,7 +105,29 @@ def build_cells(table: RunsTable, size_column: str) -> Cells:
     reps = [[(int(s), v) for s, v in zip(seed_r[key_r == c], table.loss_rv[key_r == c])] for c in cells]
     group = _size_mixture_ids(size_c, mix_cm)
     final = np.array([tokens_c[group == g].max() for g in group])
-    return Cells(size_c, tokens_c, tokens_c / final, mix_cm, obs_cv, np.array([len(r) for r in runs]), runs, reps)
+    unique_rm = unique_tokens(table)
+    return Cells(size_c, tokens_c, tokens_c / final, mix_cm, obs_cv, np.array([len(r) for r in runs]), runs, reps,
+                 None if unique_rm is None else unique_rm[first])
+
+
+UNIQUE = "unique:"
+
+
+def unique_tokens(table: RunsTable) -> np.ndarray | None:
+    """(R, M) unique tokens of each training domain (columns ``unique:<domain>``, read as numbers;
+    the table's own parsed ``unique_rm`` when it has one); None when any domain's column is absent
+    or a value is not a number > 0."""
+    got = getattr(table, "unique_rm", None)
+    if got is not None:
+        return np.asarray(got, np.float64)
+    cols = [table.extra.get(f"{UNIQUE}{d}") for d in table.mix_domains]
+    if any(c is None for c in cols):
+        return None
+    try:
+        u_rm = np.stack([np.asarray(c, np.float64) for c in cols], axis=1)
+    except ValueError:
+        return None
+    return u_rm if np.all(np.isfinite(u_rm) & (u_rm > 0)) else None
 
 
 def _size_mixture_ids(size_c: np.ndarray, mix_cm: np.ndarray) -> np.ndarray:
@@ -196,11 +234,68 @@ def rank_by_weight(held: Cells, loss_domains, mix_domains) -> dict:
     return {"pred_cv": None, "rank_cv": rank_cv, "rank_c": None, "notes": f"domains {', '.join(shared)}"}
 
 
+UNIMAX_MAX_EPOCHS = 4.0
+"""UniMax's epoch cap per domain (see the module docstring)."""
+
+
+def unimax_weights(unique_m: np.ndarray, budget: float, max_epochs: float = UNIMAX_MAX_EPOCHS) -> np.ndarray:
+    """(M,) UniMax mixture for a budget of ``budget`` tokens over domains of ``unique_m`` unique
+    tokens: ascending by size, each domain takes the equal share of the remaining budget, at most
+    ``max_epochs x U_j``. When every domain is capped (budget > max_epochs x sum U) the weights are
+    the caps' proportions."""
+    unique_m = np.asarray(unique_m, np.float64)
+    give_m = np.zeros_like(unique_m)
+    left, order = float(budget), np.argsort(unique_m, kind="stable")
+    for i, j in enumerate(order):
+        share = left / (len(order) - i)
+        give_m[j] = min(share, max_epochs * unique_m[j])
+        left -= give_m[j]
+    return give_m / give_m.sum()
+
+
+def kl_score(mix_cm: np.ndarray, ref_cm: np.ndarray) -> np.ndarray:
+    """(C,) ``KL(r || p) = sum_j r_j log(r_j / p_j)`` per cell (0 log 0 = 0; inf where r_j > 0 = p_j)."""
+    r, p = np.asarray(mix_cm, np.float64), np.asarray(ref_cm, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        term = np.where(r > 0, r * (np.log(np.where(r > 0, r, 1.0)) - np.log(p)), 0.0)
+    return np.sum(term, axis=1)
+
+
+def _needs_unique(held: Cells) -> np.ndarray:
+    if held.unique_cm is None:
+        raise BaselineSkipped("the table has no unique tokens per training domain (columns unique:<domain>), so "
+                              "sources of unequal size cannot be weighed")
+    return held.unique_cm
+
+
+def proportional(held: Cells, loss_domains) -> dict:
+    """Rank by KL divergence from the mixture proportional to unique tokens."""
+    u_cm = _needs_unique(held)
+    p_cm = u_cm / u_cm.sum(axis=1, keepdims=True)
+    score_c = kl_score(held.mix_cm, p_cm)
+    ref = ", ".join(f"{x:.3f}" for x in p_cm[0])
+    return {"pred_cv": None, "rank_cv": np.repeat(score_c[:, None], len(loss_domains), axis=1), "rank_c": score_c,
+            "notes": f"proportional mixture ({ref})"}
+
+
+def unimax(held: Cells, loss_domains, max_epochs: float = UNIMAX_MAX_EPOCHS) -> dict:
+    """Rank by KL divergence from the UniMax mixture at each cell's token budget."""
+    u_cm = _needs_unique(held)
+    ref_cm = np.stack([unimax_weights(u_cm[c], held.tokens_c[c], max_epochs) for c in range(len(held))])
+    score_c = kl_score(held.mix_cm, ref_cm)
+    last = int(np.argmax(held.tokens_c))
+    ref = ", ".join(f"{x:.3f}" for x in ref_cm[last])
+    return {"pred_cv": None, "rank_cv": np.repeat(score_c[:, None], len(loss_domains), axis=1), "rank_c": score_c,
+            "notes": f"cap {max_epochs:g} epochs; UniMax mixture at {held.tokens_c[last]:.4g} tokens ({ref})"}
+
+
 BASELINES = {
     "uniform": "closer to uniform is better (rank by entropy); pick: the most uniform mixture run",
     "best_at_proxy": "each mixture's loss at the largest training size below, taken as is",
     "trend": "each mixture's own power law in N over the training sizes, extrapolated",
     "rank_by_weight": "per domain: more weight on the domain, lower its loss",
+    "proportional": "closer to the mixture proportional to each domain's unique tokens is better (KL)",
+    "unimax": f"closer to UniMax (as uniform as a cap of {UNIMAX_MAX_EPOCHS:g} epochs per domain allows) is better (KL)",
 }
 """name -> one-line description, in report order."""
 
@@ -212,6 +307,8 @@ def compute_baselines(train: Cells, held: Cells, loss_domains, mix_domains) -> d
         "best_at_proxy": lambda: best_at_proxy(train, held),
         "trend": lambda: trend(train, held),
         "rank_by_weight": lambda: rank_by_weight(held, loss_domains, mix_domains),
+        "proportional": lambda: proportional(held, loss_domains),
+        "unimax": lambda: unimax(held, loss_domains),
     }
     out = {}
     for name, make in makers.items():

@@ -30,6 +30,8 @@ config), ``checkpoints/<step>/`` and, once evaluated with ``python -m moejax.eva
                    started from
 ``step``           extra columns carried through: the checkpoint step and the workdir path
 ``workdir``
+``started_at``     when a sweep first started the run (UTC, ISO 8601; ``status.json``), empty when
+                   the workdir was not run by a sweep: the time a pre-registration is checked against
 =================  ==========================================================================
 
 **Mid-training runs.** A run whose config sets ``checkpoint.init_from`` started from another
@@ -68,11 +70,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from moejax.errors import UserError
 
 _STEP_JSON = re.compile(r"^step_(\d+)\.json$")
 
 
-class CollectError(ValueError):
+class CollectError(UserError):
     """A workdir that cannot be read into the table; names the workdir, the file and the fix."""
 
 
@@ -155,7 +158,7 @@ def _schedule(cfg, domains: Sequence[str], workdir: Path) -> list[tuple[int, dic
     """The run's stages with normalised weights, through moejax's own reader (same rules as training)."""
     import warnings
 
-    from moejax.data.errors import DataError
+    from moejax.errors import DataError
     from moejax.data.mixture import MixtureWarning, schedule_from_config
 
     data = cfg.data
@@ -182,6 +185,14 @@ def evaluate_checkpoints(missing: Sequence[tuple[str, int]], eval_args: Sequence
         if proc.returncode:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise CollectError(f"evaluating {workdir} step {step} failed ({' '.join(cmd)}): {' '.join(tail)}")
+
+
+def _started_at(workdir: Path) -> str:
+    """The run's first start time a sweep wrote to its ``status.json`` ("" when there is none)."""
+    try:
+        return str(json.loads((workdir / "status.json").read_text()).get("started_at") or "")
+    except (OSError, ValueError):
+        return ""
 
 
 def _run_names(workdirs: Sequence[Path]) -> list[str]:
@@ -345,13 +356,14 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             row["step"] = step
             row["loss_source"] = source
             row["workdir"] = str(wd)
+            row["started_at"] = _started_at(wd)
             rows.append(row)
     _check_base_rows(rows, base_of, dirs, names)
     protocol = (["seed"] if base_of or len({r["seed"] for r in rows}) > 1 else []) + (["base", "base_tokens"] if base_of else [])
     columns: dict[str, list[Any]] = {}
     order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
              + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks] + protocol
-             + ["step", "loss_source", "workdir"])
+             + ["step", "loss_source", "workdir", "started_at"])
     for col in order:
         if col.startswith("mix:"):
             columns[col] = [r.get(col, 0.0) for r in rows]  # a domain the run's dataset lacks: weight 0

@@ -5,11 +5,15 @@ the K mixtures observed at one size, of the K (K - 1) / 2 pairs (i, j) with diff
 losses, the fraction whose order the method predicts, ``sign(pred_i - pred_j) == sign(obs_i -
 obs_j)`` (a predicted tie counts half).
 
-Seed noise splits the pairs. With the pooled seed standard deviation ``sd`` of one cell's loss
-(:func:`pooled_sd`) and cell means over ``n_i`` seeds, the standard error of a difference of two
-cell means is ``sd sqrt(1/n_i + 1/n_j)``; a pair whose observed difference is below ``z`` times
-that (``z = 2`` by default) is *within the noise*: its observed order is not a fact a method can
-be scored on, so it is counted apart (:func:`noise_pairs`, :func:`split_accuracy`).
+Seed noise splits the pairs, **per pair**: with each cell's own seed standard deviation ``s_i``
+(over its ``n_i`` seeds) the standard error of a difference of two cell means is
+``sqrt(s_i^2 / n_i + s_j^2 / n_j)``; a pair whose observed difference is below ``z`` times that
+(``z = 2`` by default) is *within the noise*: its observed order is not a fact a method can be
+scored on, so it is counted apart (:func:`noise_pairs`, :func:`split_accuracy`). A cell with one
+seed has no sd of its own and takes a pooled figure that one noisy cell cannot inflate
+(:func:`robust_pooled_sd`: the pooled sd over the cells that :func:`noisy_cells` does not flag).
+Public mixture studies report seed variances that differ by orders of magnitude between
+mixtures, so one pooled figure would let the noisiest cell decide every other pair.
 
 Intervals: the accuracy gets a percentile bootstrap over *mixtures* (resample the K mixtures with
 replacement; a pair of distinct mixtures drawn ``c_i`` and ``c_j`` times counts ``c_i c_j`` times;
@@ -58,15 +62,26 @@ def agreement_matrix(pred_k: np.ndarray, obs_k: np.ndarray) -> np.ndarray:
     return np.where(obs_kk == 0, np.nan, agree_kk)
 
 
-def noise_pairs(obs_k: np.ndarray, seeds_k: np.ndarray, sd: float | None, z: float = NOISE_Z) -> np.ndarray:
-    """(K, K) bool: pairs within the seed noise, ``|obs_i - obs_j| < z sd sqrt(1/n_i + 1/n_j)``
-    with ``n`` the seeds averaged in each cell mean. ``sd`` None (noise not measured): no pair is."""
+def noise_pairs(obs_k: np.ndarray, seeds_k: np.ndarray, sd_k, z: float = NOISE_Z, *,
+                fallback: float | None = None) -> np.ndarray:
+    """(K, K) bool: pairs within the seed noise, ``|obs_i - obs_j| < z sqrt(s_i^2/n_i + s_j^2/n_j)``
+    with ``n`` the seeds averaged in each cell mean and ``s`` each cell's own seed sd.
+
+    ``sd_k``: (K,) per-cell sds (None or NaN where a cell has no sd of its own: it takes
+    ``fallback``), or one number for every cell. A pair with a cell whose sd is unknown (no own
+    sd and no fallback) is not within the noise (the noise is not measured there)."""
     obs_k = np.asarray(obs_k, np.float64)
-    if sd is None or not np.isfinite(sd):
-        return np.zeros((obs_k.shape[0],) * 2, bool)
-    inv_k = 1.0 / np.asarray(seeds_k, np.float64)
-    se_kk = sd * np.sqrt(inv_k[:, None] + inv_k[None, :])
-    within = np.abs(obs_k[:, None] - obs_k[None, :]) < z * se_kk
+    k = obs_k.shape[0]
+    if sd_k is None or isinstance(sd_k, (int, float, np.floating)):
+        sd_k = np.full(k, np.nan if sd_k is None else float(sd_k))
+    sd_k = np.array([np.nan if s is None else s for s in sd_k], np.float64)
+    if fallback is not None and np.isfinite(fallback):
+        sd_k = np.where(np.isfinite(sd_k), sd_k, float(fallback))
+    var_k = sd_k ** 2 / np.asarray(seeds_k, np.float64)
+    with np.errstate(invalid="ignore"):
+        se_kk = np.sqrt(var_k[:, None] + var_k[None, :])
+        within = np.abs(obs_k[:, None] - obs_k[None, :]) < z * se_kk
+    within &= np.isfinite(se_kk)
     np.fill_diagonal(within, False)
     return within
 
@@ -133,6 +148,51 @@ def pooled_sd(x_r: np.ndarray, cell_r: np.ndarray) -> dict:
     return {"sd": float(np.sqrt(ss / dof)) if dof else None, "dof": dof, "cells": cells, "rows": rows}
 
 
+def cell_sds(x_r: np.ndarray, cell_r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cells, sd_c, dof_c) of replicate values ``x_r`` grouped by ``cell_r`` (sorted cell ids):
+    each cell's sample sd (ddof 1; NaN with one replicate) and its degrees of freedom."""
+    x_r, cell_r = np.asarray(x_r, np.float64), np.asarray(cell_r)
+    cells = np.unique(cell_r)
+    sd_c = np.array([np.std(x_r[cell_r == c], ddof=1) if (cell_r == c).sum() >= 2 else np.nan for c in cells])
+    dof_c = np.array([(cell_r == c).sum() - 1 for c in cells])
+    return cells, sd_c, dof_c
+
+
+NOISY_LEVEL = 0.99
+"""A cell is flagged noisy when its variance over the other cells' pooled variance exceeds this F quantile."""
+
+
+def noisy_cells(sd_c: np.ndarray, dof_c: np.ndarray, level: float = NOISY_LEVEL) -> np.ndarray:
+    """(C,) bool: cells whose seed variance is an outlier. Cell c is flagged when
+    ``s_c^2 / s_(-c)^2 > F(level; dof_c, dof_(-c))``, ``s_(-c)`` the pooled sd of the other cells
+    with seeds (leave-one-out, so a noisy cell cannot hide itself by inflating the reference)."""
+    sd_c, dof_c = np.asarray(sd_c, np.float64), np.asarray(dof_c)
+    ok = np.isfinite(sd_c) & (dof_c >= 1)
+    ss_c = np.where(ok, sd_c ** 2 * dof_c, 0.0)
+    flag = np.zeros(sd_c.shape[0], bool)
+    for c in np.flatnonzero(ok):
+        dof_rest = int(dof_c[ok].sum() - dof_c[c])
+        if dof_rest < 1:
+            continue
+        var_rest = (ss_c.sum() - ss_c[c]) / dof_rest
+        if var_rest > 0:
+            flag[c] = sd_c[c] ** 2 / var_rest > stats.f.ppf(level, dof_c[c], dof_rest)
+        else:
+            flag[c] = sd_c[c] > 0
+    return flag
+
+
+def robust_pooled_sd(sd_c: np.ndarray, dof_c: np.ndarray, level: float = NOISY_LEVEL) -> dict:
+    """The pooled seed sd over the cells :func:`noisy_cells` does not flag:
+    ``sqrt(sum dof_c s_c^2 / sum dof_c)``; {sd (None if no cell has seeds), dof, cells, noisy (C,) bool}."""
+    sd_c, dof_c = np.asarray(sd_c, np.float64), np.asarray(dof_c)
+    noisy = noisy_cells(sd_c, dof_c, level)
+    keep = np.isfinite(sd_c) & (dof_c >= 1) & ~noisy
+    dof = int(dof_c[keep].sum())
+    sd = float(np.sqrt(np.sum(sd_c[keep] ** 2 * dof_c[keep]) / dof)) if dof else None
+    return {"sd": sd, "dof": dof, "cells": int(keep.sum()), "noisy": noisy}
+
+
 def seed_difference(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]], level: float = 0.95) -> dict:
     """Mean of a minus mean of b, with a t-interval over seeds. ``a``, ``b``: (seed, value) pairs.
 
@@ -157,3 +217,11 @@ def seed_difference(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float
         half = float(stats.t.ppf(q, dof) * se)
         return {"diff": diff, "lo": diff - half, "hi": diff + half, "method": f"Welch t ({va.size} and {vb.size} seeds)"}
     return {"diff": diff, "lo": None, "hi": None, "method": "one seed: no interval"}
+
+
+def detectable_difference(sd_d: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true difference a paired comparison over ``n`` seeds detects with probability
+    ``power`` at two-sided ``level``, given the sd of the per-seed differences ``sd_d``:
+    ``(t_{(1+level)/2, n-1} + t_{power, n-1}) sd_d / sqrt(n)`` (the usual t approximation)."""
+    dof = n - 1
+    return float((stats.t.ppf((1 + level) / 2, dof) + stats.t.ppf(power, dof)) * sd_d / np.sqrt(n))

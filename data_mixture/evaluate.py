@@ -18,14 +18,18 @@ Hold-outs (``holdout``):
 (:mod:`data_mixture.baselines`); laws are fitted on every row (all seeds), scores compare each
 method's prediction with the cell mean over seeds.
 
-**Seed noise floor** per size: the pooled within-cell standard deviation of the loss (per domain
-and of the mean over domains) over the cells at the final checkpoints of that size that have >= 2
-seeds, with the cells and degrees of freedom it rests on; "not measured (one seed)" otherwise.
+**Seed noise floor** per size, over the cells at the final checkpoints of that size that have >= 2
+seeds: each cell's own seed standard deviation of the loss (per domain and of the mean over
+domains), cells whose variance is an outlier against the others flagged ``noisy``
+(:func:`data_mixture.decisions.noisy_cells`), and the pooled sd over the cells not flagged (the
+figure a cell without seeds takes) beside the plain pooled sd over all of them; "not measured (one
+seed)" where no cell has two seeds.
 
 **Decisions** are scored at the largest held-out size, over each mixture's final checkpoint there
 (the K mixtures' cell means ``obs_k``): pairwise decision accuracy (:mod:`data_mixture.decisions`)
-over the pairs outside the seed noise (``|obs_i - obs_j| >= 2 sd sqrt(1/n_i + 1/n_j)``, sd the
-noise floor at that size), the pairs within it counted apart; with the noise not measured every
+over the pairs outside the seed noise of *that pair* (``|obs_i - obs_j| >= 2 sqrt(s_i^2/n_i +
+s_j^2/n_j)``, ``s_i`` cell i's own seed sd, the robust pooled figure for a cell with one seed),
+the pairs within it counted apart; with the noise not measured every
 pair counts as decided (and the report says so). A 95% percentile bootstrap over mixtures
 (``resamples`` resamples) gives the interval; all methods share the resamples.
 
@@ -64,12 +68,13 @@ from scipy.stats import spearmanr
 from data_mixture import decisions as dec
 from data_mixture.baselines import BASELINES, Cells, build_cells, compute_baselines
 from data_mixture.table import RunsTable, TableError
+from moejax.errors import UserError
 
 LEVEL = 0.95
 EACH_MIN_FIT_SIZES = 2  # holdout "each": sizes with at least this many smaller sizes are held out
 
 
-class EvaluateError(ValueError):
+class EvaluateError(UserError):
     """A hold-out that leaves nothing to fit or nothing to predict; names the sizes/runs."""
 
 
@@ -140,8 +145,12 @@ def each_holdouts(table: RunsTable, size_column: str) -> list[float]:
 
 
 def noise_floor(cells: Cells, loss_domains: Sequence[str]) -> dict[str, dict]:
-    """Per size (key ``f"{size:.6g}"``): pooled seed sd over the final-checkpoint cells with >= 2
-    seeds, of the mean loss and of each domain (see :func:`data_mixture.decisions.pooled_sd`)."""
+    """Per size (key ``f"{size:.6g}"``), over the final-checkpoint cells with >= 2 seeds: each
+    cell's own seed sd (``per_cell``, with ``noisy`` flags from
+    :func:`data_mixture.decisions.noisy_cells`), the robust pooled sd that cells without seeds
+    take (``sd_mean_loss``, ``sd``: over the cells not flagged,
+    :func:`data_mixture.decisions.robust_pooled_sd`) and the plain pooled sd over every cell
+    (``sd_mean_loss_all``, :func:`data_mixture.decisions.pooled_sd`), of the mean loss and of each domain."""
     out = {}
     for s in np.unique(cells.size_c):
         sel = np.flatnonzero((cells.size_c == s) & cells.final_c)
@@ -153,9 +162,22 @@ def noise_floor(cells: Cells, loss_domains: Sequence[str]) -> dict[str, dict]:
         if mean["sd"] is None:
             entry.update(measured=False, note="not measured (one seed)")
         else:
+            ids, sd_c, dof_c = dec.cell_sds(loss_rv.mean(axis=1), cell_r)
+            robust = dec.robust_pooled_sd(sd_c, dof_c)
+            if robust["sd"] is None:  # every cell flagged cannot happen with >= 2 cells; one cell: its own sd
+                robust["sd"] = mean["sd"]
+            per_dom = {d: dec.cell_sds(loss_rv[:, v], cell_r)[1] for v, d in enumerate(loss_domains)}
             level = float(np.mean(cells.obs_cv[sel]))
-            entry.update(measured=True, sd_mean_loss=mean["sd"], rel_sd_mean_loss=mean["sd"] / level,
-                         sd={d: dec.pooled_sd(loss_rv[:, v], cell_r)["sd"] for v, d in enumerate(loss_domains)})
+            entry.update(measured=True, sd_mean_loss=robust["sd"], rel_sd_mean_loss=robust["sd"] / level,
+                         sd_mean_loss_all=mean["sd"], dof_robust=robust["dof"],
+                         sd={d: dec.robust_pooled_sd(sd, dof_c)["sd"] for d, sd in per_dom.items()},
+                         sd_all={d: dec.pooled_sd(loss_rv[:, v], cell_r)["sd"] for v, d in enumerate(loss_domains)},
+                         per_cell=[{"run": cells.label(int(c)), "seeds": int(dof_c[i] + 1),
+                                    "sd_mean_loss": None if not np.isfinite(sd_c[i]) else float(sd_c[i]),
+                                    "sd": {d: None if not np.isfinite(per_dom[d][i]) else float(per_dom[d][i])
+                                           for d in loss_domains},
+                                    "noisy": bool(robust["noisy"][i])}
+                                   for i, c in enumerate(ids) if dof_c[i] >= 1])
         out[f"{s:.6g}"] = entry
     return out
 
@@ -165,7 +187,8 @@ def noise_floor(cells: Cells, loss_domains: Sequence[str]) -> dict[str, dict]:
 
 class _Decision:
     """The K mixtures a decision is scored on (final checkpoints at the decision size), their
-    within-noise pairs per target (mean loss, each domain) and the shared mixture resamples."""
+    within-noise pairs per target (mean loss, each domain; each pair judged by the seed sds of
+    its own two cells, :func:`data_mixture.decisions.noise_pairs`) and the shared mixture resamples."""
 
     def __init__(self, held: Cells, size: float, floor: dict, loss_domains, resamples: int, seed: int):
         self.idx_k = np.flatnonzero((held.size_c == size) & held.final_c)
@@ -175,10 +198,15 @@ class _Decision:
         self.obs_k = self.obs_kv.mean(axis=1)
         self.noise = floor.get(f"{size:.6g}", {"measured": False})
         measured = self.noise.get("measured", False)
-        sd_mean = self.noise["sd_mean_loss"] if measured else None
-        self.within = {None: dec.noise_pairs(self.obs_k, n_k, sd_mean)}
+        reps = [np.stack([v for _, v in held.reps[c]]) for c in self.idx_k]
+        sd_kv = np.array([np.std(r, axis=0, ddof=1) if len(r) >= 2 else np.full(len(loss_domains), np.nan) for r in reps])
+        sd_k = np.array([np.std(r.mean(axis=1), ddof=1) if len(r) >= 2 else np.nan for r in reps])
+        self.sd_k = sd_k
+        fallback = self.noise["sd_mean_loss"] if measured else None
+        self.within = {None: dec.noise_pairs(self.obs_k, n_k, sd_k if measured else None, fallback=fallback)}
         for v, d in enumerate(loss_domains):
-            self.within[d] = dec.noise_pairs(self.obs_kv[:, v], n_k, self.noise["sd"][d] if measured else None)
+            self.within[d] = dec.noise_pairs(self.obs_kv[:, v], n_k, sd_kv[:, v] if measured else None,
+                                             fallback=self.noise["sd"][d] if measured else None)
         self.counts_bk = dec.mixture_resamples(self.k, resamples, seed) if self.k >= 2 else None
 
     def score(self, rank_k: np.ndarray, obs_k: np.ndarray, domain: str | None) -> tuple[dict, np.ndarray | None]:
@@ -196,11 +224,13 @@ class _Decision:
         within = self.within[None]
         i, j = np.triu_indices(self.k, 1)
         out = {"size": self.size, "mixtures": self.k, "pairs": int(i.size), "pairs_within_noise": int(within[i, j].sum()),
-               "noise_z": dec.NOISE_Z, "resamples": resamples, "interval": LEVEL,
+               "noise_z": dec.NOISE_Z, "resamples": resamples, "interval": LEVEL, "noise": "per pair",
                "noise_measured": bool(self.noise.get("measured", False))}
         out["pairs_decided"] = out["pairs"] - out["pairs_within_noise"]
         if out["noise_measured"]:
             out["sd_mean_loss"] = self.noise["sd_mean_loss"]
+            out["cell_sd_mean_loss"] = [None if not np.isfinite(x) else float(x) for x in self.sd_k]
+            out["cells_without_seeds"] = int((~np.isfinite(self.sd_k)).sum())
         return out
 
 
@@ -311,7 +341,9 @@ def _verdicts(report: dict, law_boots: dict, base_boots: dict, skipped: dict, do
     def one(target):
         law_b = {n: b[target] for n, b in law_boots.items() if target in b}
         base_b = {n: b[target] for n, b in base_boots.items() if target in b}
-        skip = {n: r for n, r in skipped.items() if target is not None or n != "rank_by_weight"}
+        # the unequal-size baselines' absence (no unique:<domain> columns) is said in their table row, not the verdict
+        skip = {n: r for n, r in skipped.items()
+                if (target is not None or n != "rank_by_weight") and n not in ("proportional", "unimax")}
         return verdict(law_b, base_b, {n: acc("laws", n, target) for n in law_b},
                        {n: acc("baselines", n, target) for n in base_b}, skip)
 
@@ -336,10 +368,24 @@ def _f(x, fmt: str = ".2f") -> str:
 
 def evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str = "largest", size_column: str = "params_total",
                   seed: int = 0, starts: int = 64, tokens: str = "all", resamples: int = 1000,
-                  optimum: bool = True) -> dict[str, Any]:
+                  optimum: bool = True, registration: dict | None = None) -> dict[str, Any]:
     """The comparison as a JSON-able dict (see the module docstring). ``holdout="each"`` returns
     {"holdout", "size_column", "noise_floor", "holdouts": [one evaluation per held-out size],
-    "summary", "verdict"}; every other hold-out one evaluation."""
+    "summary", "verdict"}; every other hold-out one evaluation. With a ``registration``
+    (:mod:`data_mixture.register`) the report's ``registration`` holds its check on the whole table
+    (:func:`data_mixture.register.verify`: runs that predate it or that it does not cover, by name,
+    and every registered comparison); the report says "pre-registered" only when it passed."""
+    report = _evaluate_laws(table, laws, holdout=holdout, size_column=size_column, seed=seed, starts=starts,
+                            tokens=tokens, resamples=resamples, optimum=optimum)
+    if registration is not None:
+        from data_mixture.register import verify
+
+        report["registration"] = _jsonable(verify(registration, table))
+    return report
+
+
+def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_column: str, seed: int, starts: int,
+                   tokens: str, resamples: int, optimum: bool) -> dict[str, Any]:
     from data_mixture.laws import get_law
 
     if tokens not in ("all", "last"):
@@ -505,7 +551,13 @@ def _jsonable(x):
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """Markdown: the verdict first, then the noise floor, the methods, per-domain scores, bounds."""
+    """Markdown: the verdict first (and the registration check, when there is one), then the noise
+    floor, the methods, per-domain scores, bounds."""
+    if "registration" in report:
+        from data_mixture.register import format_check
+
+        rest = {k: v for k, v in report.items() if k != "registration"}
+        return format_report(rest) + "\n\n## Pre-registration\n\n" + "\n".join(format_check(report["registration"]))
     if "holdouts" in report:
         lines = [f"**{report['verdict']['text']}**", "", f"Hold-outs: {report['holdout']}.", ""]
         lines += _floor_lines(report["noise_floor"])
@@ -521,15 +573,30 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _floor_lines(floor: dict) -> list[str]:
-    lines = ["Seed noise floor (pooled within-cell sd over the final checkpoints of each size):", "",
-             "| size | cells (with >= 2 seeds) | rows | dof | sd of the mean loss | relative | sd per domain |", "|---|---|---|---|---|---|---|"]
+    lines = ["Seed noise floor (final checkpoints of each size; pooled sd over the cells not flagged noisy, the figure "
+             "a cell without seeds takes, beside the plain pooled sd over every cell with seeds):", "",
+             "| size | cells (with >= 2 seeds) | rows | dof | sd of the mean loss (robust) | all cells | relative | "
+             "sd per domain (robust) | noisy cells |", "|---|---|---|---|---|---|---|---|---|"]
+    cells = []
     for e in floor.values():
         if not e["measured"]:
-            lines.append(f"| {e['size']:.4g} | {e['cells']} (0) | | | {e['note']} | | |")
+            lines.append(f"| {e['size']:.4g} | {e['cells']} (0) | | | {e['note']} | | | | |")
             continue
         per = ", ".join(f"{d} {_f(v, '.4f')}" for d, v in e["sd"].items())
+        noisy = [c["run"] for c in e.get("per_cell", []) if c["noisy"]]
         lines.append(f"| {e['size']:.4g} | {e['cells']} ({e['cells_with_seeds']}) | {e['rows']} | {e['dof']} | "
-                     f"{e['sd_mean_loss']:.4f} | {e['rel_sd_mean_loss']:.2%} | {per} |")
+                     f"{e['sd_mean_loss']:.4f} | {_f(e.get('sd_mean_loss_all'), '.4f')} | {e['rel_sd_mean_loss']:.2%} | "
+                     f"{per} | {len(noisy)} |")
+        cells += [(e["size"], c) for c in e.get("per_cell", [])]
+    if cells:
+        doms = list(cells[0][1]["sd"])
+        lines += ["", "Seed sd of each cell (final checkpoints; **noisy**: its variance over the other cells' pooled "
+                  f"variance above the {dec.NOISY_LEVEL:.0%} F quantile):", "",
+                  "| size | cell | seeds | sd of the mean loss | " + " | ".join(doms) + " | |",
+                  "|---|---|---|---|" + "---|" * len(doms) + "---|"]
+        lines += [f"| {s:.4g} | {c['run']} | {c['seeds']} | {_f(c['sd_mean_loss'], '.4f')} | "
+                  + " | ".join(_f(c["sd"][d], ".4f") for d in doms) + f" | {'**noisy**' if c['noisy'] else ''} |"
+                  for s, c in cells]
     return lines
 
 
@@ -570,7 +637,9 @@ def _format_one(report: dict[str, Any], floor: bool = True) -> str:
     if d["noise_measured"]:
         lines.append(f"Decisions: {d['mixtures']} mixtures at size {d['size']:.4g} (final checkpoints), {d['pairs']} pairs: "
                      f"{d['pairs_decided']} decided, {d['pairs_within_noise']} within the seed noise "
-                     f"(|difference| < {d['noise_z']:g} x sd x sqrt(1/n_i + 1/n_j), sd {d['sd_mean_loss']:.4f}) and scored apart. "
+                     f"(|difference| < {d['noise_z']:g} x sqrt(s_i^2/n_i + s_j^2/n_j), each cell's own seed sd s; "
+                     f"{d.get('cells_without_seeds', 0)} cell(s) with one seed take the robust pooled sd "
+                     f"{d['sd_mean_loss']:.4f}) and scored apart. "
                      f"Intervals: {d['interval']:.0%} bootstrap over mixtures ({d['resamples']} resamples).")
     else:
         lines.append(f"Decisions: {d['mixtures']} mixtures at size {d['size']:.4g} (final checkpoints), {d['pairs']} pairs, "

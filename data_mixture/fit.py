@@ -30,6 +30,7 @@ from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.solver import resample_weights
 from data_mixture.table import RunsTable, TableError, to_columns
+from moejax.errors import UserError
 
 FORMAT = "moejax.data_mixture.fit/1"
 
@@ -215,7 +216,7 @@ class Fit:
             raise FitFileError(f"{flag} {path} is {e}") from None
 
 
-class FitFileError(ValueError):
+class FitFileError(UserError):
     """A file given as a fit that is not one: names the flag, the file and the fix."""
 
 

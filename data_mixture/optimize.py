@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 from scipy.optimize import minimize
+from moejax.errors import UserError
 
 FD_STEP = 1e-5
 CANDIDATES = 4096
@@ -57,7 +58,7 @@ BOOT_CANDIDATES = 512
 BOOT_STARTS = 2
 
 
-class OptimizeError(ValueError):
+class OptimizeError(UserError):
     """Infeasible or malformed constraints/objective; names the domain, flag and numbers."""
 
 

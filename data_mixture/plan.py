@@ -44,9 +44,7 @@ The plan JSON (schema in docs/data_mixture.md, "Planning") lists every run with 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import itertools
 import math
 import time
@@ -54,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import numpy as np
+from moejax.errors import UserError
 
 PLAN_VERSION = 1
 MAX_RUNS_PER_SIZE = 32
@@ -85,7 +84,7 @@ DEFAULT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """A plan that cannot be made: the budget, presets, prior or bounds at fault, with the numbers."""
 
 
@@ -165,7 +164,8 @@ def checkpoint_fractions(checkpoints: int) -> tuple[float, ...]:
 
 def preset_sizes(presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """params_total/params_active of each preset, from moejax's default config + its overrides."""
-    from moejax.config import ConfigError, default_config
+    from moejax.config import default_config
+    from moejax.errors import ConfigError
     from moejax.model.transformer import param_counts
 
     out = {}
@@ -409,16 +409,15 @@ def _base_mixture(weights: Mapping[str, float] | None, mix_domains: Sequence[str
 
 
 def _experiment_optim(config_file: str):
-    """The ``optim`` group of the experiment file the runs start from (moejax's own parser)."""
-    from moejax.main import parse_command_line
+    """The ``optim`` group of the experiment file the runs start from (moejax's own loader)."""
+    from moejax.config import load
+    from moejax.errors import ConfigError
 
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            command = parse_command_line(["moejax.main", "--config", config_file, "--workdir", "unused"])
-    except SystemExit:
-        raise PlanError(f"--config {config_file!r}: {err.getvalue().strip().removeprefix('moejax: error: ')}") from None
-    return command.config.optim
+        cfg, _ = load(config_file)
+    except ConfigError as e:
+        raise PlanError(f"--config {config_file!r}: {e}") from None
+    return cfg.optim
 
 
 def mid_schedule(steps: int, optim, lr_scale: float) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from moejax.errors import UserError
 
 REQUIRED = ("run", "params_total", "params_active", "tokens")
 PROTOCOL = ("seed", "base", "base_tokens")
@@ -50,7 +51,7 @@ SIMPLEX_TOL = 1e-3  # rows within this of sum 1 are renormalised; hand-written C
 MAX_LISTED = 8
 
 
-class TableError(ValueError):
+class TableError(UserError):
     """A runs table that cannot be used: names the rows (1-based data rows and run names), columns,
     values at fault and what is allowed."""
 

@@ -29,12 +29,12 @@ import tempfile
 from collections.abc import Iterable
 
 from moejax import configs as builtin_configs
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.paths import is_non_empty_dir, refuse_existing_file, relative_to_note, user_input_path, user_path, write_file
 
 # argparse destinations that hold a path (or a list of paths) in some data_mixture command
 PATH_ARGS = ("runs", "fit", "out", "out_dir", "prior", "plan", "root", "base", "workdirs", "cache_dir",
-             "experts_dir", "cache")
+             "experts_dir", "cache", "candidates", "registration", "predictions")
 
 
 def resolve_paths(args) -> None:

@@ -16,7 +16,8 @@ where the runs' data may not exist yet; a Hugging Face import; benchmarks and co
 every run a sweep or MergeMix launches.
 
 Layering: ``moejax.errors`` and ``moejax.schema`` (the typed model configs) import nothing from
-moejax, and ``moejax.config`` only those two leaves; ``sharding``,
+moejax, and ``moejax.config`` only those two leaves and ``moejax.configs`` (the built-in config
+files, which ``config.load`` finds by name); ``sharding``,
 ``model`` and ``data`` build on them (the model imports nothing from data or train); this module
 composes their checks and sits above them, below ``train``, ``eval`` and ``interop`` (training
 and the Hugging Face import call it, as do the sweep's planning and the experiments). A check that

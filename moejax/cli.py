@@ -1,4 +1,4 @@
-"""The installed commands: ``moejax COMMAND ...`` and ``data-mixture COMMAND ...``.
+"""The installed ``moejax COMMAND ...`` command (``data-mixture COMMAND ...`` is data_mixture's own).
 
 ``pip install`` puts both on the PATH (``[project.scripts]`` in pyproject.toml);
 ``python -m moejax COMMAND ...`` is the same as ``moejax COMMAND ...``. Each command is a thin door
@@ -152,17 +152,6 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(COMMANDS[command][0])
     if hasattr(module, "_show_warning"):
         warnings.showwarning = module._show_warning
-    code = module.main(rest)
+    code = module.main(rest)  # every command starts through moejax.runner.run
     if code:
         sys.exit(code)
-
-
-def data_mixture(argv: list[str] | None = None) -> None:
-    """``data-mixture COMMAND [arguments]`` = ``python -m data_mixture``, mimalloc preloaded for the
-    training runs a sweep or MergeMix starts."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    if argv is None and not any(a in ("-h", "--help") for a in args[:1]):
-        preload_allocator()
-    from data_mixture.__main__ import main as dm_main
-
-    dm_main(args)

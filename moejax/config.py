@@ -6,12 +6,13 @@ defined. :func:`check_values` checks the schema and the knobs one by one (and th
 module can judge alone): it rejects unknown keys (with a did-you-mean), wrong types and
 incompatible values, and its errors name the key, the value, what is allowed and how to fix it.
 
-The ``model.*`` keys are also declared, once each, as the fields of the typed configs the model
+The ``model.*`` keys are declared once each, as the fields of the typed configs the model
 receives (:mod:`moejax.schema`: ``ModelConfig``, ``MoEConfig``, ``DispatchConfig``, ``L3Config``,
-converted once from this ConfigDict with ``from_config``): their allowed choices (:data:`CHOICES`)
-and ``> 0`` / ``>= 0`` bounds (:data:`POSITIVE`, :data:`NON_NEGATIVE`) are generated from those
-declarations; the other keys' are listed here by hand. The defaults here and there are held equal
-by a test; the comments here document each knob for the command line.
+converted once from this ConfigDict with ``from_config``), where each is documented: the ``model``
+group of :func:`default_config` is generated from them (``schema.defaults``), and so are their
+allowed choices (:data:`CHOICES`) and ``> 0`` / ``>= 0`` bounds (:data:`POSITIVE`,
+:data:`NON_NEGATIVE`); the other groups' keys are defined and documented here, their checks
+listed by hand.
 
 This module imports no package of moejax, only the two leaf modules :mod:`moejax.errors` and
 :mod:`moejax.schema` (which import nothing from moejax), so every package may import it. Why the
@@ -27,14 +28,22 @@ compiling, not :func:`check_values` alone.
 from __future__ import annotations
 
 import difflib
+import importlib.machinery
+import importlib.util
+import itertools
+import json
 import logging
 import math
+import os
+import re
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ml_collections import ConfigDict
 
 from moejax import schema
-# ConfigError is defined in moejax.errors; ``from moejax.config import ConfigError`` keeps working.
 from moejax.errors import ConfigError, fail_config_key as _fail
 
 
@@ -130,93 +139,16 @@ def default_config() -> ConfigDict:
     # prose, math, knowledge). Only evaluation reads it; a saved config without it gets this default.
     c.data.benchmarks = "benchmarks-v2"
 
-    c.model = ConfigDict()
-    c.model.vocab_size = 272  # embedding rows; at least the tokenizer's vocabulary (byte: 259)
-    c.model.d_model = 128
-    c.model.num_layers = 4
-    c.model.num_heads = 4  # query heads
-    c.model.num_kv_heads = 2  # key/value heads (grouped-query attention); divides num_heads
-    c.model.head_dim = 32
-    c.model.mlp_dim = 512  # hidden width of dense (non-MoE) SwiGLU layers
-    c.model.rope_theta = 10_000.0
-    c.model.attn_bias = False  # learned biases on the q/k/v projections (Qwen2-MoE)
-    c.model.qk_norm = False  # RMSNorm of each query and key head over head_dim, before RoPE (Qwen3-MoE)
-    c.model.norm_eps = 1e-6
-    c.model.init_std = 0.02  # std of the normal init of all matrices (output projections scaled by depth)
-    c.model.tie_embeddings = True  # share the input embedding with the output projection
-    c.model.logits_z_loss = 0.0  # weight of mean(logsumexp(logits)^2) on the output logits
-    c.model.first_k_dense = 0  # the first k layers use a dense MLP instead of MoE
-    c.model.moe_every = 1  # after those, every n-th layer is MoE (1: all of them)
-
-    c.model.moe = ConfigDict()
-    c.model.moe.num_experts = 8  # routed experts
-    c.model.moe.experts_per_token = 2  # top-k
-    c.model.moe.expert_dim = 256  # hidden width of each routed expert (fine-grained: small)
-    c.model.moe.num_shared_experts = 1  # always-on experts, fused into one SwiGLU of their total width
-    c.model.moe.shared_expert_dim = 256  # hidden width of each shared expert
-    c.model.moe.shared_gate = False  # scale the shared experts' output per token by sigmoid(x . w) (Qwen2-MoE)
-    c.model.moe.score_func = "softmax"  # router scores: softmax | sigmoid
-    c.model.moe.renormalize = True  # rescale the top-k weights to sum to 1
-    c.model.moe.routed_scaling = 1.0  # multiplies the routed experts' output (DeepSeek-V3: 2.5)
-    # A fixed per-expert bias added to the scores for top-k selection only, stored in the router
-    # (float32 [E], no gradient, no decay): an imported DeepSeek-V3 e_score_correction_bias.
-    c.model.moe.router_bias = False
-    c.model.moe.num_groups = 1  # group-limited routing (DeepSeek-V3 n_group): experts in this many equal groups; 1: off
-    c.model.moe.topk_groups = 1  # with num_groups > 1: each token selects only from its best topk_groups groups
-    # Routed experts of each MoE layer, in depth order, when they differ (a pruned checkpoint written
-    # by `python -m moejax.prune --auto`; docs/pruning.md): each between experts_per_token and
-    # num_experts, the largest equal to num_experts. (): num_experts in every MoE layer. Not with
-    # group-limited routing or the expert_parallel backend.
-    c.model.moe.layer_experts = ()
-    # dispatch: dropless (sort + grouped matmul) | capacity (GShard) | expert_parallel (tokens travel
-    # to the devices of their experts over mesh.expert; docs/expert_parallel.md)
-    c.model.moe.backend = "dropless"
-    c.model.moe.capacity_factor = 1.25  # capacity backend: slots per expert = ceil(cf * T * k / E)
-    # Dropless matmul: auto (ragged on GPU/TPU; on CPU hybrid, or tiled under 256 rows per expert) | ragged |
-    # tiled | hybrid (each expert's first even-share rows in one batched matmul, the rest tiled);
-    # moejax/model/grouped_matmul.py.
-    c.model.moe.grouped_matmul = "auto"
-    c.model.moe.tile_size = 64  # tiled grouped matmul (and hybrid's overflow): rows per tile
-    c.model.moe.ep_comm = "all_to_all"  # expert_parallel: how tokens travel: all_to_all | all_gather
-    # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its
-    # share under perfect balance); assignments past them are dropped (drop_rate); >= mesh.expert: none
-    c.model.moe.ep_capacity_factor = 2.0
-    # expert_parallel: what happens to assignments past the buffers: drop (counted in drop_rate) |
-    # llep (Least-Loaded EP: an overloaded device's excess assignments, and the weights of their
-    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs ep_comm =
-    # all_gather and mesh.expert > 1; ep_capacity_factor then sizes each device's native buffer,
-    # ceil(factor x q) rows with q = its tokens x experts_per_token (not per device pair).
-    c.model.moe.ep_balance = "drop"
-    # llep: S, the extra experts (spill slots) a device may host, each with its weights and
-    # ceil(ep_spill_capacity_factor x q) token rows. Memory per device and MoE layer, static (in
-    # elements, forward): buffer rows r = ceil(ep_capacity_factor x q) + S x ceil(spill factor x q)
-    # times (2 d_model + 3 expert_dim); hosted weights (S + E / mesh.expert) x 3 x d_model x
-    # expert_dim (the slots and the weight ring's travelling block); gathered tokens and partial
-    # outputs 2 x mesh.expert x s x d_model (s local tokens). Nothing can be dropped, for any
-    # routing, when S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
-    c.model.moe.ep_spill_slots = 2
-    c.model.moe.ep_spill_capacity_factor = 1.0
+    # The model (every model.* key, its default and what it means) is declared once, as the fields
+    # of the typed configs the model receives: moejax/schema.py (ModelConfig, MoEConfig,
+    # DispatchConfig, L3Config; model.moe.grouped_matmul is DispatchConfig.impl). Large Lookup
+    # Layers (model.l3.*): docs/l3.md.
+    c.model = ConfigDict(schema.defaults(schema.ModelConfig))
     # Load-balancing objectives, composed (losses and selection biases add up): a tuple of
     # (name, {hyperparameter: value}) pairs. Names: none | switch | global_batch | seq_aux | z_loss
     # | loss_free | phi | dpsl; formulas, hyperparameters and how to choose: docs/balancing.md.
     # Command line: --config.model.moe.balancing="(('phi', {'alpha': 0.01}), ('z_loss', {'weight': 0.001}))"
     c.model.moe.balancing = (("switch", {"weight": 1e-2}), ("z_loss", {"weight": 1e-3}))
-
-    # Large Lookup Layers (L3, docs/l3.md): token id t owns rows [b_t, b_{t+1}) of a key and a value
-    # table; the normed hidden state attends over them, and the up-projected, normed result is mixed
-    # back into the residual stream. No auxiliary loss. The size checks apply once after_layers is set.
-    c.model.l3 = ConfigDict()
-    c.model.l3.after_layers = ()  # an L3 layer after each of these decoder layers (0-based), e.g. (1, 3); (): none
-    c.model.l3.budget = 2176  # v: table rows over all tokens; vocab_size <= v <= vocab_size * max_rows
-    c.model.l3.max_rows = 16  # k: the most rows one token owns (each owns >= 1); every token gathers k slots
-    c.model.l3.key_dim = 0  # key width; 0: d_model, the normed hidden state is the query (else a projection)
-    c.model.l3.value_dim = 0  # value width; 0: the key width (tied tables always use the key width)
-    c.model.l3.up_dim = 0  # width u of W_up's output o (mixed back as RMSNorm(o)); 0: d_model
-    c.model.l3.tied = False  # one table serves as keys and values (V = K): half the table parameters
-    c.model.l3.output = "concat"  # concat: W_mix [RMSNorm(o); x] | residual: x + W_out RMSNorm(o)
-    # "": uniform rows per token from budget and max_rows; else an allocation JSON written by
-    # `python -m moejax.data.l3_alloc` (LZW rows per token) for this vocabulary, budget and max_rows.
-    c.model.l3.allocation = ""
 
     # Device mesh: a size per axis, -1 fills the rest (at most one -1). The batch is split over
     # data x fsdp x expert; parameters over fsdp (model dim), expert (experts) and tensor (heads/ffn).
@@ -266,7 +198,7 @@ FREE_KEYS = ("data.mixture",)
 # the directory the user ran it from (moejax/paths.py). data.schedule holds a path unless it is JSON text.
 PATH_KEYS = ("data.path", "data.mixture_file", "data.schedule", "data.cache_dir", "checkpoint.init_from",
              "model.l3.allocation")
-BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/data/benchmarks.py)
+BENCHMARK_VERSIONS = ("benchmarks-v1", "benchmarks-v2")  # values of data.benchmarks (moejax/eval/benchmarks/)
 # Names train.loggers may list (the writers: moejax/train/trackers/); jsonl must be one of them.
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -468,8 +400,12 @@ def _weight_from_text(domain: str, text: str) -> float:
     return weight
 
 
-def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]:
-    """Mesh axis sizes with the one -1 filled in, checked against the device count."""
+def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int, changed: Any = ()) -> dict[str, int]:
+    """Mesh axis sizes with the one -1 filled in, checked against the device count.
+
+    ``changed``: the keys the command line set; when the fixed axes do not divide the devices, the
+    message names the axis the user set (``mesh.expert=3`` on 4 devices), not the ``-1`` default.
+    """
     sizes = {axis: mesh_cfg[axis] for axis in MESH_AXES}
     free = [axis for axis, size in sizes.items() if size == -1]
     for axis, size in sizes.items():
@@ -480,6 +416,14 @@ def resolve_mesh_shape(mesh_cfg: ConfigDict, num_devices: int) -> dict[str, int]
     fixed = math.prod(size for size in sizes.values() if size != -1)
     if free:
         if num_devices % fixed:
+            set_by_user = [a for a in MESH_AXES if f"mesh.{a}" in changed and sizes[a] not in (-1, 1)]
+            if set_by_user and f"mesh.{free[0]}" not in changed:
+                axis = set_by_user[-1]
+                others = math.prod(s for a, s in sizes.items() if s != -1 and a != axis)
+                _fail(f"mesh.{axis}", sizes[axis], f"a size that, times the other fixed axes ({others}), divides "
+                      f"the {num_devices} devices",
+                      f"mesh.{free[0]}=-1 fills the devices the fixed axes leave; the fixed axes multiply to "
+                      f"{fixed}, which does not divide {num_devices}.")
             _fail(
                 f"mesh.{free[0]}", -1, f"a fill of the {num_devices} devices",
                 f"The other axes multiply to {fixed}, which does not divide {num_devices}.",
@@ -569,7 +513,7 @@ def check_values(cfg: ConfigDict, num_devices: int, *, changed: Any = (), notes:
         _fail("data.schedule", cfg.data.schedule, "'' while data.mixture_file is set",
               "Set one: a schedule with one stage [[0, weights]] is a plain mixture.")
 
-    mesh = resolve_mesh_shape(cfg.mesh, num_devices)
+    mesh = resolve_mesh_shape(cfg.mesh, num_devices, changed)
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
     per_step = batch_shards * t.grad_accum_steps
     if t.global_batch_size % per_step:
@@ -702,3 +646,212 @@ def from_dict(values: dict[str, Any]) -> ConfigDict:
         section, key = path.split(".")
         cfg[section][key] = ConfigDict(group)
     return cfg
+
+
+# ------------------------------------------------------------------------------------- loading
+
+MIXTURE_KEY = "data.mixture"
+# One override in the command line's spellings: --config.a.b=v, --config.a.b (a switch), --noconfig.a.b.
+_FLAG_OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
+_module_ids = itertools.count()  # a module name of its own for each loaded experiment file
+
+
+def load(config_file: str, overrides: Sequence[str] | Mapping[str, Any] = ()) -> tuple[ConfigDict, tuple[str, ...]]:
+    """The config an experiment file and overrides ask for, and the keys the overrides set.
+
+    ``config_file``: the path of a Python file whose ``get_config()`` returns the config (a
+    ``ConfigDict``, usually :func:`default_config` changed, or a plain ``dict`` of just the keys it
+    changes, laid over the defaults), optionally followed by ``:ARG`` (passed to
+    ``get_config(ARG)``); or a built-in config's name (``tiny_moe``, see :mod:`moejax.configs`).
+    ``overrides``: ``"KEY=VALUE"`` strings (``"train.steps=20"``; the command line's
+    ``--config.KEY=VALUE``, ``--config.KEY`` and ``--noconfig.KEY`` spellings too) whose text is
+    parsed as the command line parses it, or a mapping ``{KEY: value}`` of Python values. A
+    ``data.mixture`` override takes a mapping or JSON text, or ``data.mixture.DOMAIN=WEIGHT`` per
+    domain (:func:`apply_mixture_overrides`).
+
+    Returns ``(cfg, changed)``: ``changed`` lists the keys the overrides set (pass it on to
+    :func:`moejax.checks.validate`, whose messages then name the key the user set). Every problem
+    raises :class:`ConfigError` with a one-paragraph message; nothing is printed and the process
+    never exits, so a notebook, a Ray task or several threads at once may call it. Paths in the
+    config are as written (relative ones to the current directory). The values are checked
+    against each other and the devices by :func:`moejax.checks.validate`, not here.
+    """
+    args = _override_args(overrides)
+    args, mixture = split_mixture_overrides(args)
+    changed, reference = [], default_config()
+    for arg in args:
+        path = _FLAG_OVERRIDE.match(arg).group(2)  # type: ignore[union-attr]
+        problem = describe_unknown_key(reference, path)
+        if problem:
+            raise ConfigError(f"{arg}: {problem}.")
+        changed.append(path)
+    cfg = _load_file(config_file)
+    if args:
+        cfg = _apply_overrides(cfg, args)
+    cfg = apply_mixture_overrides(cfg, mixture)
+    changed += [MIXTURE_KEY + (f".{domain}" if domain else "") for domain, _ in mixture]
+    return cfg, tuple(changed)
+
+
+def _override_args(overrides: Sequence[str] | Mapping[str, Any]) -> list[str]:
+    """Overrides as the command line spells them: ``--config.KEY=VALUE``."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides {overrides!r}: give a list of 'KEY=VALUE' strings or a mapping "
+                          "{KEY: value}, e.g. ['train.steps=20'].")
+    if isinstance(overrides, Mapping):
+        args = []
+        for key, value in overrides.items():
+            if isinstance(value, str):
+                text = value
+            elif key == MIXTURE_KEY and isinstance(value, Mapping):
+                text = json.dumps(dict(value))
+            else:
+                text = repr(value)
+            args.append(f"--config.{key}={text}")
+        return args
+    args = []
+    for item in overrides:
+        if not isinstance(item, str) or not (_FLAG_OVERRIDE.match(item) or "=" in item):
+            raise ConfigError(f"override {item!r}: allowed: 'KEY=VALUE', e.g. 'train.steps=20' "
+                              "(or --config.train.steps=20).")
+        args.append(item if _FLAG_OVERRIDE.match(item) else f"--config.{item}")
+    return args
+
+
+def split_mixture_overrides(args: Sequence[str]) -> tuple[list[str], list[tuple[str | None, str]]]:
+    """Takes the ``data.mixture`` overrides out of ``args`` (each ``--config.KEY=VALUE``): (the
+    rest, [(domain or None, text)]), applied by :func:`apply_mixture_overrides`.
+
+    ml_collections can only override keys the config already has, and a mixture's keys are the
+    dataset's domains, so these are applied apart.
+    """
+    rest, mixture = [], []
+    for arg in args:
+        match = _FLAG_OVERRIDE.match(arg)
+        path = match.group(2) if match else ""
+        if not (match and (path == MIXTURE_KEY or path.startswith(MIXTURE_KEY + "."))):
+            rest.append(arg)
+            continue
+        domain = path[len(MIXTURE_KEY) + 1:] or None
+        if match.group(1):
+            raise ConfigError(f"{arg}: data.mixture{'.' + domain if domain else ''} is not a switch; give a "
+                              f"weight, e.g. --config.data.mixture.{domain or 'code'}=0.5.")
+        if match.group(3) is None:
+            raise ConfigError(f"{arg} needs a value, e.g. {arg}=" + ("0.5" if domain else "'{\"code\": 1}'") + ".")
+        mixture.append((domain, match.group(3)[1:]))
+    return rest, mixture
+
+
+def _load_file(config_file: str) -> ConfigDict:
+    """The config ``config_file`` (``PATH[:ARG]`` or a built-in's name) returns; ``ConfigError``.
+
+    The file is executed as a module of its own name (never one name shared by every load, as
+    ml_collections' loader does), so loads in several threads at once cannot see each other's.
+    """
+    name, sep, argument = config_file.partition(":")
+    path = os.path.expanduser(name)
+    if not os.path.isfile(path):
+        from moejax import configs as builtin_configs  # the built-in files; a leaf package
+
+        found = builtin_configs.find(name)
+        if found is None:
+            where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+            raise ConfigError(
+                f"config file {config_file!r} not found{where}; give the path of an experiment file, e.g. "
+                "experiments/configs/tiny_moe.py, or the name of a built-in config: "
+                f"{', '.join(builtin_configs.BUILTIN)}.")
+        path = found
+    module_name = f"moejax_experiment_{next(_module_ids)}"
+    loader = importlib.machinery.SourceFileLoader(module_name, path)
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)  # sets __file__
+    assert spec is not None  # a loader is given
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look a module up by name while it runs
+    try:
+        loader.exec_module(module)
+        get_config = module.get_config
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure of the user's file is reported
+        raise ConfigError(
+            f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}. An experiment file is a "
+            "Python file whose get_config() returns the config, e.g. experiments/configs/tiny_moe.py.") from None
+    finally:
+        sys.modules.pop(module_name, None)
+    try:
+        cfg = get_config(*([argument] if sep else []))
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        places = [f'File "{frame.filename}", line {frame.lineno}, in {frame.name}'
+                  for frame in traceback.extract_tb(e.__traceback__)[1:] if "site-packages" not in frame.filename]
+        where = f" ({places[-1]})" if places else ""
+        raise ConfigError(
+            f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}{where}. Fix the file's "
+            "get_config(), or the ':argument' after the file name if you gave one.") from None
+    if isinstance(cfg, ConfigDict):
+        return cfg
+    if isinstance(cfg, Mapping):
+        return _from_changes(cfg, config_file)
+    raise ConfigError(
+        f"config file {config_file!r}: get_config() returned {type(cfg).__name__} {cfg!r:.60}; allowed: a "
+        "ConfigDict (moejax.config.default_config() with the changes made) or a dict of the keys it changes, "
+        "e.g. {'train': {'steps': 20}}." + (" Did you forget a return statement?" if cfg is None else ""))
+
+
+def _from_changes(changes: Mapping[str, Any], config_file: str) -> ConfigDict:
+    """The defaults with a plain (nested) dict of changes laid over them; unknown keys and wrong
+    types are ``ConfigError``s naming the key."""
+    cfg = default_config()
+
+    def lay(group: ConfigDict, values: Mapping[str, Any], prefix: str) -> None:
+        for key, value in values.items():
+            path = f"{prefix}{key}"
+            problem = describe_unknown_key(cfg, path)
+            if problem:
+                raise ConfigError(f"config file {config_file!r}: get_config() returned a dict with {problem}.")
+            if isinstance(group[key], ConfigDict) and path not in FREE_KEYS:
+                if not isinstance(value, Mapping):
+                    _fail(path, value, "a dict of its keys", f"Set its members, e.g. {{{key!r}: {{...}}}}.")
+                lay(group[key], value, path + ".")
+                continue
+            try:
+                group[key] = ConfigDict(dict(value)) if path in FREE_KEYS and isinstance(value, Mapping) else value
+            except TypeError:
+                _fail(path, value, _type_phrase(get_path(default_config(), path)))
+
+    lay(cfg, changes, "")
+    return cfg
+
+
+def _apply_overrides(cfg: ConfigDict, args: list[str]) -> ConfigDict:
+    """``cfg`` with ``--config.KEY=VALUE`` overrides applied, each value parsed as the type of the
+    key (ml_collections' parsers, on a flag registry of this call's own)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    argv = ["moejax", *args]
+    try:
+        held = config_flags.DEFINE_config_dict("config", cfg, flag_values=values, sys_argv=argv)
+        values(argv)
+    except flags.Error as e:
+        raise ConfigError(_describe_override_error(e, args)) from None
+    return held.value
+
+
+def _describe_override_error(error: Exception, args: list[str]) -> str:
+    """A one-paragraph message for a bad override value (absl's and ml_collections' errors)."""
+    from ml_collections.config_flags import config_flags as flags_module
+
+    text = str(error)
+    if isinstance(error, flags_module.FlagOrderError):
+        return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
+    match = re.match(r"flag --config\.([A-Za-z0-9_.]+)", text)
+    if match:
+        path = match.group(1)
+        try:
+            default = get_path(default_config(), path)
+        except KeyError:
+            default = None
+        if default is not None:
+            typed = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
+            value = f"={typed[-1]}" if typed else ""
+            return f"flag --config.{path}{value}: {describe_expected(path, default)}"
+    return text

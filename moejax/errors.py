@@ -1,5 +1,11 @@
 """The user-facing errors of moejax and their helpers; this module imports nothing from moejax.
 
+``UserError``: the base of every error whose message is written for the user (bad input, not a
+bug): every command starts through :func:`moejax.runner.run`, which prints one as one paragraph
+(``PROG: error: ...``) and exits 2. Each package's own kinds subclass it (``ConfigError`` here,
+``InteropError``, ``TaskFileError``, data_mixture's ``TableError``, ...), so a command catches
+them all by this one class, and a renamed subclass is still caught.
+
 ``ConfigError``: a configuration problem, found before anything is compiled. ``DataError``
 subclasses it on purpose: bad data input (a missing path, an empty source, a mixture naming a
 domain without data, a tokenizer mismatch, a bad L3 allocation file) is a problem with what the
@@ -7,8 +13,7 @@ user asked for too, and the command line prints either as one paragraph (``moeja
 rather than a traceback. Every message names the key, the value or the source, and says how to
 fix it.
 
-Every package raises these, so they live below all of them: ``moejax.config`` (the schema) and
-``moejax.data.errors`` re-export them, and code that imports them from there keeps working.
+Every package raises these, so they live below all of them.
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ import types
 from typing import Any, NoReturn
 
 
-class ConfigError(ValueError):
+class UserError(ValueError):
+    """Bad input, found before the work it would spoil; the message names it and says how to fix it."""
+
+
+class ConfigError(UserError):
     """A configuration problem, found before any compilation; the message says how to fix it."""
 
 

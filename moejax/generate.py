@@ -28,10 +28,11 @@ import numpy as np
 import tqdm
 from flax import nnx
 
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
 from moejax.model.balancing import Balancer
 from moejax.model.decode import KVCache, init_cache, next_token
 from moejax.model.transformer import DTYPES
+from moejax.runner import run
 from moejax.train.state import Run
 
 
@@ -155,7 +156,7 @@ def _cut(row: np.ndarray, stop_ids: Sequence[int]) -> np.ndarray:
     return row[: hits[0]] if hits.size else row
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moejax.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="training run directory (holds checkpoints/)")
     parser.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
@@ -174,27 +175,19 @@ def main(argv: list[str] | None = None) -> None:
     if not all(args.prompt) or args.max_new_tokens < 1:
         parser.error("every --prompt needs some text, and --max-new-tokens must be positive")
 
-    from absl import logging as absl_logging
-
     from moejax import paths
-    from moejax.errors import ConfigError
     from moejax.eval.restore import open_run
 
-    setup_logging(args.verbosity)
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on the items a params-only read skips
-    try:
+    def generate() -> None:
         erun = open_run(paths.user_path(args.workdir))
         ckpt = erun.load(args.step)
         prompts = [erun.tokenizer.encode(p) for p in args.prompt]
         if not args.beyond_context:
             check_context(prompts, args.max_new_tokens, erun.cfg.train.seq_len)
         _generate(erun, ckpt, args, prompts)
-    except ConfigError as e:
-        sys.stderr.write(f"moejax.generate: error: {e}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write("moejax.generate: interrupted; nothing is saved by generation. Rerun the command.\n")
-        sys.exit(130)
+
+    return run(generate, prog="moejax.generate", verbosity=args.verbosity, quiet_absl=True,
+               interrupted="interrupted; nothing is saved by generation. Rerun the command.")
 
 
 def check_context(prompts: Sequence[np.ndarray], max_new_tokens: int, seq_len: int) -> None:

@@ -3,11 +3,10 @@
 ``launch.sh`` wraps this. Every mistake on the command line (unknown options, misspelled keys at
 any depth, values of the wrong type, unknown mixture domains, JSON text that does not parse,
 conflicting values) ends with a one-paragraph ``moejax: error: ...`` naming the key and the fix,
-exit status 2 and no traceback, before anything is compiled. Override paths are checked here
-against ``config.default_config()`` (ml_collections' own errors are tracebacks), absl parses the
-values, and the ``data.mixture`` overrides are taken out and applied by
-``config.apply_mixture_overrides``, because a mixture's keys are the dataset's domains, which the
-config cannot know in advance: ``--config.data.mixture.DOMAIN=W`` per domain, or
+exit status 2 and no traceback, before anything is compiled. The config itself comes from
+:func:`moejax.config.load` (the library call: it raises ``ConfigError`` and never exits); this
+module reads the command line's own options, resolves paths as the user typed them, and exits.
+A mixture's keys are the dataset's domains: ``--config.data.mixture.DOMAIN=W`` per domain, or
 ``--config.data.mixture='{"DOMAIN": W, ...}'``.
 
 Paths: ``--config``, ``--workdir`` and the path config keys (``config.PATH_KEYS``) set here mean
@@ -21,6 +20,7 @@ environment; ``MOEJAX_LOCAL_PROCESSES=N`` runs N such processes on this machine 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import os
@@ -29,20 +29,17 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from typing import Any, NoReturn
 
-from absl import flags
-from ml_collections import config_flags
-from ml_collections.config_flags import config_flags as _config_flags_module
 
 from moejax import config as config_lib
 from moejax import configs as builtin_configs
 from moejax import paths
 from moejax.errors import ConfigError
 from moejax.log import setup_logging
+from moejax.runner import run
 
 USAGE = (
     "usage: python -m moejax.main --config FILE --workdir DIR [--config.KEY=VALUE ...] "
@@ -54,9 +51,6 @@ USAGE = (
 )
 # A config override: --config.a.b=v, --config.a.b v, --noconfig.a.b (absl's false for booleans).
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]*)(=.*)?$", re.DOTALL)
-_MIXTURE = "data.mixture"
-# ml_collections loads every experiment file as the one module "config_config" (below): one load at a time.
-_CONFIG_LOAD_LOCK = threading.Lock()
 
 
 def _die(message: str) -> NoReturn:
@@ -74,49 +68,34 @@ class CommandLine:
     verbosity: int = 0  # -1 --quiet, 1 --verbose (moejax.log.setup_logging)
 
 
-def _split_mixture(args: list[str]) -> tuple[list[str], list[tuple[str | None, str]]]:
-    """Takes the data.mixture overrides out of ``args``: (the rest, [(domain or None, text)]).
+def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+    """(the command line's own arguments, the config overrides, each as ``--config.KEY[=VALUE]``).
 
-    ml_collections can only override keys the config already has, and a mixture's keys are the
-    dataset's domains, so these are applied here (``config.apply_mixture_overrides``).
+    An override's value may follow as the next argument (``--config.optim.lr 0.1``), except for
+    a switch (a key whose default is True or False: ``--config.train.scan_layers``) and for a key
+    that is not known (reported by ``config.load``).
     """
-    rest, mixture = [], []
+    reference = config_lib.default_config()
+    rest, overrides = [], []
     i = 0
     while i < len(args):
         match = _OVERRIDE.match(args[i])
-        path = match.group(2) if match else ""
-        if match and (path == _MIXTURE or path.startswith(_MIXTURE + ".")):
-            domain = path[len(_MIXTURE) + 1:] or None
-            if match.group(1):
-                _die(f"{args[i]}: data.mixture{'.' + domain if domain else ''} is not a switch; give a "
-                     f"weight, e.g. --config.data.mixture.{domain or 'code'}=0.5.")
-            if match.group(3) is not None:
-                text = match.group(3)[1:]
-            elif i + 1 < len(args):
-                i, text = i + 1, args[i + 1]
-            else:
-                _die(f"{args[i]} needs a value, e.g. {args[i]}=" + ("0.5" if domain else "'{\"code\": 1}'") + ".")
-            mixture.append((domain, text))
-        else:
-            rest.append(args[i])
-        i += 1
-    return rest, mixture
-
-
-def _check_override_paths(args: list[str]) -> list[str]:
-    """The config keys the overrides name, each checked against the defaults at every depth."""
-    reference = config_lib.default_config()
-    paths = []
-    for arg in args:
-        match = _OVERRIDE.match(arg)
         if not match:
-            continue
-        path = match.group(2)
-        problem = config_lib.describe_unknown_key(reference, path)
-        if problem:
-            _die(f"{arg}: {problem}.")
-        paths.append(path)
-    return paths
+            rest.append(args[i])
+        elif match.group(3) is not None or match.group(1) or i + 1 >= len(args):
+            overrides.append(args[i])
+        else:
+            try:
+                switch = isinstance(config_lib.get_path(reference, match.group(2)), bool)
+            except KeyError:
+                switch = not match.group(2).startswith(config_lib.MIXTURE_KEY)
+            if switch:
+                overrides.append(args[i])
+            else:
+                overrides.append(f"{args[i]}={args[i + 1]}")
+                i += 1
+        i += 1
+    return rest, overrides
 
 
 def _config_file(args: list[str]) -> str | None:
@@ -135,7 +114,7 @@ def _config_file(args: list[str]) -> str | None:
     return None
 
 
-def _resolve_config_paths(cfg: config_lib.ConfigDict, changed: list[str]) -> None:
+def _resolve_config_paths(cfg: config_lib.ConfigDict, changed: tuple[str, ...]) -> None:
     """'~' expanded in every path knob; the ones the command line set resolved against the
     directory the user ran it from (a path in the experiment file keeps its meaning there)."""
     for key in config_lib.PATH_KEYS:
@@ -147,100 +126,65 @@ def _resolve_config_paths(cfg: config_lib.ConfigDict, changed: list[str]) -> Non
         config_lib.get_path(cfg, section)[name] = value
 
 
-def _describe_flag_error(error: flags.Error, reference: config_lib.ConfigDict, args: list[str]) -> str:
-    """A one-paragraph message for absl's parse errors (bad override values, unknown options)."""
-    text = str(error)
-    if "Error whilst parsing config file" in text:  # the experiment file raised while loading
-        given = re.match(r"flag --config=(.*?): Error whilst", text, re.DOTALL)
-        return _describe_config_file_error(text[text.index("Error whilst"):], given.group(1) if given else "")
-    if isinstance(error, _config_flags_module.FlagOrderError):
-        return f"{text.rstrip('.')}. Put --config FILE first, then the --config.KEY=VALUE overrides, each key once."
-    if isinstance(error, flags.UnrecognizedFlagError):
-        name = getattr(error, "flagname", "") or text
-        near = difflib.get_close_matches(name, ["config", "workdir", "help", "verbose", "quiet"], n=1)
-        hint = f" Did you mean --{near[0]}?" if near else ""
-        return f"unknown option --{name}.{hint} {USAGE}"
-    match = re.match(r"flag --config\.([A-Za-z0-9_.]+)", text)
-    if match:
-        path = match.group(1)
-        try:
-            default = config_lib.get_path(reference, path)
-        except KeyError:
-            default = None
-        if default is not None:
-            typed = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--config.{path}=")]
-            value = f"={typed[-1]}" if typed else ""
-            return f"flag --config.{path}{value}: {config_lib.describe_expected(path, default)}"
-    return f"{text}. {USAGE}"
+class _OptionParser(argparse.ArgumentParser):
+    """The command line's own options; a mistake is one paragraph (``_die``), not argparse's two lines."""
+
+    def error(self, message: str) -> NoReturn:
+        missing = re.match(r"argument (--\w+): expected one argument", message)
+        _die(f"{f'Missing value for flag {missing.group(1)}' if missing else message}. {USAGE}")
 
 
-def _describe_config_file_error(text: str, config_file: str) -> str:
-    """ml_collections wraps an error raised while loading the experiment file with its whole
-    traceback; one paragraph keeps the error and the innermost place it was raised."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines or "Error whilst parsing config file" not in lines[0]:
-        return text
-    places = [line for line in lines if line.startswith("File ") and "site-packages" not in line]
-    where = f" ({places[-1]})" if places else ""
-    return (f"config file {config_file!r} could not be loaded: {lines[-1]}{where}. Fix the file's "
-            "get_config(), or the ':argument' after the file name if you gave one.")
+def _own_options() -> argparse.ArgumentParser:
+    parser = _OptionParser(prog="python -m moejax.main", add_help=False, allow_abbrev=False)
+    parser.add_argument("--config", help="experiment file with get_config(), or a built-in config's name")
+    parser.add_argument("--workdir", help="directory for metrics, checkpoints and config.json")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show debug messages")
+    parser.add_argument("-q", "--quiet", action="store_true", help="show only warnings and errors")
+    parser.add_argument("--noverbose", dest="verbose", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--noquiet", dest="quiet", action="store_false", help=argparse.SUPPRESS)
+    return parser
+
+
+def _unknown_option(arg: str) -> str:
+    name = arg.lstrip("-").split("=", 1)[0]
+    near = difflib.get_close_matches(name, ["config", "workdir", "help", "verbose", "quiet"], n=1)
+    hint = f" Did you mean --{near[0]}?" if near else ""
+    return f"unknown option --{name}.{hint} {USAGE}"
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:
     """The config and workdir ``argv`` asks for; every mistake ends in ``_die`` (exit 2, one paragraph).
 
-    A fresh ``FlagValues`` per call (not absl's global ``FLAGS``), so the function can be called
-    more than once in a process (the tests do), from several threads at once (the sweep's runners).
+    A thin wrapper over :func:`moejax.config.load` (which raises ``ConfigError`` and never exits):
+    this reads the command line's own options (``--config``, ``--workdir``, ``-v/-q``, with
+    argparse like every other command), resolves paths as the user typed them, and exits on a
+    mistake.
     """
     args = list(argv[1:])
     if any(arg in ("-h", "--help", "--helpfull", "-help") for arg in args):
         print(USAGE)
         sys.exit(0)
-    args, mixture = _split_mixture(args)
-    changed = _check_override_paths(args)
+    args, overrides = _split_overrides(args)
     config_file = _config_file(args)
-    if config_file is None:
-        _die(f"--config FILE is required, e.g. --config experiments/configs/tiny_moe.py. {USAGE}")
-    if not os.path.isfile(config_file.split(":", 1)[0]):
-        _die(f"config file {config_file!r} not found{paths.relative_to_note(config_file)}; give the path "
-             "of an experiment file, e.g. experiments/configs/tiny_moe.py, or the name of a built-in config: "
-             f"{', '.join(builtin_configs.BUILTIN)}.")
-    values = flags.FlagValues()
-    argv = [argv[0], *args]
-    config = config_flags.DEFINE_config_file(
-        "config", None, "Experiment file with get_config().", flag_values=values, sys_argv=argv)
-    workdir = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and config.json.",
-                                  flag_values=values)
-    verbose = flags.DEFINE_boolean("verbose", False, "Also show debug messages.", short_name="v", flag_values=values)
-    quiet = flags.DEFINE_boolean("quiet", False, "Show only warnings and errors.", short_name="q", flag_values=values)
+    own, rest = _own_options().parse_known_args(args)
+    unknown = [arg for arg in rest if arg.startswith("-") and arg != "-"]
+    if unknown:
+        _die(_unknown_option(unknown[0]))
+    positional = rest
     try:
-        with _CONFIG_LOAD_LOCK:
-            # ml_collections loads the file as module "config_config" with the deprecated load_module(),
-            # which executes it into the module object a previous call left in sys.modules: a file that
-            # defines no get_config() would then return the previous file's config.
-            sys.modules.pop("config_config", None)
-            positional = values(argv)[1:]
-    except flags.Error as e:  # a bad override value, an unknown option, overrides in a bad order
-        _die(_describe_flag_error(e, config_lib.default_config(), args))
-    except (TypeError, ValueError) as e:  # a broken experiment file (the message holds its traceback)
-        _die(_describe_config_file_error(str(e), config_file))
-    except (AttributeError, SyntaxError, ImportError, NameError) as e:  # not an experiment file at all
-        _die(f"config file {config_file!r} could not be loaded: {type(e).__name__}: {e}. An experiment file is "
-             "a Python file whose get_config() returns the config, e.g. experiments/configs/tiny_moe.py.")
-    if positional:
-        _die(f"unexpected argument {positional[0]!r}. {USAGE}")
-    if workdir.value is None:
-        _die("--workdir is required, e.g. --workdir runs/tiny.")
-    if verbose.value and quiet.value:
-        _die("--verbose and --quiet ask for opposite things; give one of them.")
-    cfg = config.value
-    try:
-        cfg = config_lib.apply_mixture_overrides(cfg, mixture)
+        cfg, changed = config_lib.load(config_file or "", overrides) if config_file else (None, ())
     except ConfigError as e:
         _die(f"{e}")
+    if config_file is None:
+        _die(f"--config FILE is required, e.g. --config experiments/configs/tiny_moe.py. {USAGE}")
+    if positional:
+        _die(f"unexpected argument {positional[0]!r}. {USAGE}")
+    if own.workdir is None:
+        _die("--workdir is required, e.g. --workdir runs/tiny.")
+    if own.verbose and own.quiet:
+        _die("--verbose and --quiet ask for opposite things; give one of them.")
     _resolve_config_paths(cfg, changed)
-    changed += [_MIXTURE + (f".{domain}" if domain else "") for domain, _ in mixture]
-    return CommandLine(cfg, paths.user_path(workdir.value), tuple(changed), int(verbose.value) - int(quiet.value))
+    return CommandLine(cfg, paths.user_path(own.workdir), changed, int(own.verbose) - int(own.quiet))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:
@@ -361,12 +305,21 @@ def summary_line(summary: dict, workdir: str) -> str:
     return ", ".join(parts + [f"workdir {workdir}"])
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     command = parse_command_line(argv)
-    setup_logging(command.verbosity)
     if "MOEJAX_LOCAL_PROCESSES" in os.environ:
+        setup_logging(command.verbosity)
         sys.exit(run_local_processes(_env_int("MOEJAX_LOCAL_PROCESSES", 1), argv[1:]))
+    # Ctrl-C before the loop took it over (the loop saves, then raises Preempted): nothing was saved.
+    return run(lambda: _train(command), prog="moejax", verbosity=command.verbosity,
+               interrupted=f"interrupted before training started; nothing new was saved in {command.workdir}. "
+                           "Rerun the same command to start (or resume).")
+
+
+def _train(command: CommandLine) -> int:
+    """Trains what the command line asks for; the exit status (0, 3 diverged, 74 a failed save, 128 + signal
+    preempted)."""
     maybe_initialize_distributed()
     import jax
 
@@ -379,20 +332,15 @@ def main(argv: list[str] | None = None) -> None:
 
     try:  # ``changed``: a conflict between two keys is reported against the one the user set
         summary = train(command.config, command.workdir, changed=command.changed)
-    except ConfigError as e:
-        _die(f"{e}")
-    except KeyboardInterrupt:  # before the loop took over Ctrl-C (it saves, then raises Preempted)
-        sys.stderr.write(f"moejax: interrupted before training started; nothing new was saved in "
-                         f"{command.workdir}. Rerun the same command to start (or resume).\n")
-        sys.exit(130)
     except Preempted as e:
         sys.stderr.write(f"moejax: {e}; checkpoint saved. Rerun the same command to resume.\n")
-        sys.exit(128 + e.signum)
+        return 128 + e.signum
     except RunStopped as e:  # diverged (3), a failed save (74): one paragraph
         sys.stderr.write(f"moejax: {e}\n")
-        sys.exit(e.exit_code)
+        return e.exit_code
     if jax.process_index() == 0:
         print(summary_line(summary, command.workdir))
+    return 0
 
 
 if __name__ == "__main__":

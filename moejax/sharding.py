@@ -14,7 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from moejax.config import MESH_AXES, ConfigError
+from moejax.config import MESH_AXES
+from moejax.errors import ConfigError
 
 # Logical axis name -> mesh axis (or tuple of mesh axes, or None for replicated).
 RULES: dict[str, str | tuple[str, ...] | None] = {

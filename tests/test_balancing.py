@@ -14,7 +14,8 @@ from ml_collections import config_flags
 
 from moejax import sharding
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.model.balancing import OBJECTIVES, Balancer, RoutingSetup, StepStats, build_balancer, parse_spec
 from moejax.model.router import Router, Routing
 from moejax.model.transformer import Transformer

@@ -10,7 +10,8 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.model.balancing import Balancer, RoutingSetup, StepStats, build_balancer
 from moejax.model.balancing.phi import PhiBalancing, price
 from moejax.model.router import Router, expert_load

@@ -7,13 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import warnings
 
 import pytest
 
 from moejax.config import BENCHMARK_VERSIONS
 from moejax.data.corpus import load_tokenized_corpus
-from moejax.eval import benchmarks
 from moejax.eval.benchmarks import REGISTRY, VERSIONS, get_version, task_names, v1, v2
 
 # sha256 of each task's JSONL bytes (one ``json.dumps(item, sort_keys=True)`` line per item, as the
@@ -89,23 +87,3 @@ def test_registry_lists_the_versions_the_config_accepts():
     assert set(task_names("benchmarks-v1")).isdisjoint(task_names("benchmarks-v2"))  # a task name names its version
     with pytest.raises(ValueError, match="unknown benchmarks version 'v3'; allowed: benchmarks-v1, benchmarks-v2"):
         task_names("v3")
-
-
-def test_old_import_paths_still_work_and_say_where_the_code_went():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from moejax.data.benchmarks import ITEMS_PER_DOMAIN, build_benchmarks, load_benchmarks
-        from moejax.data.benchmarks_v2 import KINDS, fact_mentions
-
-    assert (ITEMS_PER_DOMAIN, build_benchmarks) == (400, v1.build_benchmarks)
-    assert load_benchmarks is benchmarks.load_benchmarks
-    assert (KINDS, fact_mentions) == (v2.KINDS, v2.fact_mentions)
-    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
-        "moejax.data.benchmarks.ITEMS_PER_DOMAIN moved to moejax.eval.benchmarks.v1.ITEMS_PER_DOMAIN",
-        "moejax.data.benchmarks.build_benchmarks moved to moejax.eval.benchmarks.v1.build_benchmarks",
-        "moejax.data.benchmarks.load_benchmarks moved to moejax.eval.benchmarks.load_benchmarks",
-        "moejax.data.benchmarks_v2.KINDS moved to moejax.eval.benchmarks.v2.KINDS",
-        "moejax.data.benchmarks_v2.fact_mentions moved to moejax.eval.benchmarks.v2.fact_mentions",
-    ]
-    with pytest.raises(ImportError):
-        from moejax.data.benchmarks import _rng  # noqa: F401 (private helpers are public in builders now)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.data.corpus import load_tokenized_corpus
 from moejax.data.synthetic_knowledge import TEMPLATES, build_world
 from moejax.eval.benchmarks import VERSIONS, load_benchmarks, task_names

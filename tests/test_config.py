@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config, resolve_mesh_shape
+from moejax.config import default_config, resolve_mesh_shape
+from moejax.errors import ConfigError
 
 
 def test_defaults_are_valid():
@@ -102,3 +103,15 @@ def test_wrong_type_in_a_hand_built_config_is_named():
     import ml_collections
     with pytest.raises(ConfigError, match=r"'model.num_layers' has value 'four'; allowed: an integer"):
         validate(ml_collections.ConfigDict(cfg), 1)
+
+
+def test_a_mesh_axis_that_does_not_divide_the_devices_is_named_when_the_user_set_it():
+    """--config.mesh.expert=3 on 4 devices: the message is about mesh.expert, not the -1 it leaves to fill."""
+    cfg = default_config()
+    cfg.mesh.expert = 3
+    with pytest.raises(ConfigError) as error:
+        validate(cfg, 4, changed=("mesh.expert",))
+    assert str(error.value).startswith("config key 'mesh.expert' has value 3; allowed: a size that, times the "
+                                       "other fixed axes (1), divides the 4 devices.")
+    with pytest.raises(ConfigError, match=r"^config key 'mesh.data' has value -1; allowed: a fill of the 4 devices"):
+        validate(cfg, 4)  # set in an experiment file: the axis that cannot be filled

@@ -14,10 +14,11 @@ import warnings
 import numpy as np
 import pytest
 
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.data import corpus as corpus_lib
 from moejax.data.corpus import DOMAINS, build_corpus, build_domain, load_tokenized_corpus
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.from_config import make_data
 from moejax.data.mixture import MixtureWarning, Stage, normalize_mixture
 from moejax.data.packing import FIELDS, WindowPacker, num_windows, pack_window

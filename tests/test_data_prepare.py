@@ -15,7 +15,7 @@ import pytest
 from moejax.config import default_config
 from moejax.data import layout
 from moejax.data.dataset import open_dataset, verify_dataset
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.from_config import make_data
 from moejax.data.packing import ShardedPacker
 from moejax.data.prepare import main as prepare_main
@@ -323,9 +323,13 @@ def test_cli_prepares_verifies_and_reports_errors(sources, tmp_path, capsys):
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
-    assert prepare_main(["--out", str(out), "--verify"]) == 2
+    with pytest.raises(SystemExit) as stop:  # the command runner exits with the status
+        prepare_main(["--out", str(out), "--verify"])
+    assert stop.value.code == 2
     assert f"{shard} does not match the checksum" in capsys.readouterr().err
-    assert prepare_main(["--source", "x=/missing", "--out", str(tmp_path / "new")]) == 2
+    with pytest.raises(SystemExit) as stop:
+        prepare_main(["--source", "x=/missing", "--out", str(tmp_path / "new")])
+    assert stop.value.code == 2
     assert "prepare: error: source x=/missing: path '/missing' does not exist" in capsys.readouterr().err
 
 

@@ -154,7 +154,7 @@ def test_infeasible_optimize_is_a_cli_error(pipeline, capsys):
 
 
 def test_every_subcommand_has_help_with_an_example(capsys):
-    for cmd in ("collect", "fit", "predict", "evaluate", "optimize", "plan", "sweep", "mergemix"):
+    for cmd in ("collect", "fit", "predict", "evaluate", "register", "optimize", "plan", "sweep", "mergemix"):
         with pytest.raises(SystemExit):
             main([cmd, "--help"])
         out = capsys.readouterr().out

@@ -255,3 +255,84 @@ def test_runs_files_are_concatenated_and_must_share_columns(tmp_path):
     (tmp_path / "c.csv").write_text("run,params_total,params_active,tokens,mix:code,mix:prose,loss:code\nx,1e5,1e5,2e6,0.5,0.5,2\n")
     with pytest.raises(TableError, match="has columns .* that .* has not"):
         _read_runs_files([str(tmp_path / "a.csv"), str(tmp_path / "c.csv")])
+
+
+# --------------------------------------------------------------------- noise per pair, by hand
+
+def test_one_noisy_cell_no_longer_decides_other_pairs():
+    # Cells 0-3: seed sd 0.001 (3 seeds), means 0.004 apart; cell 4: sd 0.03. Pooled over all five cells the sd is
+    # sqrt((4 * 0.001^2 + 0.03^2) / 5) = 0.0135, threshold 2 * 0.0135 * sqrt(2/3) = 0.022 > 0.004: every quiet pair
+    # would be within the noise. Per pair: 2 * sqrt(2 * 0.001^2 / 3) = 0.0016 < 0.004: every quiet pair is decided.
+    obs_k = np.array([1.000, 1.004, 1.008, 1.012, 1.016])
+    sd_k = np.array([0.001, 0.001, 0.001, 0.001, 0.03])
+    n_k = np.full(5, 3)
+    pooled = float(np.sqrt(np.mean(sd_k ** 2)))
+    assert dec.noise_pairs(obs_k, n_k, pooled)[:4, :4].sum() == 12  # the old rule: all 6 quiet pairs within
+    within = dec.noise_pairs(obs_k, n_k, sd_k)
+    assert not within[:4, :4].any()  # per pair: the quiet pairs are decided
+    assert within[4, :4].all()  # the noisy cell's own pairs stay within its noise (2 * sqrt(0.03^2/3 + ...) = 0.035)
+    # the noisy cell is flagged, and the robust pooled figure is the quiet cells' sd
+    dof_k = n_k - 1
+    assert dec.noisy_cells(sd_k, dof_k).tolist() == [False, False, False, False, True]
+    robust = dec.robust_pooled_sd(sd_k, dof_k)
+    assert robust["sd"] == pytest.approx(0.001) and robust["dof"] == 8 and robust["cells"] == 4
+    # a cell with one seed takes the fallback: with 0.001 its pair with cell 0 (0.004 apart) is decided
+    got = dec.noise_pairs(obs_k[:2], np.array([3, 1]), np.array([0.001, np.nan]), fallback=0.001)
+    assert not got[0, 1]
+    # no fallback: a cell without an sd cannot be judged within the noise
+    assert not dec.noise_pairs(obs_k[:2], np.array([3, 1]), np.array([0.001, np.nan])).any()
+
+
+def _noisy_table(unique: bool = False):
+    """Two sizes, 5 mixtures; at the held-out size 3 seeds per mixture, mixture 0.9 very noisy."""
+    rows = []
+    mixes = (0.1, 0.3, 0.5, 0.7, 0.9)
+    for n in (1e5, 2e5, 4e5):
+        for i, m in enumerate(mixes):
+            for s in (0, 1, 2):
+                e = (s - 1) * (0.05 if m == 0.9 else 0.001) if n == 4e5 else (s - 1) * 0.001
+                v = 2.0 + 0.004 * i + (0.3 if n == 1e5 else 0.0) + e
+                rows.append({"run": f"n{n:g}_m{m}_s{s}", "n": n, "mix": m, "seed": s, "loss_code": v, "loss_prose": v})
+    t = _table(rows)
+    if unique:
+        from data_mixture.table import from_columns, to_columns
+
+        cols = to_columns(t)
+        cols["unique:code"] = ["1000000"] * len(t)
+        cols["unique:prose"] = ["9000000"] * len(t)
+        t = from_columns(cols)
+    return t
+
+
+def test_evaluate_flags_the_noisy_cell_and_decides_the_quiet_pairs():
+    r = evaluate_laws(_noisy_table(), ["regmix_linear"], starts=2, resamples=200, optimum=False)
+    floor = r["noise_floor"]["400000"]
+    noisy = [c["run"] for c in floor["per_cell"] if c["noisy"]]
+    assert len(noisy) == 1 and "m0.9" in noisy[0]
+    assert floor["sd_mean_loss"] == pytest.approx(0.001) and floor["sd_mean_loss_all"] > 0.02
+    # 4 quiet mixtures 0.004 apart: their 6 pairs are decided; the noisy one's 4 pairs are within its noise
+    d = r["decision"]
+    assert d["pairs"] == 10 and d["pairs_decided"] == 6 and d["pairs_within_noise"] == 4
+    md = format_report(r)
+    assert "**noisy**" in md and "each cell's own seed sd" in md
+
+
+def test_proportional_and_unimax_baselines_by_hand():
+    from data_mixture.baselines import kl_score, unimax_weights
+
+    # U = (1, 9), budget 10, cap 4 epochs: code (smaller) takes min(10/2, 4) = 4, prose the remaining 6 -> (0.4, 0.6)
+    np.testing.assert_allclose(unimax_weights(np.array([1.0, 9.0]), 10.0, 4.0), [0.4, 0.6])
+    # budget 4: nobody capped, uniform
+    np.testing.assert_allclose(unimax_weights(np.array([1.0, 9.0]), 4.0, 4.0), [0.5, 0.5])
+    np.testing.assert_allclose(kl_score(np.array([[0.1, 0.9]]), np.array([[0.1, 0.9]])), [0.0], atol=1e-12)
+    # no unique:<domain> columns: skipped with the reason
+    r = evaluate_laws(_noisy_table(), ["regmix_linear"], starts=2, resamples=200, optimum=False)
+    assert "unique:<domain>" in r["baselines"]["proportional"]["skipped"]
+    assert "unique:<domain>" in r["baselines"]["unimax"]["skipped"]
+    # with them (code 1e6, prose 9e6 unique tokens): proportional = (0.1, 0.9) ranks mixture 0.1 first
+    r = evaluate_laws(_noisy_table(unique=True), ["regmix_linear"], starts=2, resamples=200, optimum=False)
+    prop = r["baselines"]["proportional"]
+    assert "(0.100, 0.900)" in prop["notes"] and prop["picked_tested_run"].startswith("n400000_m0.1_")
+    # budget 20 x 4e5 = 8e6 tokens: code takes min(4e6, 4 x 1e6) = 4e6, prose 4e6 -> uniform (0.5, 0.5) picks 0.5
+    uni = r["baselines"]["unimax"]
+    assert "(0.500, 0.500)" in uni["notes"] and uni["picked_tested_run"].startswith("n400000_m0.5_")

@@ -274,7 +274,7 @@ def test_sweep_trains_each_base_once_before_its_runs_and_collect_records_the_pro
     assert rec["added_overrides"]["checkpoint.init_from"] == str((root / "a_base").resolve())
 
     header, rows = read_csv(root / "runs.csv")
-    assert header[-6:] == ["seed", "base", "base_tokens", "step", "loss_source", "workdir"]
+    assert header[-7:] == ["seed", "base", "base_tokens", "step", "loss_source", "workdir", "started_at"]
     last = {r["run"]: r for r in rows if r["step"] == "4"}
     assert [r["run"] for r in rows] == [n for n in names for _ in (2, 4)]
     for name in ("a_base", "b_base"):

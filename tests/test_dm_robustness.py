@@ -52,3 +52,30 @@ def test_truth_optima():
 def test_mixing_law_refuses_different_mixtures_per_size():
     out = lr.run_cell("additive", "different", "mixing_law", 0, 2)
     assert "refused" in out and "every mixture needs runs at >= 2 model sizes" in out["refused"]
+
+
+def test_a_changed_law_source_is_named_against_the_frozen_hashes(tmp_path):
+    from experiments.benchmarks import law_robustness as lr
+
+    laws = tmp_path / "data_mixture" / "laws"
+    laws.mkdir(parents=True)
+    (laws / "camel.py").write_text("FORM = 1\n")
+    (laws / "additive.py").write_text("FORM = 2\n")
+    frozen = {"law_hashes": lr.law_hashes(tmp_path)}
+    assert sorted(frozen["law_hashes"]) == ["data_mixture/laws/additive.py", "data_mixture/laws/camel.py"]
+    assert lr.changed_laws(frozen, tmp_path) == []
+    (laws / "camel.py").write_text("FORM = 1  # re-formed\n")
+    (laws / "regmix.py").write_text("FORM = 3\n")
+    assert lr.changed_laws(frozen, tmp_path) == ["data_mixture/laws/camel.py", "data_mixture/laws/regmix.py"]
+
+
+def test_out_of_sample_truths_have_the_gains_they_were_designed_for():
+    from experiments.benchmarks import law_robustness_oos as oos
+
+    info = oos.truth_info()
+    for name, t in info.items():
+        if name.endswith("_small"):
+            assert 0.001 <= t["gain_target"] <= 0.01, (name, t["gain_target"])  # the real study's scale
+    assert max(t["gain_target"] for t in info.values()) > 0.05  # and large ones
+    assert info["repetition_large"]["optimum_moves"] and info["log_linear_small"]["optimum_moves"]
+    assert all(0.007 <= oos.noise_of(t, s) <= 0.012 for t in oos.OOS_TRUTHS for s in (0, 1, 2))

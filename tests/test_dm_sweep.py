@@ -38,7 +38,7 @@ MIXTURES = [dict(zip(DOMAINS, w)) for w in ((0.25, 0.25, 0.25, 0.25), (0.1, 0.1,
 EVAL_ARGS = "--tasks --loss-batches 1"
 GOOD = [f"{s}_m{k}" for s in SIZES for k in range(len(MIXTURES))]
 HEADER = (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{d}" for d in DOMAINS]
-          + [f"loss:{d}" for d in DOMAINS] + ["step", "loss_source", "workdir"])
+          + [f"loss:{d}" for d in DOMAINS] + ["step", "loss_source", "workdir", "started_at"])
 
 
 def entry(name: str, size: str, mixture: dict, **extra) -> dict:
@@ -114,6 +114,10 @@ def test_each_run_records_what_produced_it(sweep):
     assert launch["eval_command"].endswith("--all --no-progress --tasks --loss-batches 1")
     status = json.loads((root / "b_m1" / "status.json").read_text())
     assert status["host"] and status["pid"] and status["heartbeat"] > 0 and status["history"][0]["trained"]
+    # the run's start time: in the status and the record, and carried into the runs table by collect
+    assert status["started_at"] == rec["started_at"] == launch["time"]
+    _, rows = read_csv(root / "runs.csv")
+    assert {r["started_at"] for r in rows if r["run"] == "b_m1"} == {status["started_at"]}
 
 
 def test_failing_run_is_retried_then_reported_with_its_log(sweep):
@@ -137,6 +141,7 @@ def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
     shutil.rmtree(victim / "checkpoints" / "4")
     (victim / "eval" / "step_4.json").unlink()
     record.write_status(victim, state="interrupted")
+    first_start = json.loads((victim / "status.json").read_text())["started_at"]
     others = [n for n in GOOD if n != "a_m1"]
     before = {n: [(root / n / f).stat().st_mtime_ns for f in ("train.log", "eval.log", "status.json")] for n in others}
     good_plan = write_plan(sweep["base"] / "good.json", good_entries())
@@ -147,6 +152,7 @@ def test_restart_skips_finished_runs_and_resumes_an_interrupted_one(sweep):
     assert after == before  # nothing relaunched, not even touched
     status = json.loads((victim / "status.json").read_text())
     assert status["state"] == "succeeded" and status["attempts"] == len(status["history"]) >= 2
+    assert status["started_at"] == first_start  # a resumed run keeps its first start time
     assert status["history"][-1]["resumed_from"] == 2 and status["history"][-1]["trained"]
     last_attempt = (victim / "train.log").read_text().split("=== attempt")[-1]
     assert "resuming from step 2" in last_attempt and "fresh start" not in last_attempt

@@ -57,7 +57,7 @@ def test_old_config_paths_load_the_same_config_with_a_note(capsys, monkeypatch):
 
 def test_config_files_load_from_several_threads_at_once():
     """The sweep resolves its runs from one thread per runner; each call gets its own file's config
-    (ml_collections loads every file as one module name, so unguarded loads raced: KeyError)."""
+    (each file is loaded as a module of its own name: no shared module, no lock)."""
     files = {"tiny_moe": "experiments/configs/tiny_moe.py", "small_moe": "experiments/configs/small_moe.py"}
     expected = {name: parse_command_line(["m", "--config", f, "--workdir", "w"]).config.to_dict()
                 for name, f in files.items()}

@@ -14,7 +14,8 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.model.dispatch import dispatch
 from moejax.model.expert_parallel import pair_capacity
 from moejax.model.moe import MoE

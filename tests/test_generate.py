@@ -60,7 +60,7 @@ def test_generate_cli_prints_the_continuation(workdir, capsys):
 
 
 def test_generation_past_the_trained_context_is_refused_with_the_budget_that_fits():
-    from moejax.config import ConfigError
+    from moejax.errors import ConfigError
 
     prompts = [np.arange(5), np.arange(10)]
     generate_cli.check_context(prompts, 246, 256)  # 10 + 246 = 256 fits

@@ -15,7 +15,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers.implementations import SentencePieceUnigramTokenizer
 
 from moejax.data import prepare
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.tokenizer import load_tokenizer
 from moejax.interop import hf as interop
 

@@ -277,7 +277,7 @@ def test_an_extra_left_out_is_named_when_it_is_needed(tmp_path, monkeypatch):
     from data_mixture.sweep.ray_backend import RayBackend
     from data_mixture.sweep.targets import SweepError
     from moejax.data import sources
-    from moejax.data.errors import DataError
+    from moejax.errors import DataError
 
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)

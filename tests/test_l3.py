@@ -12,10 +12,12 @@ from flax import nnx
 
 from moejax import sharding
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.model.l3_allocation import save_allocation
 from moejax.model.decode import init_cache
-from moejax.model.l3 import HostTables, L3Layer, RowOffsets, l3_forward_flops
+from moejax.model.l3 import HostTables, L3Layer, l3_forward_flops
+from moejax.model.l3_allocation import RowOffsets
 from moejax.model.transformer import Transformer, layer_runs, param_counts
 from moejax.schema import ModelConfig
 from moejax.train.state import check_l3_allocation_matches, init_state, setup, to_global

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.data import l3_alloc
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.l3_alloc import (
     check_allocation,
     check_budget,
@@ -240,7 +240,9 @@ def test_cli_bad_input_fails_before_any_work(args, message, tmp_path, capsys, mo
 
     monkeypatch.setattr("moejax.data.dataset.open_dataset", no_work)
     out = tmp_path / "alloc.json"
-    assert l3_alloc.main(args + ["--out", str(out)]) == 2
+    with pytest.raises(SystemExit) as stop:  # the command runner exits with the status
+        l3_alloc.main(args + ["--out", str(out)])
+    assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("moejax: error: ") and message in err, err
     assert not out.exists()

@@ -4,11 +4,12 @@ checks, the uniform allocation and the allocation file."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
-from moejax.data.l3_alloc import lzw_allocation
+from moejax.model.l3_allocation import lzw_allocation
 from moejax.errors import DataError
 from moejax.model.l3_allocation import (
     FORMAT,
@@ -151,3 +152,30 @@ def test_load_vocab_mismatch(tmp_path):
     with pytest.raises(DataError, match=rf"L3 allocation file {path}: allocation has 3 tokens but "
                                         r"the vocabulary has 259.*--vocab-size 259 --budget 9"):
         load_allocation(path, vocab_size=259)
+
+
+def test_a_configured_allocation_file_is_read_once_per_run(tmp_path, monkeypatch):
+    """Validation and set-up both ask for the allocation; the file is read once while it is
+    unchanged, and read again once it is rewritten."""
+    from moejax.checks import validate
+    from moejax.config import default_config
+    from moejax.model import l3_allocation
+    from moejax.model.l3_allocation import allocation_from_config, save_allocation, uniform_allocation
+
+    cfg = default_config()
+    cfg.model.vocab_size, cfg.model.l3.after_layers = 272, (1,)
+    path = tmp_path / "alloc.json"
+    offsets = uniform_allocation(272, cfg.model.l3.budget, cfg.model.l3.max_rows)
+    save_allocation(path, offsets, method="uniform", max_rows=cfg.model.l3.max_rows, tokenizer="byte",
+                    sample_tokens=0)
+    cfg.model.l3.allocation = str(path)
+    reads = []
+    real = l3_allocation.load_allocation
+    monkeypatch.setattr(l3_allocation, "load_allocation", lambda *a, **k: reads.append(a) or real(*a, **k))
+    validate(cfg, 8)  # reads it (the checks)
+    first = allocation_from_config(cfg.model)  # set-up: the same reading
+    assert len(reads) == 1 and first.method == "uniform"
+    save_allocation(path, offsets, method="lzw", max_rows=cfg.model.l3.max_rows, tokenizer="byte",
+                    sample_tokens=5)
+    os.utime(path, ns=(1, 1))  # a new modification time, whatever the clock's resolution
+    assert allocation_from_config(cfg.model).method == "lzw" and len(reads) == 2

@@ -1,10 +1,14 @@
-"""The layering of moejax, read from the source with ``ast`` (nothing is imported).
+"""The layering of moejax, data_mixture and experiments, read from the source with ``ast``
+(nothing is imported).
 
-The rules (the layering is described in moejax/checks.py's docstring): the import graph of
-``moejax/`` has no circle; the leaves ``moejax.errors`` and ``moejax.schema`` (the typed model
+The rules (the layering is described in moejax/checks.py's docstring and the README's
+"Architecture"): the import graph of ``moejax/``, ``data_mixture/`` and ``experiments/`` has no
+circle; moejax imports nothing from data_mixture or experiments; the leaves ``moejax.errors`` and ``moejax.schema`` (the typed model
 configs, from whose field declarations ``moejax.config`` generates the ``model.*`` checks) import
-no module of moejax, and ``moejax.config`` imports only those two; the model imports nothing from
-data, train or any package above them; ``data_mixture`` uses moejax through public names only.
+no module of moejax, and ``moejax.config`` imports only those two and ``moejax.configs`` (the
+built-in config files, a package that imports nothing from moejax); the model imports nothing from
+data, train or any package above them; ``data_mixture`` and ``experiments`` use moejax through
+public names only.
 
 How imports are read:
 
@@ -30,6 +34,8 @@ import functools
 import os
 from collections.abc import Iterator
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -46,6 +52,8 @@ def _modules(package: str) -> dict[str, str]:
 
 
 MOEJAX = _modules("moejax")
+PACKAGES = ("moejax", "data_mixture", "experiments")  # from the bottom up
+ALL = {module: path for package in PACKAGES for module, path in _modules(package).items()}
 
 
 def _imports(module: str, path: str) -> Iterator[tuple[int, str, list[str]]]:
@@ -66,25 +74,32 @@ def _imports(module: str, path: str) -> Iterator[tuple[int, str, list[str]]]:
             yield node.lineno, source, [alias.name for alias in node.names]
 
 
-def _moejax_module(dotted: str) -> str | None:
-    """The moejax module ``dotted`` names, or the innermost one that contains it; None outside."""
+def _our_module(dotted: str) -> str | None:
+    """The module of the three packages ``dotted`` names, or the innermost one that contains it;
+    None outside them."""
     parts = dotted.split(".")
-    while parts and ".".join(parts) not in MOEJAX:
+    while parts and ".".join(parts) not in ALL:
         parts.pop()
-    return ".".join(parts) if parts and parts[0] == "moejax" else None
+    return ".".join(parts) if parts and parts[0] in PACKAGES else None
 
 
 @functools.cache
-def import_graph() -> dict[str, dict[str, int]]:
-    """moejax module -> {moejax module it imports: line of the first such import}."""
-    graph: dict[str, dict[str, int]] = {module: {} for module in MOEJAX}
-    for module, path in MOEJAX.items():
+def full_import_graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports: line of the first such import}, over the three packages."""
+    graph: dict[str, dict[str, int]] = {module: {} for module in ALL}
+    for module, path in ALL.items():
         for line, source, names in _imports(module, path):
-            targets = [f"{source}.{name}" if f"{source}.{name}" in MOEJAX else source for name in names] or [source]
-            for target in filter(None, map(_moejax_module, targets)):
+            targets = [f"{source}.{name}" if f"{source}.{name}" in ALL else source for name in names] or [source]
+            for target in filter(None, map(_our_module, targets)):
                 if target != module:
                     graph[module].setdefault(target, line)
     return graph
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """The part of :func:`full_import_graph` among moejax's modules."""
+    return {module: {t: line for t, line in targets.items() if t in MOEJAX}
+            for module, targets in full_import_graph().items() if module in MOEJAX}
 
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[frozenset[str]]:
@@ -145,13 +160,32 @@ def test_moejax_has_no_import_circle():
     assert not found, "\n\n".join(_describe(c, graph) for c in found)
 
 
+def test_no_import_circle_across_moejax_data_mixture_and_experiments():
+    graph = full_import_graph()
+    found = cycles(graph)
+    assert not found, "\n\n".join(_describe(c, graph) for c in found)
+
+
+def test_each_package_imports_only_the_ones_below_it():
+    """moejax imports neither data_mixture nor experiments; data_mixture does not import experiments."""
+    bad = [
+        f"{module} imports {target} (line {line})"
+        for module, targets in sorted(full_import_graph().items())
+        for target, line in sorted(targets.items())
+        if PACKAGES.index(target.split(".")[0]) > PACKAGES.index(module.split(".")[0])
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_errors_and_config_import_no_package_of_moejax():
-    """``config`` builds on the two leaves only: ``errors`` and ``schema`` (the declarations of the
-    model.* keys, which it generates their checks from), and they import nothing from moejax."""
+    """``config`` builds on the leaves only: ``errors`` and ``schema`` (the declarations of the
+    model.* keys, which it generates their checks from), and ``configs`` (the built-in config files
+    ``load`` finds by name); they import nothing from moejax."""
     graph = import_graph()
     assert graph["moejax.errors"] == {}
     assert graph["moejax.schema"] == {}
-    assert set(graph["moejax.config"]) == {"moejax.errors", "moejax.schema"}
+    assert graph["moejax.configs"] == {}
+    assert set(graph["moejax.config"]) == {"moejax.errors", "moejax.schema", "moejax.configs"}
 
 
 def test_the_model_imports_nothing_from_data_train_or_above():
@@ -229,10 +263,11 @@ def test_private_name_detection():
     ]
 
 
-def test_data_mixture_uses_public_moejax_names_only():
+@pytest.mark.parametrize("package", ["data_mixture", "experiments"])
+def test_data_mixture_and_experiments_use_public_moejax_names_only(package):
     bad = [
         f"{os.path.relpath(path, ROOT)}: {use}"
-        for path in sorted(_modules("data_mixture").values())
+        for path in sorted(_modules(package).values())
         for use in private_moejax_uses(open(path, encoding="utf-8").read())
     ]
     assert not bad, "make these names public in moejax (or stop using them):\n" + "\n".join(bad)

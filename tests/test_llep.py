@@ -19,7 +19,8 @@ import pytest
 
 from moejax import sharding
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.model import llep
 from moejax.model.dispatch import dispatch
 from moejax.schema import DispatchConfig

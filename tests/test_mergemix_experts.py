@@ -10,7 +10,8 @@ import pytest
 
 from data_mixture.mergemix import experts as ex
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.train.optim import lr_schedule
 from tests.mergemix_fixture import (  # noqa: F401  (fixtures)
     BASE_STEP, EXPERT_EVAL_ARGS, EXPERT_TOKENS, TRAINED_DOMAINS, mergemix_experts, mergemix_runs,

@@ -15,7 +15,7 @@ import pytest
 from data_mixture.mergemix.merge import (
     MergeEvaluator, MergeMismatch, MergeSet, check_alpha, compatibility_problems, flat_metrics, is_router_path,
 )
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.eval.evaluate import Evaluator, make_settings
 from moejax.eval.restore import EvalRun, open_run
 from moejax.train.checkpoint import Checkpointer

@@ -23,8 +23,28 @@ def test_committed_results_rebuild_the_report(tmp_path):
     assert (out / "target.png").stat().st_size > 0
     committed = json.loads((RESULTS / "report.json").read_text())
     assert result["comparisons"].keys() == committed["comparisons"].keys()
-    # The decision rule is the plan's, written before the target runs.
+    # The decision rule is the plan's; it says it was written after the pilot's target runs had started.
     assert result["decision_rule"] == json.loads((RESULTS / "plan.json").read_text())["decision_rule"]
+    assert "b01916d" in result["decision_rule"]["fixed"] and "not pre-registered" in result["decision_rule"]["fixed"]
+
+
+def test_report_names_the_runs_that_predate_the_rule_and_states_the_limits():
+    r = json.loads((RESULTS / "report.json").read_text())
+    p = r["preregistration"]
+    assert not p["pre_registered"]
+    pilot = ["s2_base"] + [f"s2_{m}_s{s}" for m in ("uniform", "ladder_m1", "ladder_m2") for s in (0, 1, 2)]
+    assert p["before_rule"] == sorted(pilot)  # the pilot's s2 runs, started 10:10-10:41 UTC, rule at 11:30:55
+    assert p["started"]["s2_uniform_s0"] == {"time": "2026-12-03T10:23:01+00:00", "where": "pilot run s2_m0"}
+    later = sorted(set(p["before_predictions"]) - set(pilot))
+    assert later == ["s2_best_at_proxy_s0", "s2_best_at_proxy_s1", "s2_best_at_proxy_s2", "s2_camel_s0"]
+    lm = r["limits"]
+    assert lm["observed_order"][-1] == "camel" and lm["law_order"]["camel"]["pairs_right"] == 0
+    assert lm["law_order"]["camel"]["order"] == lm["observed_order"][::-1]  # the exact reverse
+    assert lm["law_order"]["closeness to uniform"]["pairs_right"] == 8
+    assert len(lm["five_ties"]) == 10 and lm["span_five"] == pytest.approx(0.0062, abs=1e-4)
+    md = (RESULTS / "report.md").read_text()
+    assert "**Not pre-registered.**" in md and "## Limits and conclusions" in md
+    assert "Decision rule (plan.json, **not pre-registered**" in md
 
 
 def test_decision_rule_is_a_paired_interval_over_seeds():

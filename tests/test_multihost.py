@@ -21,7 +21,7 @@ import pytest
 
 from experiments.tools.fault_drill import child_xla_flags
 from moejax.data.dataset import open_dataset
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.from_config import make_data
 from moejax.data.pipeline import make_eval_batches, make_train_iterator
 from moejax.train.loop import train
@@ -61,7 +61,7 @@ maybe_initialize_distributed()
 import jax
 from jax.experimental import multihost_utils
 from moejax import checks, config as config_lib, sharding
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.data.from_config import make_data
 from moejax.train.checkpoint import any_process, check_same_on_every_process
 from moejax.train.state import process_rows, setup, to_global

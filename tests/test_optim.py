@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 
 from moejax.checks import validate
-from moejax.config import ConfigError, default_config, effective_warmup_steps
+from moejax.config import default_config, effective_warmup_steps
+from moejax.errors import ConfigError
 from moejax.train.optim import decay_mask, lr_schedule, make_optimizer
 from tests.test_model import small_model_cfg
 from moejax.model.transformer import Transformer

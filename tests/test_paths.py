@@ -7,7 +7,7 @@ import pytest
 
 import moejax
 from moejax import paths
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 
 
 def test_relative_paths_resolve_where_the_user_ran_launch_sh(tmp_path, monkeypatch):

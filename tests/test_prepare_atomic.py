@@ -6,7 +6,7 @@ import pytest
 
 from moejax.data import prepare as prepare_lib
 from moejax.data.dataset import PROGRESS_FILE, describe_dataset
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.prepare import main as prepare_main, prepare_dataset
 
 

@@ -17,7 +17,7 @@ import zstandard
 
 from moejax.data import layout
 from moejax.data.dataset import open_dataset
-from moejax.data.errors import DataError
+from moejax.errors import DataError
 from moejax.data.prepare import main as prepare_main
 from moejax.data.prepare import prepare_dataset
 from tests.test_data_prepare import _documents

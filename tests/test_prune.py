@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.config import MESH_AXES, ConfigError, default_config
+from moejax.config import MESH_AXES, default_config
+from moejax.errors import ConfigError
 from moejax.eval.masking import mask_state, masked_balancer
 from moejax.eval.restore import open_run
 from moejax.interop.hf import InteropError, import_to_workdir

@@ -11,19 +11,14 @@ from moejax.config import CHOICES, NON_NEGATIVE, POSITIVE, default_config, get_p
 from moejax.schema import DispatchConfig, ModelConfig, MoEConfig, declared_keys
 
 
-def test_every_model_key_is_declared_once_with_the_command_lines_default():
+def test_every_model_key_is_documented_where_it_is_declared():
+    """default_config()'s model group is generated from the declarations, so each knob's one-line
+    doc lives there."""
     keys = dict(declared_keys(ModelConfig, "model"))
-    cfg = default_config()
-    flat = lambda group, prefix: [
-        (f"{prefix}.{k}", v) for k, v in group.items() if not hasattr(v, "items")
-    ]
-    model_keys = [*flat(cfg.model, "model"), *flat(cfg.model.moe, "model.moe"), *flat(cfg.model.l3, "model.l3")]
-    # Balancing objectives are built from the ConfigDict by moejax.model.balancing, not typed here.
-    expected = {key for key, _ in model_keys if key != "model.moe.balancing"}
-    assert set(keys) == expected
+    assert "model.moe.grouped_matmul" in keys and "model.l3.allocation" in keys
     for key, field in keys.items():
-        assert field.default == get_path(cfg, key), key
-        assert field.metadata["doc"], key
+        assert field.default == get_path(default_config(), key), key
+        assert field.metadata["doc"].strip(), key
 
 
 def test_from_config_converts_the_defaults_and_an_override():

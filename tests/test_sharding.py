@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from moejax import sharding
-from moejax.config import ConfigError, default_config
+from moejax.config import default_config
+from moejax.errors import ConfigError
 from moejax.data.tokenizer import ByteTokenizer
 from moejax.train.state import init_state, setup, to_global
 from moejax.train.step import make_train_step

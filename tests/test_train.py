@@ -135,7 +135,7 @@ def test_divergence_message_says_what_a_rerun_does():
 
 
 def test_a_refused_run_leaves_no_empty_directory(tmp_path, monkeypatch):
-    from moejax.config import ConfigError
+    from moejax.errors import ConfigError
     from moejax.train import loop
 
     def refused(cfg, workdir, *args):

@@ -11,14 +11,11 @@
 
 from __future__ import annotations
 
-import difflib
-
 from data_mixture.laws.additive import AdditiveLaw
-from data_mixture.laws.base import Law, LawFit
+from data_mixture.laws.base import REGISTRY, Law, LawFit, get_law
 from data_mixture.laws.camel import CamelLaw
 from data_mixture.laws.mixing_law import MixingLaw
 from data_mixture.laws.regmix import RegMixLaw, RegMixLinearLaw
-from data_mixture.table import TableError
 
 LAWS: dict[str, type[Law]] = {
     cls.name: cls
@@ -31,18 +28,6 @@ LAWS: dict[str, type[Law]] = {
     )
 }
 
-_INSTANCES: dict[str, Law] = {}
-
-
-def get_law(name: str) -> Law:
-    """The law registered under ``name``; a clear error (with the valid names) otherwise."""
-    if name not in LAWS:
-        near = difflib.get_close_matches(str(name), list(LAWS), n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
-        raise TableError(f"unknown law {name!r}.{hint} Valid laws: {', '.join(LAWS)}.")
-    if name not in _INSTANCES:
-        _INSTANCES[name] = LAWS[name]()
-    return _INSTANCES[name]
-
+REGISTRY.update(LAWS)  # what get_law and LawFit look a law up in
 
 __all__ = ["LAWS", "Law", "LawFit", "get_law"]

@@ -46,8 +46,6 @@ class LawFit:
     _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def _law(self) -> "Law":
-        from data_mixture.laws import get_law
-
         return get_law(self.law)
 
     def predict(self, size_r: np.ndarray, tokens_r: np.ndarray, mix_rm: np.ndarray) -> np.ndarray:
@@ -75,8 +73,6 @@ class LawFit:
 
     @classmethod
     def from_json(cls, d: dict) -> "LawFit":
-        from data_mixture.laws import get_law
-
         get_law(d["law"])  # unknown law names fail here, with the valid names
         return cls(
             law=d["law"],
@@ -267,3 +263,22 @@ class Law(abc.ABC):
 
     def predict_jax(self, fit: LawFit):
         return None
+
+
+# name -> law class: ``LAWS`` (laws/__init__.py, which imports every law and fills this), kept here
+# so a fit finds its law by name without this module importing the laws that build on it.
+REGISTRY: dict[str, type[Law]] = {}
+_INSTANCES: dict[str, Law] = {}
+
+
+def get_law(name: str) -> Law:
+    """The law registered under ``name``; a clear error (with the valid names) otherwise."""
+    if name not in REGISTRY:
+        import difflib
+
+        near = difflib.get_close_matches(str(name), list(REGISTRY), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise TableError(f"unknown law {name!r}.{hint} Valid laws: {', '.join(REGISTRY)}.")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = REGISTRY[name]()
+    return _INSTANCES[name]

@@ -65,6 +65,7 @@ from fractions import Fraction
 from functools import reduce
 from pathlib import Path
 from typing import Any
+from moejax.errors import UserError
 
 PLAN_FILE = "experts_plan.json"
 PLAN_KIND = "mergemix-experts"
@@ -73,7 +74,7 @@ WARMUP_FRACTION = 0.05  # default warmup: this fraction of the expert's steps (a
 EXPERIMENT_FILE = str(Path(__file__).resolve())
 
 
-class MergeMixError(ValueError):
+class MergeMixError(UserError):
     """Bad MergeMix expert input (base, step, domain, budget, fractions, plan), named with the fix."""
 
 
@@ -270,7 +271,7 @@ def _check_step(workdir: str, base_step: int | None) -> int:
 def _check_domain_data(cfg: Mapping[str, Any], domains: Sequence[str], workdir: str) -> tuple[str, ...]:
     """The base dataset's domains; each expert domain must be one of them and have training tokens."""
     from moejax.data.dataset import describe_dataset, open_dataset
-    from moejax.data.errors import DataError
+    from moejax.errors import DataError
 
     path = cfg["data"].get("path", "")
     try:

@@ -64,8 +64,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from moejax.config import ConfigError
-from moejax.data.errors import DataError
+from moejax.errors import ConfigError
+from moejax.errors import DataError
 from moejax.data.tokenizer import check_tokenizer_matches
 from moejax.eval.evaluate import Evaluator, Settings, benchmark_score
 from moejax.eval.restore import Checkpoint, EvalRun, open_run

@@ -33,11 +33,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from moejax.errors import UserError
 
 NORMALISATIONS = ("seed_z", "seed_minmax", "none")
 
 
-class SearchError(ValueError):
+class SearchError(UserError):
     """A bad search input (budget, domains, objective weights, metrics); names the value and what is allowed."""
 
 

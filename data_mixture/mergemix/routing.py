@@ -92,7 +92,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from moejax.config import ConfigError
+from moejax.errors import ConfigError
 from moejax.model.transformer import is_moe_layer, layer_runs
 from moejax.train.state import to_global
 

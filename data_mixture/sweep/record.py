@@ -10,12 +10,14 @@ Files in ``ROOT/<run>/`` besides moejax's own (``config.json``, ``checkpoints/``
                  stale (its runner died): another runner may take it over, under a second
                  ``O_EXCL`` file (``lease.takeover``) so that two runners never both take it.
                  Removed when the attempt ends.
-``status.json``  ``state`` (running | succeeded | failed | interrupted), ``attempts`` (all runners,
+``status.json``  ``state`` (running | succeeded | failed | interrupted), ``started_at`` (UTC: when
+                 the run's first attempt started, kept over every later attempt; ``collect`` carries
+                 it into the runs table), ``started`` (the current attempt's start), ``attempts`` (all runners,
                  all invocations), the runner's ``host``/``pid``, ``heartbeat`` (epoch seconds, also
                  as ``heartbeat_utc``), the phase (train | eval), the log of the failing phase, and
                  ``history``: one entry per attempt. Written by the lease owner only, atomically
                  (temporary file + rename), so a reader never sees half a file.
-``record.json``  what produced the run: the plan entry, the plan file, the experiment file, the
+``record.json``  what produced the run (and ``started_at``, as in the status): the plan entry, the plan file, the experiment file, the
                  overrides (the plan's and the runner's additions), the resolved config, and one
                  ``launches`` entry per attempt with the code version (git commit + dirty flag)
                  and the exact commands.

@@ -454,14 +454,17 @@ def _launch(t: RunTarget, backend, owner, options: SweepOptions, version, eval_a
         "added_overrides": t.added_overrides, "resolved_config": t.resolved_config, "created": record.utc(),
         "launches": [],
     }
-    rec["launches"].append({"attempt": attempt, "time": record.utc(), "host": owner["host"], "runner_pid": owner["pid"],
+    launched_at = record.utc()
+    first = status.get("started_at") or rec.get("started_at") or launched_at  # the first attempt's start, kept
+    rec["started_at"] = first
+    rec["launches"].append({"attempt": attempt, "time": launched_at, "host": owner["host"], "runner_pid": owner["pid"],
                             "backend": options.backend, "code_version": version,
                             "train_command": shlex.join(train_cmd), "eval_command": shlex.join(eval_cmd),
                             "cwd": os.getcwd()})
     record.write_json_atomic(t.run_dir / record.RECORD, rec)
     now = time.time()
     record.write_status(t.run_dir, state="running", attempts=attempt, host=owner["host"], pid=owner["pid"],
-                        owner=owner["id"], backend=options.backend, phase=None, started=record.utc(now),
+                        owner=owner["id"], backend=options.backend, phase=None, started=record.utc(now), started_at=first,
                         heartbeat=now, heartbeat_utc=record.utc(now), message="", log=None, returncode=None,
                         history=status.get("history", []))
     for stale in (record.STOP, record.WORKER):

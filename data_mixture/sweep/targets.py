@@ -3,8 +3,8 @@
 A target is one training run of the plan (docs/data_mixture.md, "Planning": ``runs[]``): its
 name (also its directory under the sweep root), the experiment file it starts from, its
 ``--config.KEY=VALUE`` overrides, and the config those resolve to. Every entry's config is
-resolved **in this process** with moejax's own command-line parser and validator
-(``moejax.main.parse_command_line`` + ``moejax.checks.validate``), so an override moejax does not
+resolved **in this process** with moejax's own config loader and validator
+(``moejax.config.load`` + ``moejax.checks.validate``), so an override moejax does not
 know, or a value of the wrong type, is reported with the run's name, the key and moejax's own
 explanation before the first run starts, not an hour into the sweep.
 
@@ -30,24 +30,22 @@ added override in the run's ``record.json``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import os
 import re
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from moejax.errors import UserError
 
 DEFAULT_CONFIG = "experiments/configs/tiny_moe.py"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class SweepError(ValueError):
+class SweepError(UserError):
     """Bad sweep input (the plan, an entry, a flag, a run directory), named with the fix."""
 
 
@@ -234,27 +232,18 @@ def check_bases(targets: Sequence[RunTarget], plan_name: str) -> None:
                              "-1 (its latest).")
 
 
-_RESOLVE_LOCK = threading.Lock()
-
-
 def _resolve(target: RunTarget, where: str):
-    """(config, changed keys) through moejax.main's parser + checks.validate; SweepError with its message."""
+    """(config, changed keys) through moejax.config.load + checks.validate; SweepError with its message."""
     from moejax.checks import validate
+    from moejax.config import load
     from moejax.errors import ConfigError
-    from moejax.main import parse_command_line
 
-    argv = ["moejax.main", "--config", target.config_file, "--workdir", str(target.run_dir), *target.override_args()]
-    err = io.StringIO()
-    try:  # the redirects swap the process's sys.stderr/stdout: one resolve at a time across runner threads
-        with _RESOLVE_LOCK, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            command = parse_command_line(argv)
-            validate(command.config, _fit_devices(command.config.mesh), changed=command.changed)
-    except SystemExit:
-        message = err.getvalue().strip().removeprefix("moejax: error: ")
-        raise SweepError(f"{where}: {message or 'moejax rejected its command line'}") from None
+    try:
+        cfg, changed = load(target.config_file, target.override_args())
+        validate(cfg, _fit_devices(cfg.mesh), changed=changed)
     except ConfigError as e:
         raise SweepError(f"{where}: {e}") from None
-    return command.config, command.changed
+    return cfg, changed
 
 
 def targets_from_plan(plan: Mapping[str, Any], root: str | os.PathLike, plan_name: str = "plan") -> list[RunTarget]:

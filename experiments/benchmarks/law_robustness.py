@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -57,6 +58,32 @@ STARTS = 64
 DESIGNS = ("same", "different")
 SCALE_INDEPENDENT = ("additive", "regmix_linear")  # laws whose best mixture cannot move with size
 FAST = {"truths": ("additive", "capped_domain", "mixture_floor"), "designs": ("different",), "seeds": (0,)}
+
+
+LAW_SOURCES = "data_mixture/laws/*.py"
+FROZEN = "frozen_laws.json"
+
+
+def law_hashes(root: Path | None = None) -> dict[str, str]:
+    """{path: sha256 of its bytes} of every law source (``data_mixture/laws/*.py``): the law forms."""
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.glob(LAW_SOURCES))}
+
+
+def freeze(out: Path) -> dict:
+    """Writes ``out/frozen_laws.json``: the law hashes and the UTC time, before any new truth is written."""
+    got = {"frozen_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "law_hashes": law_hashes()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FROZEN).write_text(json.dumps(got, indent=1) + "\n")
+    return got
+
+
+def changed_laws(frozen: dict, root: Path | None = None) -> list[str]:
+    """The law sources whose hash differs from the frozen one (or that were added or removed)."""
+    now, then = law_hashes(root), frozen["law_hashes"]
+    return sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
 
 
 def train_table(truth: str, design: str, seed: int):
@@ -151,6 +178,26 @@ def goal_check(row: dict) -> dict | None:
             "spread": float(np.hypot(row["camel"]["rel_err"][1], best["rel_err"][1]))}
 
 
+def goal_lines(summary: dict) -> tuple[list[str], bool]:
+    """Per table: is camel no worse than the best scale-independent law (relative error ratio <= 1
+    and decision accuracy not lower)? Returns the lines and whether it holds on every table."""
+    lines, every = [], True
+    for key, row in summary.items():
+        g = goal_check(row)
+        if g is None:
+            continue
+        ok = g["rel_err_ratio"] <= 1.0 and g["acc_diff"] >= 0.0
+        every &= ok
+        if not ok:
+            why = []
+            if g["rel_err_ratio"] > 1.0:
+                why.append(f"relative error {g['rel_err_ratio']:.2f}x")
+            if g["acc_diff"] < 0:
+                why.append(f"accuracy {g['acc_diff']:+.3f}")
+            lines.append(f"- {key.replace('|', ', ')}: camel worse ({'; '.join(why)})")
+    return lines, every
+
+
 def markdown(summary: dict, tinfo: dict, laws, meta: dict) -> str:
     lines = [
         f"# Law robustness matrix ({meta['date']}, load {meta['load_before']:.1f} -> {meta['load_after']:.1f}, {meta['cpus']} cpus)",
@@ -179,6 +226,12 @@ def markdown(summary: dict, tinfo: dict, laws, meta: dict) -> str:
         gs = "" if g is None else f"{g['rel_err_ratio']:.2f}, {g['acc_diff']:+.3f}"
         mv = f"yes ({tinfo[t]['optimum_shift_l1']:.2f})" if tinfo[t]["optimum_moves"] else "no"
         lines.append(f"| {t} | {d} | {mv} | " + " | ".join(cells) + f" | {gs} |")
+    worse, every = goal_lines(summary)
+    lines += ["", "**In sample for camel**: its current form was chosen on these truths (the first form's results: "
+              "`robustness_camel_v1.json`). Out-of-sample results, truths written after the law forms were frozen: "
+              "`oos.md`.", "",
+              "CAMEL no worse than the best scale-independent law (relative error and decision accuracy) on every "
+              f"table: **{'yes' if every else 'no'}**."] + ([""] + worse if worse else [])
     lines += ["", "Refusals:", ""]
     seen = set()
     for row in summary.values():
@@ -198,7 +251,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--starts", type=int, default=STARTS)
     ap.add_argument("--fast", action="store_true", help=f"a small subset: truths {FAST['truths']}, design {FAST['designs']}, seed 0")
     ap.add_argument("--out", default="data_mixture/results/robustness")
+    ap.add_argument("--freeze", action="store_true", help=f"only write {FROZEN} (the law hashes, the time) and exit")
     args = ap.parse_args(argv)
+    if args.freeze:
+        got = freeze(Path(args.out))
+        print(json.dumps(got, indent=1))
+        return got
     laws = args.laws.split(",")
     truths, designs, seeds = args.truths.split(","), args.designs.split(","), [int(s) for s in args.seeds.split(",")]
     if args.fast:
@@ -223,7 +281,7 @@ def main(argv=None) -> dict:
         "load_before": load0, "load_after": os.getloadavg()[0], "seconds_this_run": round(time.perf_counter() - t0, 1),
         "cpu_seconds_this_run": round(time.process_time() - c0, 1), "cells_this_run": len(todo),
         "sizes": SIZES, "target": TARGET, "checkpoints": CHECKPOINTS, "runs_per_size": RUNS_PER_SIZE, "noise": NOISE,
-        "test_mixtures": TEST_MIXTURES, "starts": args.starts,
+        "test_mixtures": TEST_MIXTURES, "starts": args.starts, "law_hashes": law_hashes(),
     }
     if not todo and "meta" in result:  # nothing new was fitted: keep the date and load of the run that fitted the cells
         meta = result["meta"]

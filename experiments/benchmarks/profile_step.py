@@ -126,7 +126,7 @@ def part_fns(cfg) -> dict:
             ident = lambda x_md, *_, **__: x_md
             orig, dispatch_lib.grouped_ffn = dispatch_lib.grouped_ffn, ident
             try:
-                return dispatch_lib._dropless_dispatch(x_btd, routing.idx_btk, w_btk, *w, impl, ts)[0]
+                return dispatch_lib.dropless_dispatch(x_btd, routing.idx_btk, w_btk, *w, impl, ts)[0]
             finally:
                 dispatch_lib.grouped_ffn = orig
 
@@ -221,8 +221,8 @@ PART_OF_FUNCTION = (
     ("_hybrid", "experts: hybrid gathers and batched part"),
     ("grouped_ffn", "experts: SwiGLU activation"),
     ("grouped_matmul", "experts: grouped matmul"),
-    ("_dropless_dispatch", "dispatch: sort, gather, unsort, combine"),
-    ("_capacity_dispatch", "dispatch: capacity one-hot einsums"),
+    ("dropless_dispatch", "dispatch: sort, gather, unsort, combine"),
+    ("capacity_dispatch", "dispatch: capacity one-hot einsums"),
     ("_swiglu_gecd", "experts: capacity SwiGLU einsums"),
     ("Router", "router"),
     ("balanc", "balancing losses/state"),

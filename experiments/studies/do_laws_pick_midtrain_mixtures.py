@@ -58,8 +58,21 @@ DECISION_RULE = {
     "rule": ("mixture X beats mixture Y at the target when the mean of X's loss over the 3 seeds is lower and the "
              "95% t-interval of the paired difference X - Y (paired by train seed, 2 degrees of freedom) excludes "
              "zero; otherwise X and Y tie."),
-    "fixed": "written into this plan before any target run",
+    "fixed": ("written into this plan at commit b01916d (2026-12-03 11:30:55 UTC), after the target base and nine target "
+              "runs had started in the pilot (uniform, ladder_m1 and ladder_m2, 3 seeds each; pilot commit f849cec): "
+              "not pre-registered for those runs (report.md, 'Pre-registration')"),
 }
+# The process, as git and the sweep logs record it (report.md, "Pre-registration"); log clocks are UTC.
+STUDY_DAY = "2026-12-03"
+PILOT_COMMIT = {"commit": "f849cec", "time": "2026-12-03T10:42:22+00:00",
+                "what": "the pilot's s2 runs (its runs.csv) committed"}
+RULE_COMMIT = {"commit": "b01916d", "time": "2026-12-03T11:30:55+00:00", "what": "the decision rule committed (plan.json)"}
+PREDICTIONS_COMMIT = {"commit": "db6b09a", "time": "2026-12-03T13:08:19+00:00",
+                      "what": "the target plan with the laws' predictions committed (target_plan.json)"}
+PILOT_NAMES = {  # target runs copied from the pilot's s2 runs (identical losses): target name -> pilot name
+    "s2_base": "s2_base", "s2_uniform_s0": "s2_m0", "s2_uniform_s1": "s2_m0_s1", "s2_uniform_s2": "s2_m0_s2",
+    "s2_ladder_m1_s0": "s2_m1", "s2_ladder_m1_s1": "s2_m1_s1", "s2_ladder_m1_s2": "s2_m1_s2",
+    "s2_ladder_m2_s0": "s2_m2", "s2_ladder_m2_s1": "s2_m2_s1", "s2_ladder_m2_s2": "s2_m2_s2"}
 
 
 def ladder_plan() -> dict:
@@ -187,10 +200,10 @@ def _decision(pred_k: np.ndarray, obs_sk: list[list[float]], resamples: int) -> 
 
     obs_k = np.array([np.mean(v) for v in obs_sk])
     seeds_k = np.array([len(v) for v in obs_sk])
-    cells = np.concatenate([[k] * len(v) for k, v in enumerate(obs_sk)])
-    sd = dec.pooled_sd(np.concatenate(obs_sk), cells)["sd"]
+    sd_k = np.array([np.std(v, ddof=1) if len(v) >= 2 else np.nan for v in obs_sk])
+    sd = dec.robust_pooled_sd(sd_k, seeds_k - 1)["sd"]  # only for mixtures with one seed
     agree_kk = dec.agreement_matrix(pred_k, obs_k)
-    within_kk = dec.noise_pairs(obs_k, seeds_k, sd)
+    within_kk = dec.noise_pairs(obs_k, seeds_k, sd_k, fallback=sd)  # each pair by its own two mixtures' seed sd
     out = dec.split_accuracy(agree_kk, within_kk)
     acc_b = dec.resampled_accuracy(agree_kk, ~within_kk, dec.mixture_resamples(len(obs_k), resamples, seed=0))
     out["lo"], out["hi"] = dec.percentile_interval(acc_b)
@@ -275,6 +288,26 @@ def stage_rank(out: Path, root: Path, base: str) -> dict:
             path.write_text(json.dumps(result, indent=1, default=float))
     path.write_text(json.dumps(result, indent=1, default=float))
     return result
+
+
+def rescore_rank(out: Path) -> None:
+    """Re-scores ``mergemix/rank.json``'s decisions from its stored merge evaluations (``proxy``) and
+    the ladder's runs, with the current :func:`decision_scores` (noise per pair); no merge is rerun."""
+    from data_mixture.table import read_runs
+
+    path = out / "mergemix" / "rank.json"
+    if not path.exists():
+        return
+    result = json.loads(path.read_text())
+    table = read_runs(out / "runs.csv")
+    weights, values, _ = final_cells(table, ladder_size(LARGEST_PROXY))
+    names = sorted(weights)
+    for key, got in result["proxy"].items():
+        result["rank"][key]["decision"] = {
+            k: decision_scores(np.array([got[n][k] for n in names]), [values[n][k] for n in names])
+            for k in ["loss:mean"] + [f"loss:{d}" for d in DOMAINS]}
+    result["baselines"] = rank_baselines(table, weights, values)
+    path.write_text(json.dumps(result, indent=1, default=float))
 
 
 def baseline_predictions(table, weights: dict) -> dict[str, dict[str, list[float]]]:
@@ -435,7 +468,9 @@ def stage_target(out: Path, root: Path, parallel: int) -> None:
             "picks": chosen, "predicted": law_predictions(out, mixtures), "runs": runs,
             "notes": "Target runs of the mid-training study: each pick continued from the target's base, 3 seeds. "
                      "predicted: every law's mean target loss for each trained pick, from the fits on the whole "
-                     "ladder, written before the target runs."}
+                     "ladder; committed at db6b09a (2026-12-03 13:08:19 UTC), after the ten pilot target runs (the "
+                     "base included), the three best_at_proxy target runs and s2_camel_s0 had started (report.md, "
+                     "'Pre-registration')."}
     if not plan_path.exists() or json.loads(plan_path.read_text()) != json.loads(json.dumps(plan)):
         plan_path.write_text(json.dumps(plan, indent=1))
     sweep(plan_path, root / "target", parallel)
@@ -528,10 +563,97 @@ def report(out: Path) -> dict:
             fraction = choose_default(rank)[0]
             result["mergemix"]["gaps"] = {"fraction": fraction, "by": merge_gaps(out, rank, fraction)}
     result["costs"] = costs(out)
+    result["preregistration"] = preregistration(out)
+    result["limits"] = limits(result, cell)
+    result["limits"]["base_mean_loss"] = base_mean_loss(out)
     (out / "report.json").write_text(json.dumps(result, indent=1, default=float))
     (out / "report.md").write_text(report_md(result))
     plot_target(out, cell, summary)
     return result
+
+
+def first_starts(*logs: Path) -> dict[str, str]:
+    """{run: UTC time of its first ``NAME: start`` line} over sweep logs of the study day (earlier logs first)."""
+    import re
+
+    got: dict[str, str] = {}
+    for log in logs:
+        if log.exists():
+            for m in re.finditer(r"^(\d\d:\d\d:\d\d) sweep: (\S+): start", log.read_text(), re.M):
+                got.setdefault(m[2], f"{STUDY_DAY}T{m[1]}+00:00")
+    return got
+
+
+def preregistration(out: Path) -> dict:
+    """Which target runs started before the rule and before the predictions were committed, by name
+    (start times from the pilot's and the target sweep's logs; a target run copied from the pilot
+    takes its pilot run's start). The study had no registration file: the commits are the record."""
+    from data_mixture.register import parse_time
+
+    pilot = first_starts(out.parent / "midtrain_pilot" / "sweep.log", out.parent / "midtrain_pilot" / "sweep_s2.log")
+    target = first_starts(out / "sweep_target.log")
+    runs = sorted(json.loads((out / "target_plan.json").read_text())["runs"], key=lambda r: r["name"])
+    started = {}
+    for r in runs:
+        name = r["name"]
+        if name in PILOT_NAMES and PILOT_NAMES[name] in pilot:
+            started[name] = {"time": pilot[PILOT_NAMES[name]], "where": f"pilot run {PILOT_NAMES[name]}"}
+        elif name in target:
+            started[name] = {"time": target[name], "where": "target sweep"}
+    unknown = sorted(r["name"] for r in runs if r["name"] not in started)
+
+    def before(event):
+        t = parse_time(event["time"])
+        return sorted(n for n, s in started.items() if parse_time(s["time"]) < t)
+
+    got = {"rule": RULE_COMMIT, "predictions": PREDICTIONS_COMMIT, "pilot": PILOT_COMMIT, "started": started,
+           "before_rule": before(RULE_COMMIT), "before_predictions": before(PREDICTIONS_COMMIT), "start_unknown": unknown}
+    got["pre_registered"] = not (got["before_rule"] or got["before_predictions"] or unknown)
+    return got
+
+
+def base_mean_loss(out: Path) -> float:
+    """The target base's mean held-out loss at its final checkpoint (where every target run starts)."""
+    from data_mixture.table import read_runs
+
+    t = read_runs(out / "target_runs.csv")
+    rows = np.flatnonzero(t.run == f"{TARGET}_base")
+    return float(t.loss_rv[rows[np.argmax(t.tokens[rows])]].mean())
+
+
+FIVE = ("uniform", "best_at_proxy", "camel", "best_other_law", "mergemix_loss")  # the picks of methods (not ladder points)
+
+
+def limits(r: dict, cell: dict) -> dict:
+    """What the target comparison can and cannot say: ties (could have come out otherwise), the
+    smallest difference the 3-seed paired design detects (80% power, from each pair's seed sd of
+    differences), and how each law's predicted order of the five method picks agrees with the
+    observed (pairs right of 10; closeness to uniform beside them)."""
+    from data_mixture import decisions as dec
+    from data_mixture.baselines import uniform_score
+
+    ties = [k for k, v in r["comparisons"].items() if v["verdict"] == "tie"]
+    detect = {}
+    for k in r["comparisons"]:
+        a, b = k.split(" vs ")
+        seeds = sorted(set(cell[a]) & set(cell[b]))
+        if len(seeds) >= 2:
+            d_s = [cell[a][s]["loss:mean"] - cell[b][s]["loss:mean"] for s in seeds]
+            detect[k] = dec.detectable_difference(float(np.std(d_s, ddof=1)), len(seeds))
+    five = [n for n in FIVE if n in r["target"]]
+    obs = np.array([r["target"][n]["mean"] for n in five])
+    order = {}
+    weights = r["picks"]
+    rankers = {law: np.array([p[n] for n in five]) for law, p in r["predicted"].items()}
+    rankers["closeness to uniform"] = uniform_score(np.array([[weights[n]["weights"][d] for d in DOMAINS] for n in five]))
+    i, j = np.triu_indices(len(five), 1)
+    for name, pred in rankers.items():
+        right = int(np.sum(np.sign(pred[i] - pred[j]) == np.sign(obs[i] - obs[j])))
+        order[name] = {"pairs_right": right, "pairs": int(i.size), "order": [five[k] for k in np.argsort(pred)]}
+    close = [k for k in r["comparisons"] if all(x in five for x in k.split(" vs "))]
+    return {"ties": ties, "detectable": detect, "five": five, "observed_order": [five[k] for k in np.argsort(obs)],
+            "span_five": float(obs.max() - obs.min()), "law_order": order,
+            "five_ties": [k for k in close if r["comparisons"][k]["verdict"] == "tie"], "five_pairs": close}
 
 
 def run_seconds(*logs: Path) -> dict[str, float]:
@@ -587,7 +709,10 @@ def _acc(x: dict) -> str:
 
 
 def report_md(r: dict) -> str:
-    lines = ["# The mid-training mixture study", "", f"Decision rule (fixed in plan.json before any target run): "
+    prereg = r.get("preregistration")
+    status = ("pre-registered: the rule and the predictions were committed before every target run started" if prereg and
+              prereg["pre_registered"] else "**not pre-registered** for every target run; see 'Pre-registration'")
+    lines = ["# The mid-training mixture study", "", f"Decision rule (plan.json, {status}): "
              f"{r['decision_rule']['rule']}", "", "## Target runs", "",
              "| pick | why | weights (code, prose, math, knowledge) | mean loss (3 seeds) | sd |", "|---|---|---|---|---|"]
     for name, p in r["picks"].items():
@@ -607,7 +732,12 @@ def report_md(r: dict) -> str:
     for name, title in (("evaluate_ladder", "the largest proxy size held out"), ("evaluate_target", "the target held out")):
         if name in r:
             ev = r[name]
+            noisy = [c["run"].split("+")[0].rsplit("_s", 1)[0] for f in ev["noise_floor"].values()
+                     for c in f.get("per_cell", []) if c["noisy"]]
             lines += ["", f"## Decision accuracy, {title} ({name}/evaluation.md)", "", f"**{ev['verdict']}**", "",
+                      "A pair is within the noise when its difference is below 2 x sqrt(s_a^2/n_a + s_b^2/n_b), s each "
+                      "mixture's own seed sd (per pair, not one pooled figure); cells flagged noisy (variance above "
+                      f"the others' at the 99% F quantile): {', '.join(noisy) or 'none'}.", "",
                       "| method | decision accuracy on the mean loss [95%] | pairs within noise |", "|---|---|---|"]
             lines += [f"| {k} | {_acc(v)} | {v['pairs_within_noise']} |" for k, v in ev["decision"].items()]
     if "mergemix" in r:
@@ -645,6 +775,10 @@ def report_md(r: dict) -> str:
             c = m["chosen"]
             lines += ["", f"Chosen: expert budget {c['expert_share_of_base']:.0%} of the base's tokens, router "
                           f"{c['router']}."]
+    if prereg:
+        lines += _preregistration_md(prereg)
+    if "limits" in r:
+        lines += _limits_md(r)
     c = r["costs"]
 
     def row(what, x):
@@ -664,6 +798,72 @@ def report_md(r: dict) -> str:
                          f"(trained to 40% for the budget study, with every checkpoint evaluated) + search "
                          f"{f['search_s'] / 60:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _preregistration_md(p: dict) -> list[str]:
+    def when(e):
+        return f"{e['commit']} at {e['time'][11:19]} UTC"
+
+    lines = ["", "## Pre-registration", "",
+             ("The rule and the predictions were committed before every target run started." if p["pre_registered"] else
+              "**Not pre-registered.** The study wrote no registration file; git and the sweep logs are the record "
+              f"(start times from the pilot's and the target sweep's logs, {STUDY_DAY}, UTC). The rule was committed "
+              f"at {when(p['rule'])}; the laws' predictions (target_plan.json) at {when(p['predictions'])}."), ""]
+    if p["before_rule"]:
+        lines.append(f"- Started before the rule ({len(p['before_rule'])}): "
+                     + ", ".join(f"{n} ({p['started'][n]['time'][11:19]}, {p['started'][n]['where']})" for n in p["before_rule"])
+                     + f". All are the pilot's s2 runs: every loss of the other nine is identical to the pilot's "
+                       f"runs.csv committed at {when(p['pilot'])}, 48 minutes before the rule; s2_ladder_m2_s2 was cut "
+                       "short in the pilot and finished by the target sweep (attempt 2, resumed from step 184).")
+    later = [n for n in p["before_predictions"] if n not in p["before_rule"]]
+    if later:
+        lines.append(f"- Started after the rule but before the predictions were committed ({len(later)}): "
+                     + ", ".join(f"{n} ({p['started'][n]['time'][11:19]})" for n in later)
+                     + "; s2_best_at_proxy_s0 and _s1 had finished (12:57) before that commit.")
+    if p["start_unknown"]:
+        lines.append(f"- No start time in the logs: {', '.join(p['start_unknown'])}.")
+    lines += ["", "The comparisons that involve these runs were decided by a rule written after (or, for the pilot "
+                  "runs, while) their outcome could be seen. `data_mixture register` and `evaluate --registration` now "
+                  "check this; the table here predates them."]
+    return lines
+
+
+def _limits_md(r: dict) -> list[str]:
+    lm = r["limits"]
+    det = lm["detectable"]
+    five_det = [det[k] for k in lm["five_pairs"] if k in det]
+    lines = ["", "## Limits and conclusions", "",
+             f"- **Could have come out otherwise.** {len(lm['ties'])} of {len(r['comparisons'])} comparisons are ties by "
+             f"the rule (interval across 0): their order is not established. Among the five methods' picks "
+             f"({', '.join(lm['five'])}) all {len(lm['five_ties'])} of {len(lm['five_pairs'])} pairs are ties: they "
+             f"span {lm['span_five']:.4f} nats, and the design cannot tell them apart.",
+             f"- **Smallest detectable effect.** With 3 seeds, paired, 95% two-sided and 80% power, a pair is detected "
+             f"reliably only when the true difference exceeds (t_0.975,2 + t_0.8,2) sd_d / sqrt 3, sd_d the sd of that "
+             f"pair's per-seed differences: {min(det.values()):.4f}-{max(det.values()):.4f} nats over all pairs, "
+             + (f"{min(five_det):.4f}-{max(five_det):.4f} among the five picks" if five_det else "")
+             + f" (median {float(np.median(list(det.values()))):.4f}). The five picks' span, {lm['span_five']:.4f}, "
+               "is below that.",
+             f"- **Predicted order vs observed.** Observed order of the five picks (best first): "
+             f"{', '.join(lm['observed_order'])}."]
+    for name, o in lm["law_order"].items():
+        lines.append(f"  - {name}: {o['pairs_right']} of {o['pairs']} pairs in the observed order (predicted best "
+                     f"first: {', '.join(o['order'])})")
+    camel = lm["law_order"].get("camel")
+    reverse = [n for n, o in lm["law_order"].items() if o["order"] == lm["observed_order"][::-1]]
+    if reverse:
+        lines.append(f"- {', '.join(reverse)}: the predicted order is the exact reverse of the observed one.")
+    if camel and lm["observed_order"][-1] == "camel":
+        lines.append(f"- CAMEL's pick is numerically the worst of the five (mean {r['target']['camel']['mean']:.4f}); "
+                     f"CAMEL orders {camel['pairs_right']} of {camel['pairs']} pairs of the five as observed. None of "
+                     "these pairs is decided, so this is an observation about the point estimates, not a result.")
+    gain = lm.get("base_mean_loss", float("nan")) - r["target"]["uniform"]["mean"]
+    lines += [f"- **What the answer means.** The objective (the equal-weighted loss of the four training domains) makes "
+              f"the uniform mixture close to optimal by construction, and the whole mid-training phase (uniform) lowers "
+              f"the mean loss by {gain:.4f} nats from the target base's {lm.get('base_mean_loss', float('nan')):.4f}: the "
+              "study cannot show that any law picks better than uniform, nor that one cannot. A decision that matters "
+              "needs a target that is not the training mix, sources of unequal size, and a pre-registration checked by "
+              "the tools."]
+    return lines
 
 
 def plot_target(out: Path, cell: dict, summary: dict) -> None:
@@ -696,6 +896,7 @@ def stage_report(out: Path) -> None:
             dm("evaluate", "--runs", *map(str, runs), "--laws", ",".join(LAWS), "--size-column", SIZE_COLUMN, "--out-dir",
                str(out / "evaluate_target"), "--force")
             stamp.write_text(digest + "\n")
+        rescore_rank(out)
         print(report_md(report(out)))
 
 

@@ -128,7 +128,7 @@ def main(argv) -> None:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
     cfg = _CONFIG.value
-    from moejax.config import ConfigError
+    from moejax.errors import ConfigError
 
     try:
         report = compile_report(cfg)

@@ -9,7 +9,7 @@ Modules, in the order data flows through them:
 - ``corpus``: ``DOMAINS``, ``build_corpus`` (split + manifest of content hashes) and
   ``load_tokenized_corpus`` (atomic on-disk ``.npy`` cache); ``export``: the built-in corpus as
   text files. The built-in benchmarks derived from it are evaluation tasks:
-  :mod:`moejax.eval.benchmarks` (``benchmarks`` and ``benchmarks_v2`` here only re-export it).
+  :mod:`moejax.eval.benchmarks`.
 - ``sources`` (which files a ``DOMAIN=PATH`` names, and their documents), ``layout`` (where a
   prepared dataset keeps its files) and ``prepare`` (``python -m moejax.data.prepare``).
 - ``dataset``: ``open_dataset(path)``, one view of the built-in corpus or a prepared dataset.
@@ -18,7 +18,7 @@ Modules, in the order data flows through them:
   domains, staged, resumable, per-process rows) and ``make_eval_batches``.
 - ``from_config``: ``make_data(cfg)``, what the training loop calls.
 
-Every bad input raises ``errors.DataError`` (a ``ConfigError``) naming the source and the fix.
+Every bad input raises :class:`moejax.errors.DataError` (a ``ConfigError``) naming the source and the fix.
 """
 
 import importlib
@@ -33,7 +33,6 @@ _EXPORTS = {
     "TokenDataset": "dataset",
     "describe_dataset": "dataset",
     "open_dataset": "dataset",
-    "DataError": "errors",
     "TrainData": "from_config",
     "check_data_config": "from_config",
     "make_data": "from_config",

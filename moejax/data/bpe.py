@@ -61,8 +61,8 @@ class BPETokenizer(HFTokenizer):
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-    """Train a byte-level BPE of at most ``vocab_size`` tokens on ``texts`` (a few seconds per
-    10 MB on 2 cores). A small corpus may stop short of ``vocab_size``: no merge is left."""
+    """Train a byte-level BPE of at most ``vocab_size`` tokens on ``texts`` (its speed: docs/data.md,
+    "Throughput"). A small corpus may stop short of ``vocab_size``: no merge is left."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise DataError(f"BPE vocab size must be an int >= {MIN_VOCAB_SIZE} (256 bytes, "
                         f"{len(SPECIAL_TOKENS)} special tokens and one merge), got {vocab_size!r}.")

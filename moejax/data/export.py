@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from moejax import paths
 from moejax.data.corpus import DOMAINS, build_domain
-from moejax.errors import ConfigError
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 
 FORMATS = ("txt", "jsonl")
 
@@ -48,7 +47,7 @@ def export_corpus(out_dir: str | os.PathLike[str], *, fmt: str = "txt", split: s
     return counts
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moejax.data.export", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--format", choices=FORMATS, default="txt")
@@ -57,19 +56,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true", help="replace an existing non-empty --out (as a whole)")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    setup_logging(args.verbosity)
     out = paths.user_path(args.out)
-    try:
+
+    def export() -> None:
         paths.check_new_output(out, "--out", force=args.force)
         with paths.replace_dir(out) as tmp:  # complete, or not there: never a partial corpus
             counts = export_corpus(tmp, fmt=args.format, split=args.split, seed=args.seed)
-    except ConfigError as e:
-        sys.stderr.write(f"moejax.data.export: error: {e}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"moejax.data.export: interrupted; nothing was written to {out}. Rerun the command.\n")
-        sys.exit(130)
-    print(f"{out}: " + ", ".join(f"{d} {n:,} documents" for d, n in counts.items()))
+        print(f"{out}: " + ", ".join(f"{d} {n:,} documents" for d, n in counts.items()))
+
+    return run(export, prog="moejax.data.export", verbosity=args.verbosity,
+               interrupted=f"interrupted; nothing was written to {out}. Rerun the command.")
 
 
 if __name__ == "__main__":

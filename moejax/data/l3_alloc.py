@@ -1,9 +1,9 @@
 """Rows per token for a Large Lookup Layer (L3): offsets from an LZW parse of a corpus sample.
 
 An L3 layer gives token id ``t`` the rows ``[offsets[t], offsets[t + 1])`` of its key and value
-tables. The format (``offsets_v1``), its checks, the allocation file and the uniform allocation
-are the model's (:mod:`moejax.model.l3_allocation`, re-exported here); this module computes an
-allocation from data and is its command line.
+tables. Everything about an allocation (the format ``offsets_v1``, its checks and file, the LZW
+and uniform allocations, the offsets a model holds) is in :mod:`moejax.model.l3_allocation`; this
+module samples a dataset's training split for it and is its command line.
 
 Two allocations:
 
@@ -37,12 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from moejax import paths
-from moejax.errors import ConfigError, DataError
-from moejax.model.l3_allocation import (  # the format; re-exported for this module's users
-    FORMAT, Allocation, check_allocation, check_budget, check_int, load_allocation, offsets_sha256,
-    rows_to_offsets, save_allocation, uniform_allocation,
+from moejax.errors import DataError
+from moejax.model.l3_allocation import (
+    FORMAT, Allocation, check_allocation, check_budget, load_allocation, lzw_allocation, lzw_codewords,
+    offsets_sha256, save_allocation, uniform_allocation,
 )
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 
 METHODS: Final = ("lzw", "uniform")
 DEFAULT_SAMPLE_TOKENS: Final = 1_000_000
@@ -55,106 +56,6 @@ __all__ = [
     "offsets_sha256", "rows_histogram", "sample_train_tokens", "save_allocation", "summary_lines",
     "uniform_allocation",
 ]
-
-
-# --- allocations -------------------------------------------------------------------------------
-
-
-def lzw_codewords(tokens: npt.ArrayLike, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """LZW-parse ``tokens``; returns ``(emit_counts, last_tokens)``, both indexed by code.
-
-    The dictionary starts with the ``vocab_size`` single tokens (codes ``0..V-1``). At each
-    step the parse takes the longest codeword ``w`` matching at the current position, emits it
-    (``emit_counts[w] += 1``), adds ``w`` followed by the next token as a new codeword (code
-    ``V, V+1, ...`` in order of creation), and continues at that next token. The dictionary is
-    not bounded (at most one new codeword per token). ``last_tokens[c]`` is the last token of
-    codeword ``c``. O(len(tokens)): one dict lookup keyed by ``(prefix code, token)`` per token.
-    """
-    array = np.asarray(tokens)
-    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-        raise DataError(f"tokens must be a 1-D integer array, got {array.dtype}{list(array.shape)}.")
-    check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
-    if array.size and (array.min() < 0 or array.max() >= vocab_size):
-        bad = int(array.min()) if array.min() < 0 else int(array.max())
-        raise DataError(
-            f"the token sample holds id {bad}, outside the vocabulary [0, {vocab_size}). Pass the "
-            f"vocabulary the tokens come from: --vocab-size >= {int(array.max()) + 1}."
-        )
-    counts = [0] * vocab_size
-    last = list(range(vocab_size))
-    if array.size:
-        stream = array.tolist()
-        codes: dict[tuple[int, int], int] = {}
-        get = codes.get
-        w = stream[0]
-        for c in stream[1:]:
-            code = get((w, c))
-            if code is None:
-                counts[w] += 1
-                codes[(w, c)] = len(counts)
-                counts.append(0)
-                last.append(c)
-                w = c
-            else:
-                w = code
-        counts[w] += 1
-    return np.asarray(counts, dtype=np.int64), np.asarray(last, dtype=np.int64)
-
-
-def lzw_allocation(
-    tokens: npt.ArrayLike, vocab_size: int, budget: int, max_rows: int
-) -> npt.NDArray[np.int64]:
-    """Offsets (``offsets_v1``) from an LZW parse of ``tokens`` (the L3 paper's Algorithm 1).
-
-    1. Parse ``tokens`` with LZW (``lzw_codewords``) and count how often each codeword is
-       emitted.
-    2. Rank the emitted codewords by that count, most frequent first; ties go to the codeword
-       created first (lower code; single tokens, in id order, come before longer codewords).
-       Codewords added to the dictionary but never emitted are not ranked.
-    3. Every token starts with 1 row. Going down the ranking, each codeword gives one row to
-       its last token, skipping tokens already at ``max_rows``, until ``budget`` rows are given.
-    4. If the ranking ends with rows left, go down it again (each pass gives at most one row
-       per codeword); once no ranked codeword's last token has room, the rest goes round-robin,
-       one row per pass, to the tokens below the cap in id order (tokens never seen last).
-
-    Deterministic: the same tokens give the same offsets. Raises ``DataError`` for a budget
-    that cannot be spent (see ``check_budget``) or ids outside ``[0, vocab_size)``.
-    """
-    check_budget(vocab_size, budget, max_rows)
-    counts, last = lzw_codewords(tokens, vocab_size)
-    emitted = np.flatnonzero(counts)
-    ranked = emitted[np.argsort(-counts[emitted], kind="stable")]
-    rows = np.ones(vocab_size, dtype=np.int64)
-    remaining = budget - vocab_size
-    remaining = _grant_passes(rows, last[ranked], remaining, max_rows)
-    remaining = _grant_passes(rows, np.arange(vocab_size), remaining, max_rows)
-    assert remaining == 0, remaining  # check_budget guarantees room for every row.
-    return rows_to_offsets(rows)
-
-
-def _grant_passes(rows: np.ndarray, order: np.ndarray, remaining: int, max_rows: int) -> int:
-    """Walk ``order`` (token ids) in passes, one row per entry to tokens below ``max_rows``,
-    until ``remaining`` rows are given or no entry has room; updates ``rows``, returns the rest.
-
-    A pass is vectorised but equals the sequential walk: the j-th entry of token t within the
-    pass gets a row iff ``j < max_rows - rows[t]``, and the budget takes the first grants.
-    """
-    if not order.size:
-        return remaining
-    by_token = np.argsort(order, kind="stable")
-    sorted_tokens = order[by_token]
-    group_start = np.searchsorted(sorted_tokens, sorted_tokens, side="left")
-    occurrence = np.empty_like(order)
-    occurrence[by_token] = np.arange(order.size) - group_start
-    while remaining > 0:
-        grant = occurrence < (max_rows - rows)[order]
-        given = np.cumsum(grant)
-        if not given.size or given[-1] == 0:
-            break
-        grant &= given <= remaining
-        rows += np.bincount(order[grant], minlength=rows.shape[0])
-        remaining -= int(min(given[-1], remaining))
-    return remaining
 
 
 # --- where the command line saves --------------------------------------------------------------
@@ -285,17 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    setup_logging(args.verbosity)
     args.data_path = paths.user_path(args.data_path)
     args.out = paths.user_path(args.out) if args.out else None
-    try:
-        return _run(args)
-    except ConfigError as e:  # DataError, or an output that cannot be written
-        sys.stderr.write(f"moejax: error: {e}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("moejax: interrupted; no allocation file was written. Rerun the command.\n")
-        return 130
+    return run(lambda: _run(args), prog="moejax", verbosity=args.verbosity,
+               interrupted="interrupted; no allocation file was written. Rerun the command.")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -54,8 +54,9 @@ from moejax.data.dataset import PROGRESS_FILE, HeldoutWarning, combined_hash, sm
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
-from moejax.errors import ConfigError, DataError, user_stacklevel
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.errors import DataError, user_stacklevel
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 
 if TYPE_CHECKING:
     from moejax.data.hf_tokenizer import HFTokenizer
@@ -670,30 +671,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="only check every file of --out against its manifest checksums")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    setup_logging(args.verbosity)
     out = paths.user_path(args.out)
-    try:
-        if args.verify:
-            from moejax.data.dataset import verify_dataset
+    return run(lambda: _prepare(args, out), prog="prepare", verbosity=args.verbosity,
+               interrupted=f"interrupted; the shards finished so far are kept in {out}. Rerun the same "
+                           "command to resume (finished shards are skipped).")
 
-            checked = verify_dataset(out)
-            print(f"{out}: {checked} files match their checksums")
-            return 0
-        tokenizer = args.tokenizer if args.tokenizer in ("byte", "bpe") else paths.user_path(args.tokenizer)
-        special_tokens = {"bos": args.bos_token, "eos": args.eos_token, "pad": args.pad_token}
-        summary = prepare_dataset(
-            [_user_source(s) for s in args.source], out, tokenizer=tokenizer, special_tokens=special_tokens,
-            vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
-            heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
-            workers=args.workers, seq_len=args.seq_len,
-        )
-    except ConfigError as e:  # DataError, or an --out that cannot be a directory
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"prepare: interrupted; the shards finished so far are kept in {out}. Rerun the same "
-              "command to resume (finished shards are skipped).", file=sys.stderr)
-        return 130
+
+def _prepare(args: argparse.Namespace, out: str) -> None:
+    """``prepare``'s work: verify, or tokenize the sources, and print the summary."""
+    if args.verify:
+        from moejax.data.dataset import verify_dataset
+
+        checked = verify_dataset(out)
+        print(f"{out}: {checked} files match their checksums")
+        return
+    tokenizer = args.tokenizer if args.tokenizer in ("byte", "bpe") else paths.user_path(args.tokenizer)
+    special_tokens = {"bos": args.bos_token, "eos": args.eos_token, "pad": args.pad_token}
+    summary = prepare_dataset(
+        [_user_source(s) for s in args.source], out, tokenizer=tokenizer, special_tokens=special_tokens,
+        vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
+        heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
+        workers=args.workers, seq_len=args.seq_len,
+    )
     for domain, splits in summary["domains"].items():
         print(f"{domain:>12}: " + ", ".join(
             f"{split} {s['documents']:,} docs / {s['tokens']:,} tokens" for split, s in splits.items()))

@@ -14,21 +14,18 @@ import dataclasses
 import json
 import logging
 import os
-import sys
-
-from absl import logging as absl_logging
 
 from moejax import paths
-from moejax.config import BENCHMARK_VERSIONS, ConfigError
-from moejax.data.errors import DataError
+from moejax.config import BENCHMARK_VERSIONS
+from moejax.errors import ConfigError
 from moejax.eval.evaluate import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_ITEMS, DEFAULT_MAX_NEW_TOKENS, Settings, Evaluator, make_settings,
 )
 from moejax.eval.plots import plot_curves
 from moejax.eval.report import format_result
 from moejax.eval.restore import open_run
-from moejax.eval.tasks import TaskFileError
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 from moejax.train.precompile import use_persistent_cache
 
 log = logging.getLogger(__name__)
@@ -71,21 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    setup_logging(args.verbosity)
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax notes on the items a params-only read skips
     use_persistent_cache()  # evaluating again (or the next checkpoint of the shape) skips the compiles
-    try:
-        _evaluate(args)
-    except (ConfigError, DataError, TaskFileError) as e:
-        sys.stderr.write(f"moejax.eval: error: {e}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"moejax.eval: interrupted; the results already written are in "
-                         f"{os.path.join(args.workdir, 'eval')}. Rerun the command (with --all, finished "
-                         "checkpoints are reused).\n")
-        sys.exit(130)
+    return run(lambda: _evaluate(args), prog="moejax.eval", verbosity=args.verbosity, quiet_absl=True,
+               interrupted=f"interrupted; the results already written are in {os.path.join(args.workdir, 'eval')}. "
+                           "Rerun the command (with --all, finished checkpoints are reused).")
 
 
 def _evaluate(args: argparse.Namespace) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from moejax.config import BENCHMARK_VERSIONS, ConfigError
+from moejax.config import BENCHMARK_VERSIONS
+from moejax.errors import ConfigError
 from moejax.data.pipeline import make_eval_batches
 from moejax.eval import harness, losses, routing
 from moejax.eval.benchmarks import task_names

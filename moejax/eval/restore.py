@@ -23,7 +23,8 @@ from etils import epath
 
 from moejax import config as config_lib
 from moejax import sharding
-from moejax.config import ConfigError, ConfigDict
+from moejax.config import ConfigDict
+from moejax.errors import ConfigError
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from moejax.data.dataset import BUILTIN_CORPUS_SEED
+from moejax.errors import UserError
 from moejax.eval.benchmarks import VERSIONS, load_benchmarks, task_names
 
 MULTIPLE_CHOICE, EXACT_MATCH = "multiple_choice", "exact_match"
 FIELDS = {MULTIPLE_CHOICE: ("context", "choices", "gold"), EXACT_MATCH: ("prompt", "answer")}
 
 
-class TaskFileError(ValueError):
+class TaskFileError(UserError):
     """A benchmark file that is not valid JSONL in one of the two item formats."""
 
 

@@ -66,7 +66,7 @@ def _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd):
     return y_ecd.reshape(e, g, c, d).transpose(1, 0, 2, 3)
 
 
-def _capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor):
+def capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor):
     g, t, k = idx_gtk.shape
     e = w_gate_edf.shape[0]
     c = expert_capacity(t, e, k, capacity_factor)
@@ -97,7 +97,7 @@ def _capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, 
     return y_gtd, stats
 
 
-def _dropless_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, impl, tile_size):
+def dropless_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, impl, tile_size):
     g, t, k = idx_gtk.shape
     e = w_gate_edf.shape[0]
     d = x_gtd.shape[-1]
@@ -192,7 +192,7 @@ def dispatch(
     _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
 
     if cfg.backend == "capacity":
-        y_gtd, stats = _capacity_dispatch(
+        y_gtd, stats = capacity_dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, cfg.capacity_factor
         )
     elif cfg.backend == "expert_parallel" and splits_experts(x_gtd.shape[0]):
@@ -203,7 +203,7 @@ def dispatch(
             spill_capacity_factor=cfg.ep_spill_capacity_factor,
         )
     else:  # dropless, or expert_parallel with no expert axis to spread the experts over
-        y_gtd, stats = _dropless_dispatch(
+        y_gtd, stats = dropless_dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, cfg.impl, cfg.tile_size
         )
     return y_gtd.astype(x_gtd.dtype), stats

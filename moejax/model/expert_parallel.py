@@ -284,8 +284,8 @@ def _ring_spill_weights(local_weights, slot_expert_ps, me, expert_axes):
     experts) plus the S slots, whatever P and S; traffic is (P - 1) * e experts per device. Autodiff
     transposes the ring: the helpers' weight gradients travel back the other way and add into the
     owners' gradients. (A single ``all_to_all`` of a [P, S, ...] send buffer, the owners' copies for
-    every slot, is simpler and moves P * S experts, but holds them all at once: 123 MiB against 91
-    MiB of temp memory per device in the LLEP benchmark's setting.)
+    every slot, is simpler and moves P * S experts, but holds them all at once; the two are compared
+    in docs/expert_parallel.md, "Memory formula".)
     """
     e = local_weights[0].shape[0]
     p = slot_expert_ps.shape[0]

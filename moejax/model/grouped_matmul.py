@@ -7,8 +7,8 @@ own expert's weight matrix. Rows past ``sum(group_sizes_e)`` belong to no expert
 Three implementations, chosen by ``impl``:
 
 - ``"ragged"``: ``jax.lax.ragged_dot``. XLA lowers it to a grouped kernel on GPU and TPU, but on
-  CPU it computes every expert densely over all rows (measured: many times slower than a batched
-  per-expert einsum at 64 experts; experiments/benchmarks/LOG.md, section 3 (c)).
+  CPU it computes every expert densely over all rows (against a batched per-expert einsum:
+  experiments/benchmarks/LOG.md, section 3 (c)).
 - ``"tiled"``: for CPU. Each expert's rows (contiguous, since they are sorted) are cut into tiles
   of ``tile_size`` rows, and a ``fori_loop`` over the tiles in use multiplies each tile, sliced
   from ``x_md`` in place, by its expert's weight matrix (:func:`row_tile_loop`). Its work is that
@@ -34,15 +34,13 @@ the static bound is computed. The loop slices one expert's weights per tile (the
 and runs only the tiles in use, forward and backward (a hand-written VJP that recomputes each
 tile's forward), so a loop with few tiles in use costs almost nothing: the hybrid's overflow is
 usually a few tiles or none out of a static bound of ``m - c`` rows. Reverse mode only
-(``jax.grad``/``jax.vjp``), which is what training needs. On the whole train step this loop made
-both the hybrid (most of all at the PyTorch peer's architecture after some training, when more
-rows overflow) and ``"tiled"`` faster than the earlier block-padded tiles, whose gathers and
-activations spanned the whole static bound (A/B in one process; experiments/benchmarks/LOG.md,
-section 2, change 5).
+(``jax.grad``/``jax.vjp``), which is what training needs. It replaced block-padded tiles, whose
+gathers and activations spanned the whole static bound (the A/B of the whole train step:
+experiments/benchmarks/LOG.md, section 2, change 5).
 
 Tile size trades the last, partly filled tile of each expert (its masked rows are still
-multiplied) against per-tile loop overhead; 64 measured best at the peer's shapes (both 32 and
-128 were slower; LOG.md, change 5) and is the default.
+multiplied) against per-tile loop overhead; the default, 64, is the best of the sizes compared
+in LOG.md, change 5.
 
 Dimension letters: m sorted rows, e experts, d input dim, f output dim, n tiles, t rows per tile,
 c rows per expert of the hybrid's batched part.
@@ -57,10 +55,9 @@ from jax import lax
 from moejax.schema import IMPLS  # declared with the dispatch config
 
 # "auto" on CPU: "hybrid" when an even share of rows per expert is at least this many, else
-# "tiled". At 128 rows per expert (64 experts top-4, one MoE layer fwd+bwd) "tiled" is faster: the
-# batched part's gathers cost more than its larger matmuls save; at 512 (the peer architecture) and
-# 1024 (the tiny config) the hybrid's whole step is faster (experiments/benchmarks/LOG.md, section 3,
-# "Latest (2026-12-02, after the tile loop ...)").
+# "tiled": with few rows per expert the batched part's gathers cost more than its larger matmuls
+# save (the shares compared: experiments/benchmarks/LOG.md, section 3, "Latest (2026-12-02, after
+# the tile loop ...)").
 HYBRID_MIN_SHARE = 256
 DEFAULT_TILE_SIZE = 64
 
@@ -112,8 +109,7 @@ def _vary_alike(*arrays: jax.Array) -> tuple[jax.Array, ...]:
 
 def hybrid_capacity(num_rows: int, num_experts: int) -> int:
     """Rows per expert in the batched part of ``"hybrid"``: an even share m / e rounded up to a
-    multiple of 8 (1.25x the share was slower on the tiny step, the same on the peer's; LOG.md,
-    section 2, change 5)."""
+    multiple of 8 (a larger share compared in LOG.md, section 2, change 5)."""
     return min(-(-num_rows // (8 * num_experts)) * 8, num_rows)
 
 

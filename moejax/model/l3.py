@@ -2,7 +2,8 @@
 rows of a large key/value table.
 
 Token id t owns rows ``[b_t, b_{t+1})`` of a key table K [r, q] and a value table V [r, w] (tied:
-V = K). ``b`` is the allocation ``offsets_v1`` [V + 1] (:mod:`moejax.model.l3_allocation`): every token
+V = K). ``b`` is the allocation ``offsets_v1`` [V + 1] (:mod:`moejax.model.l3_allocation`, where
+everything about allocations lives): every token
 owns at least one row and at most k (``model.l3.max_rows``), r (``model.l3.budget``) in all. With x
 [d] the layer input at a position holding token t, and n_t = b_{t+1} - b_t its row count:
 
@@ -48,58 +49,9 @@ from jax.experimental.compute_on import compute_on
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from moejax.errors import ConfigError, fail_config_key
-from moejax.model.l3_allocation import check_allocation, load_allocation, offsets_sha256, uniform_allocation
+from moejax.model.l3_allocation import RowOffsets, allocation_from_config
 from moejax.model.layers import RMSNorm, param
 from moejax.sharding import constrain
-
-
-class RowOffsets:
-    """An allocation ``offsets_v1`` as a static value: the module holds it in its graph, not among
-    its parameters, so the optimizer and checkpointed parameters never see it.
-
-    Equal and hashed by ``sha256``, the SHA-256 of the offsets as little-endian int64 bytes (the
-    allocation's identity, recorded with the run; the same digest an allocation file records).
-    ``method`` says how it was made ("uniform", "lzw").
-    """
-
-    def __init__(self, offsets_v1, method: str):
-        offsets_v1 = np.array(offsets_v1, dtype=np.int64)
-        offsets_v1.setflags(write=False)
-        self.offsets_v1 = offsets_v1
-        self.method = method
-        self.sha256 = offsets_sha256(offsets_v1)
-
-    @property
-    def budget(self) -> int:
-        return int(self.offsets_v1[-1])
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.offsets_v1) - 1
-
-    def meta(self) -> dict[str, str]:
-        """What a checkpoint records about the allocation."""
-        return {"sha256": self.sha256, "method": self.method}
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, RowOffsets) and other.sha256 == self.sha256
-
-    def __hash__(self) -> int:
-        return hash(self.sha256)
-
-    def __repr__(self) -> str:
-        return f"RowOffsets(vocab={self.vocab_size}, rows={self.budget}, {self.method}, sha256={self.sha256[:12]})"
-
-
-def allocation_from_config(model_cfg) -> RowOffsets:
-    """The configured allocation: uniform from ``budget`` and ``max_rows``, or the file at
-    ``model.l3.allocation``, checked against the vocabulary, budget and max_rows (``DataError``)."""
-    l3, vocab = model_cfg.l3, model_cfg.vocab_size
-    if not l3.allocation:
-        return RowOffsets(uniform_allocation(vocab, l3.budget, l3.max_rows), "uniform")
-    allocation = load_allocation(l3.allocation, vocab)
-    check_allocation(allocation.offsets, vocab, l3.budget, l3.max_rows)
-    return RowOffsets(allocation.offsets, allocation.method)
 
 
 def check_config(model_cfg, mesh: dict[str, int]) -> None:

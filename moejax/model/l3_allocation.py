@@ -5,19 +5,22 @@ of its key and value tables. ``offsets`` (format ``offsets_v1``) is an int64 arr
 ``[V + 1]`` with ``offsets[0] == 0``, ``offsets[-1] == v`` (the row budget) and every token's row
 count ``offsets[t + 1] - offsets[t]`` in ``[1, k]`` (``k``, the cap, is ``max_rows``).
 
-This module is the format and what the model needs of it: the checks (``check_budget``,
+This module is everything about an allocation: the checks (``check_budget``,
 ``check_allocation``), the uniform allocation (rows spread as evenly as possible; the model's
-default), the offsets' identity (``offsets_sha256``), and the allocation file
-(``save_allocation`` / ``load_allocation``: JSON beside the tokenizer it was computed for,
-``format: moejax-l3-allocation-v1``, with a sha256 of the offsets). Computing an allocation from
-data (the LZW parse of a corpus sample) and its command line, ``python -m moejax.data.l3_alloc``,
-are in :mod:`moejax.data.l3_alloc`, which builds on this module. Every error is a
-:class:`~moejax.errors.DataError` saying how to fix it.
+default) and the LZW allocation (the L3 paper's, from a token sample), the offsets' identity
+(``offsets_sha256``), the allocation file (``save_allocation`` / ``load_allocation``: JSON beside
+the tokenizer it was computed for, ``format: moejax-l3-allocation-v1``, with a sha256 of the
+offsets), and the offsets a model holds (:class:`RowOffsets`, from the config by
+:func:`allocation_from_config`, which reads the file once per run). Sampling a dataset for the
+LZW parse, and the command line ``python -m moejax.data.l3_alloc`` (``moejax l3-alloc``), are in
+:mod:`moejax.data.l3_alloc`. Every error is a :class:`~moejax.errors.DataError` saying how to
+fix it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -265,3 +268,171 @@ def load_allocation(path: str | os.PathLike[str], vocab_size: int | None = None)
     return Allocation(offsets=offsets, budget=recorded["budget"], max_rows=recorded["max_rows"],
                       method=str(record["method"]), tokenizer=str(record["tokenizer"]),
                       sha256=str(record["sha256"]), sample_tokens=recorded["sample_tokens"])
+
+
+# --- the LZW allocation (the L3 paper's) --------------------------------------------------------
+
+
+def lzw_codewords(tokens: npt.ArrayLike, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """LZW-parse ``tokens``; returns ``(emit_counts, last_tokens)``, both indexed by code.
+
+    The dictionary starts with the ``vocab_size`` single tokens (codes ``0..V-1``). At each
+    step the parse takes the longest codeword ``w`` matching at the current position, emits it
+    (``emit_counts[w] += 1``), adds ``w`` followed by the next token as a new codeword (code
+    ``V, V+1, ...`` in order of creation), and continues at that next token. The dictionary is
+    not bounded (at most one new codeword per token). ``last_tokens[c]`` is the last token of
+    codeword ``c``. O(len(tokens)): one dict lookup keyed by ``(prefix code, token)`` per token.
+    """
+    array = np.asarray(tokens)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise DataError(f"tokens must be a 1-D integer array, got {array.dtype}{list(array.shape)}.")
+    check_int("vocab_size", vocab_size, 1, "the number of token ids (the model's vocabulary)")
+    if array.size and (array.min() < 0 or array.max() >= vocab_size):
+        bad = int(array.min()) if array.min() < 0 else int(array.max())
+        raise DataError(
+            f"the token sample holds id {bad}, outside the vocabulary [0, {vocab_size}). Pass the "
+            f"vocabulary the tokens come from: --vocab-size >= {int(array.max()) + 1}."
+        )
+    counts = [0] * vocab_size
+    last = list(range(vocab_size))
+    if array.size:
+        stream = array.tolist()
+        codes: dict[tuple[int, int], int] = {}
+        get = codes.get
+        w = stream[0]
+        for c in stream[1:]:
+            code = get((w, c))
+            if code is None:
+                counts[w] += 1
+                codes[(w, c)] = len(counts)
+                counts.append(0)
+                last.append(c)
+                w = c
+            else:
+                w = code
+        counts[w] += 1
+    return np.asarray(counts, dtype=np.int64), np.asarray(last, dtype=np.int64)
+
+
+def lzw_allocation(
+    tokens: npt.ArrayLike, vocab_size: int, budget: int, max_rows: int
+) -> npt.NDArray[np.int64]:
+    """Offsets (``offsets_v1``) from an LZW parse of ``tokens`` (the L3 paper's Algorithm 1).
+
+    1. Parse ``tokens`` with LZW (``lzw_codewords``) and count how often each codeword is
+       emitted.
+    2. Rank the emitted codewords by that count, most frequent first; ties go to the codeword
+       created first (lower code; single tokens, in id order, come before longer codewords).
+       Codewords added to the dictionary but never emitted are not ranked.
+    3. Every token starts with 1 row. Going down the ranking, each codeword gives one row to
+       its last token, skipping tokens already at ``max_rows``, until ``budget`` rows are given.
+    4. If the ranking ends with rows left, go down it again (each pass gives at most one row
+       per codeword); once no ranked codeword's last token has room, the rest goes round-robin,
+       one row per pass, to the tokens below the cap in id order (tokens never seen last).
+
+    Deterministic: the same tokens give the same offsets. Raises ``DataError`` for a budget
+    that cannot be spent (see ``check_budget``) or ids outside ``[0, vocab_size)``.
+    """
+    check_budget(vocab_size, budget, max_rows)
+    counts, last = lzw_codewords(tokens, vocab_size)
+    emitted = np.flatnonzero(counts)
+    ranked = emitted[np.argsort(-counts[emitted], kind="stable")]
+    rows = np.ones(vocab_size, dtype=np.int64)
+    remaining = budget - vocab_size
+    remaining = _grant_passes(rows, last[ranked], remaining, max_rows)
+    remaining = _grant_passes(rows, np.arange(vocab_size), remaining, max_rows)
+    assert remaining == 0, remaining  # check_budget guarantees room for every row.
+    return rows_to_offsets(rows)
+
+
+def _grant_passes(rows: np.ndarray, order: np.ndarray, remaining: int, max_rows: int) -> int:
+    """Walk ``order`` (token ids) in passes, one row per entry to tokens below ``max_rows``,
+    until ``remaining`` rows are given or no entry has room; updates ``rows``, returns the rest.
+
+    A pass is vectorised but equals the sequential walk: the j-th entry of token t within the
+    pass gets a row iff ``j < max_rows - rows[t]``, and the budget takes the first grants.
+    """
+    if not order.size:
+        return remaining
+    by_token = np.argsort(order, kind="stable")
+    sorted_tokens = order[by_token]
+    group_start = np.searchsorted(sorted_tokens, sorted_tokens, side="left")
+    occurrence = np.empty_like(order)
+    occurrence[by_token] = np.arange(order.size) - group_start
+    while remaining > 0:
+        grant = occurrence < (max_rows - rows)[order]
+        given = np.cumsum(grant)
+        if not given.size or given[-1] == 0:
+            break
+        grant &= given <= remaining
+        rows += np.bincount(order[grant], minlength=rows.shape[0])
+        remaining -= int(min(given[-1], remaining))
+    return remaining
+
+
+# --- the offsets a model holds --------------------------------------------------------------------
+
+
+class RowOffsets:
+    """An allocation ``offsets_v1`` as a static value: the module holds it in its graph, not among
+    its parameters, so the optimizer and checkpointed parameters never see it.
+
+    Equal and hashed by ``sha256``, the SHA-256 of the offsets as little-endian int64 bytes (the
+    allocation's identity, recorded with the run; the same digest an allocation file records).
+    ``method`` says how it was made ("uniform", "lzw").
+    """
+
+    def __init__(self, offsets_v1, method: str):
+        offsets_v1 = np.array(offsets_v1, dtype=np.int64)
+        offsets_v1.setflags(write=False)
+        self.offsets_v1 = offsets_v1
+        self.method = method
+        self.sha256 = offsets_sha256(offsets_v1)
+
+    @property
+    def budget(self) -> int:
+        return int(self.offsets_v1[-1])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.offsets_v1) - 1
+
+    def meta(self) -> dict[str, str]:
+        """What a checkpoint records about the allocation."""
+        return {"sha256": self.sha256, "method": self.method}
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RowOffsets) and other.sha256 == self.sha256
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
+
+    def __repr__(self) -> str:
+        return f"RowOffsets(vocab={self.vocab_size}, rows={self.budget}, {self.method}, sha256={self.sha256[:12]})"
+
+
+def allocation_from_config(model_cfg) -> RowOffsets:
+    """The configured allocation: uniform from ``budget`` and ``max_rows``, or the file at
+    ``model.l3.allocation``, checked against the vocabulary, budget and max_rows (``DataError``).
+
+    The file is read once per run: validation (:func:`moejax.model.l3.check_config`) and set-up
+    both ask for it, and the second gets the first's reading while the file is unchanged (same
+    path, size and modification time).
+    """
+    l3, vocab = model_cfg.l3, model_cfg.vocab_size
+    if not l3.allocation:
+        return RowOffsets(uniform_allocation(vocab, l3.budget, l3.max_rows), "uniform")
+    try:
+        stat = os.stat(l3.allocation)
+        identity = (os.path.realpath(l3.allocation), stat.st_size, stat.st_mtime_ns)
+    except OSError:  # missing or unreadable: load_allocation says so
+        identity = (str(l3.allocation), -1, -1)
+    allocation = _read_allocation(l3.allocation, identity, vocab)
+    check_allocation(allocation.offsets, vocab, l3.budget, l3.max_rows)
+    return RowOffsets(allocation.offsets, allocation.method)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_allocation(path: str, identity: tuple, vocab_size: int) -> Allocation:
+    """:func:`load_allocation`, remembered by the file's identity (errors are not remembered)."""
+    return load_allocation(path, vocab_size)

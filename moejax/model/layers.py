@@ -11,9 +11,10 @@ from flax import nnx
 
 from moejax.sharding import constrain
 
-# Query block of causal_attention: key blocks above the diagonal are skipped. 64 measured best at
-# T=256 on the 2-core CPU machines (128 skips less, 32 adds per-block overhead). Longer sequences
-# use at most MAX_ATTENTION_BLOCKS blocks (compile time grows with their square).
+# Query block of causal_attention: key blocks above the diagonal are skipped. Larger blocks skip
+# less, smaller ones add per-block overhead (the sizes compared: experiments/benchmarks/LOG.md,
+# section 2, change 1). Longer sequences use at most MAX_ATTENTION_BLOCKS blocks (compile time
+# grows with their square).
 ATTENTION_BLOCK = 64
 MAX_ATTENTION_BLOCKS = 8
 
@@ -29,11 +30,9 @@ def linear(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
     ``linear(x_btd, w_dnh)`` is ``einsum("btd,dnh->btnh")`` and ``linear(o_btnh, w_nhd, 2)`` is
     ``einsum("btnh,nhd->btd")``, but the operands are first flattened to [rows, K] x [K, cols]
     (free reshapes of row-major arrays). XLA:CPU runs the backward of the multi-dimensional
-    einsum (the weight gradient contracts over batch and sequence) several times slower than the
-    same matmul on flattened operands when the einsum stands alone; inside the whole train step
-    XLA recovers most of that itself, and flattening still gains a few percent (tiny and peer
-    steps, A/B in one process; experiments/benchmarks/LOG.md, section 2, change 2). On GPU/TPU
-    the reshapes are free.
+    einsum (the weight gradient contracts over batch and sequence) slower than the same matmul
+    on flattened operands (the A/B: experiments/benchmarks/LOG.md, section 2, change 2). On
+    GPU/TPU the reshapes are free.
     """
     k_shape = w.shape[:contract]
     if x.shape[x.ndim - contract:] != k_shape:

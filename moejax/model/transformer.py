@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.model.decode import KVCache
-from moejax.model.l3 import L3Layer, L3Rows, RowOffsets, allocation_from_config, l3_forward_flops, l3_param_counts
+from moejax.model.l3 import L3Layer, L3Rows, l3_forward_flops, l3_param_counts
+from moejax.model.l3_allocation import RowOffsets, allocation_from_config
 from moejax.model.layers import MLP, Attention, RMSNorm, linear, param
 from moejax.model.moe import MoE
 from moejax.schema import ModelConfig
@@ -147,7 +148,7 @@ class Transformer(nnx.Module):
     L3 layers (:class:`~moejax.model.l3.L3Layer`, parameters under ``l3/<i>/``) follow the
     decoder layers listed in ``cfg.l3.after_layers`` (sorted); they read the token ids. Their
     row allocation ``l3_offsets`` is static (part of the graph, not a parameter); without it the
-    configured one is loaded (:func:`~moejax.model.l3.allocation_from_config`).
+    configured one is loaded (:func:`~moejax.model.l3_allocation.allocation_from_config`).
 
     ``cfg`` is the typed :class:`~moejax.schema.ModelConfig` (``ModelConfig.from_config(cfg.model)``);
     :func:`param_counts`, :func:`flops_per_token` and :func:`layer_runs` read either it or the

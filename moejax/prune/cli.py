@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
-
-from absl import logging as absl_logging
 
 from moejax import paths
-from moejax.config import ConfigError
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
+from moejax.runner import run
 from moejax.prune.prune import DEFAULT_CALIB_TOKENS, METHODS, Budget, describe, prune_workdir
 
 
@@ -43,19 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    setup_logging(args.verbosity)
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    try:
-        record = prune_workdir(
-            paths.user_path(args.workdir), paths.user_path(args.out), args.method,
-            Budget(keep=args.keep, ratio=args.ratio, auto=args.auto), step=args.step,
-            calib_tokens=args.calib_tokens, max_nodes=args.max_nodes, max_seconds=args.max_seconds,
-            layers=tuple(args.layers) if args.layers else None, refit=args.refit,
-        )
-    except ConfigError as e:
-        sys.stderr.write(f"moejax: error: {e}\n")
-        sys.exit(2)
+    return run(lambda: _prune(args), prog="moejax", verbosity=args.verbosity, quiet_absl=True)
+
+
+def _prune(args: argparse.Namespace) -> None:
+    record = prune_workdir(
+        paths.user_path(args.workdir), paths.user_path(args.out), args.method,
+        Budget(keep=args.keep, ratio=args.ratio, auto=args.auto), step=args.step,
+        calib_tokens=args.calib_tokens, max_nodes=args.max_nodes, max_seconds=args.max_seconds,
+        layers=tuple(args.layers) if args.layers else None, refit=args.refit,
+    )
     print(describe(record))
     print(f"wrote {args.out}")

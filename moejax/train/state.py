@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from moejax import sharding
 from moejax.errors import ConfigError
 from moejax.model.balancing import Balancer, balancer_from_config
-from moejax.model.l3 import RowOffsets, allocation_from_config
+from moejax.model.l3_allocation import RowOffsets, allocation_from_config
 from moejax.model.transformer import Transformer, is_moe_layer
 from moejax.schema import ModelConfig
 from moejax.train.metrics import init_routing_health

@@ -56,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         import lm_eval  # noqa: F401
@@ -70,20 +70,14 @@ def main(argv: list[str] | None = None) -> None:
     use_persistent_cache()  # a second evaluation of the run (or of a run of its shape) skips the compiles
     if argv and argv[0] in LM_EVAL_COMMANDS:
         _lm_eval_cli(argv)
-        return
+        return 0
     args = parse_args(argv)
-    from moejax.errors import ConfigError
-    from moejax.eval.lm_eval.offline import OfflineTaskError
+    from moejax.runner import run
 
-    try:
-        _evaluate(args)
-    except (ConfigError, OfflineTaskError) as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
-        sys.exit(2)
+    return run(lambda: _evaluate(args), prog=PROG, verbosity=-1, quiet_absl=True)
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from absl import logging as absl_logging
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
 
@@ -91,7 +85,6 @@ def _evaluate(args: argparse.Namespace) -> None:
     from moejax.eval.lm_eval.model import MoejaxLM
     from moejax.eval.lm_eval.offline import check_offline, task_manager
 
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on the items a params-only read skips
     include_path = [paths.user_path(p) for p in args.include_path] if args.include_path else None
     manager = task_manager(args.tasks, include_path)
     check_offline(manager, args.tasks)

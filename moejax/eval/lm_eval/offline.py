@@ -25,13 +25,15 @@ from typing import Any, Iterable
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._index import Entry, Kind, TaskIndex
 
+from moejax.errors import UserError
+
 FILE_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 HOW = ("moejax runs offline tasks only: write a local task YAML with `dataset_path: json` and "
        "`dataset_kwargs: {data_files: {test: path/to/items.jsonl}}` (docs/eval.md, 'lm-evaluation-harness') "
        "and pass its directory with --include_path.")
 
 
-class OfflineTaskError(ValueError):
+class OfflineTaskError(UserError):
     """A task that cannot run offline, or a task name that is not found."""
 
 

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-
-from absl import logging as absl_logging
 
 from moejax import paths
-from moejax.config import ConfigError
 from moejax.interop.hf import tokenizer_files, workdir  # called as workdir.<name>, so a patched function is the one run
 from moejax.interop.hf.configs import SUPPORTED
-from moejax.interop.hf.errors import InteropError
 from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE
-from moejax.log import add_verbosity_flags, setup_logging
+from moejax.log import add_verbosity_flags
 from moejax.model.transformer import DTYPES
+from moejax.runner import run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,34 +44,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.hf_dir, args.workdir = paths.user_path(args.hf_dir), paths.user_path(args.workdir)
-    setup_logging(args.verbosity)
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on items a restore skips
-    try:
-        if args.command == "import":
-            cfg = workdir.import_to_workdir(args.hf_dir, args.workdir, force=args.force,
-                                           with_optimizer=args.with_optimizer)
-            print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
-                  f"./launch.sh {os.path.join(args.workdir, workdir.EXPERIMENT_FILE)} --workdir runs/NAME"
-                  f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
-            if os.path.isdir(os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)):
-                print(f"its tokenizer is in {os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)}; prepare data for "
-                      f"it with: {tokenizer_files.prepare_command(args.workdir)}, and train with "
-                      "--config.data.path=datasets/NAME")
-            else:
-                print(f"{args.hf_dir} has no tokenizer.json: no tokenizer was imported")
+    target = args.workdir if args.command == "import" else args.hf_dir
+    return run(lambda: _convert(args), prog="moejax", verbosity=args.verbosity, quiet_absl=True,
+               interrupted=f"interrupted; nothing was written to {target} (it is renamed into place only when "
+                           "complete). Rerun the command.")
+
+
+def _convert(args: argparse.Namespace) -> None:
+    """``import`` or ``export``, and the lines saying what was written."""
+    if args.command == "import":
+        cfg = workdir.import_to_workdir(args.hf_dir, args.workdir, force=args.force,
+                                       with_optimizer=args.with_optimizer)
+        print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
+              f"./launch.sh {os.path.join(args.workdir, workdir.EXPERIMENT_FILE)} --workdir runs/NAME"
+              f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
+        if os.path.isdir(os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)):
+            print(f"its tokenizer is in {os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)}; prepare data for "
+                  f"it with: {tokenizer_files.prepare_command(args.workdir)}, and train with "
+                  "--config.data.path=datasets/NAME")
         else:
-            arch = workdir.export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch,
-                                               dtype=args.dtype, force=args.force,
-                                               max_shard_size=args.max_shard_size)
-            print(f"exported {args.workdir} as {arch} to {args.hf_dir}")
-    except (InteropError, ConfigError) as e:
-        sys.stderr.write(f"moejax: error: {e}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        target = args.workdir if args.command == "import" else args.hf_dir
-        sys.stderr.write(f"moejax: interrupted; nothing was written to {target} (it is renamed into place "
-                         "only when complete). Rerun the command.\n")
-        sys.exit(130)
+            print(f"{args.hf_dir} has no tokenizer.json: no tokenizer was imported")
+    else:
+        arch = workdir.export_from_workdir(args.workdir, args.hf_dir, step=args.step, arch=args.arch,
+                                           dtype=args.dtype, force=args.force,
+                                           max_shard_size=args.max_shard_size)
+        print(f"exported {args.workdir} as {arch} to {args.hf_dir}")

@@ -1,5 +1,7 @@
 """The error every part of the Hugging Face interop raises for what it cannot convert exactly."""
 
+from moejax.errors import UserError
 
-class InteropError(ValueError):
+
+class InteropError(UserError):
     """A checkpoint or config that cannot be converted exactly; the message says what and why."""
