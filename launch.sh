@@ -21,12 +21,14 @@
 # every command against the pins (moejax/envcheck.py: the base requirements, and the dev extra's
 # for `test`; MOEJAX_CHECK_PINS=warn runs anyway, =0 skips the check). Otherwise ./.venv, made on
 # first use with $MOEJAX_BASE_PYTHON (default python3, 3.11 or newer) and filled with
-#   pip install -c constraints.txt -e ".[$MOEJAX_EXTRAS]"     (MOEJAX_EXTRAS: default dev)
-# (refreshed when pyproject.toml, constraints.txt or MOEJAX_EXTRAS change). torch (the hf extra,
+#   pip install -c constraints.txt -e ".[$MOEJAX_EXTRAS]"
+# MOEJAX_EXTRAS: by default none for training and other commands (the light base: training,
+# evaluation, the mixture laws, local sweeps; no torch, Ray or pytest) and dev for `test` (what the
+# suite needs); a .venv keeps what it has (a dev .venv stays dev), and `test` adds dev to a light one.
+# (Refreshed when pyproject.toml, constraints.txt or the extras change.) torch (the hf extra,
 # which dev includes) comes from the CPU-only wheel index, $MOEJAX_TORCH_INDEX (default
 # https://download.pytorch.org/whl/cpu; empty: PyPI's build, which is CUDA's on Linux x86_64);
 # when that index cannot be reached, pip takes torch from where it finds it, with a note.
-# MOEJAX_EXTRAS= (empty) makes the light base install, without torch, Ray or pytest.
 #
 # Multi-host (docs/multihost.md): run the same command on every host, one process per host, with
 # JAX_COORDINATOR_ADDRESS=host0:port, JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set on host i (or
@@ -92,7 +94,21 @@ python_env() {
     fi
     return
   fi
-  local extras=${MOEJAX_EXTRAS-dev} base=${MOEJAX_BASE_PYTHON:-python3}
+  # Which extras: MOEJAX_EXTRAS when set; else `test` needs the dev extra, and anything else keeps
+  # what ./.venv has (the light base, no extras, when there is no ./.venv yet): the first training
+  # run installs only what training needs, and `./launch.sh test` adds the test extra once.
+  local installed="" base=${MOEJAX_BASE_PYTHON:-python3} candidate
+  if [[ -f .venv/.install.extras ]]; then
+    installed=$(cat .venv/.install.extras)
+  elif [[ -f .venv/.install.sha256 ]]; then  # a .venv made before the extras were recorded
+    for candidate in dev ""; do
+      [[ "$(cat .venv/.install.sha256)" == "$( (cat pyproject.toml constraints.txt; echo "extras=$candidate") | sha256sum | cut -d' ' -f1)" ]] \
+        && installed=$candidate && break
+    done
+  fi
+  local extras=$installed
+  [[ "$purpose" == test ]] && extras=dev
+  extras=${MOEJAX_EXTRAS-$extras}
   local stamp=.venv/.install.sha256 want
   want=$( (cat pyproject.toml constraints.txt; echo "extras=$extras") | sha256sum | cut -d' ' -f1)
   # Hosts of a multi-host job sharing this checkout start together: one installs, the others wait.
@@ -126,6 +142,7 @@ python_env() {
     fi
     "${pip[@]}" -e "$spec"
     check_pins .venv/bin/python ".venv" "$extras" ""
+    echo "$extras" > .venv/.install.extras
     echo "$want" > "$stamp"
   fi
   exec 9>&-

@@ -32,7 +32,10 @@ EXAMPLES = {
                f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'\n"
                f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
     "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
-           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5",
+           f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5\n"
+           f"{PROG} fit --runs runs.csv --law camel --out fit.json --holdout largest   # fit below the largest size",
+    "laws": f"{PROG} laws              # each law's minimum sizes and runs for 2..8 training domains\n"
+            f"{PROG} laws --domains 3  # for 3 training domains",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
     "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
                 "--out-dir results/eval\n"
@@ -64,6 +67,7 @@ INTERRUPTED = {
                "Rerun the command to continue.",
     "fit": "nothing was written (--out is unchanged; a fit is saved only when complete). Rerun the command to fit again.",
     "predict": "nothing was written (--out is unchanged). Rerun the command.",
+    "laws": "nothing was written.",
     "evaluate": "nothing was written to --out-dir (the report is written when every law is done). Rerun the command.",
     "register": "nothing was written (--out is unchanged). Rerun the command.",
     "optimize": "nothing was written (--out is unchanged). Rerun the command.",
@@ -138,19 +142,49 @@ def cmd_collect(args) -> None:
           f"loss domains {', '.join(table.loss_domains)}, tasks {', '.join(table.bench_tasks) or 'none'}")
 
 
+def _progress(args) -> bool:
+    """Progress bars only on a terminal, and not with -q/--no-progress: a pipe or a log file gets
+    the messages, not a bar's redraws."""
+    return not args.no_progress and getattr(args, "verbosity", 0) >= 0 and sys.stderr.isatty()
+
+
 def cmd_fit(args) -> None:
     from data_mixture.fit import fit_table
     from data_mixture.table import read_runs
 
+    import numpy as np
+
     table = read_runs(args.runs)
+    held_out = ""
+    if args.holdout != "none":  # the same choices as evaluate: fit on the rest
+        from data_mixture.evaluate import split_holdout
+
+        if args.holdout == "each":
+            raise UsageError("--holdout each makes one fit per held-out size: that is `evaluate --holdout each`; "
+                             "fit takes largest | size=N | runs=a,b,... | none.")
+        test, held_out = split_holdout(table, args.holdout, args.size_column)
+        table = table.take(np.flatnonzero(~test))
     chance = _parse_weights(args.chance, "--chance") or None
     fixed = _parse_fixed(args.fix)
     fit = fit_table(table, args.law, size_column=args.size_column, bootstrap=args.bootstrap, seed=args.seed,
-                    starts=args.starts, chance=chance, progress=not args.no_progress, fixed=fixed)
+                    starts=args.starts, chance=chance, progress=_progress(args), fixed=fixed)
+    if held_out:
+        fit.info["held_out"] = held_out
     fit.save(args.out)
+    if held_out:
+        print(f"fitted without the rows of the {held_out} ({len(table)} rows left)")
     print(f"wrote {args.out}: law {fit.law}, {len(fit.loss_domains)} validation domain(s), "
           f"{len(fit.bootstrap)} bootstrap member(s), {len(fit.bench)} benchmark law(s)")
     _print_fit_notes(fit)
+
+
+def cmd_laws(args) -> None:
+    from data_mixture.laws import min_runs_table
+
+    counts = (args.domains,) if args.domains else (2, 3, 4, 5, 6, 8)
+    print("What each law needs to be identified: distinct model sizes, and runs in all (over every size) for M "
+          "training domains; fit refuses fewer, plan warns of fewer.")
+    print(min_runs_table(counts))
 
 
 def _parse_fixed(items: list[str] | None) -> dict[str, float]:
@@ -334,8 +368,12 @@ def cmd_optimize(args) -> None:
     if boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
-    print(f"wrote {args.out}; train with: ./launch.sh experiments/configs/tiny_moe.py "
-          f"--config.data.mixture_file={args.out}")
+    from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command
+
+    overrides = {"data.mixture_file": os.path.abspath(args.out)}
+    if args.dataset not in (None, "builtin"):  # the dataset the mixture's domains are from
+        overrides = {"data.path": os.path.abspath(args.dataset), **overrides}
+    print(f"wrote {args.out}; train with: {launch_command(DEFAULT_CONFIG, 'runs/optimized', overrides)}")
 
 
 def _numbers(text: str, flag: str) -> list[float]:
@@ -353,6 +391,11 @@ def cmd_plan(args) -> None:
     if args.mid_training and args.tokens_per_param is not None:
         raise UsageError("--tokens-per-param sizes runs from scratch; a --mid-training plan takes "
                          "--mid-tokens-per-param (or --mid-tokens) and --base-tokens-per-param (or --base-tokens).")
+    domains = args.domains
+    if args.dataset and not domains and not args.prior:  # the dataset's own domains
+        from moejax.data import describe_dataset
+
+        domains = ",".join(describe_dataset(args.dataset).domains)
     spec = PlanSpec(
         budget_flops=args.budget_flops, target_size=args.target_size, target_tokens=args.target_tokens,
         prior=args.prior, law=args.law, presets=_json_arg(args.presets, "--presets") if args.presets else None,
@@ -360,7 +403,7 @@ def cmd_plan(args) -> None:
         min_weight=_parse_weights(args.min_weight, "--min-weight"),
         max_weight=_parse_weights(args.max_weight, "--max-weight"),
         noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
-        config=args.config, batch=args.batch, seq_len=args.seq_len, domains=args.domains,
+        config=args.config, batch=args.batch, seq_len=args.seq_len, domains=domains,
         min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
         mid_training=args.mid_training, base_tokens_per_param=args.base_tokens_per_param, base_tokens=args.base_tokens,
         mid_tokens_per_param=(_numbers(args.mid_tokens_per_param, "--mid-tokens-per-param")
@@ -369,7 +412,11 @@ def cmd_plan(args) -> None:
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
     )
-    plan = make_plan(spec, progress=not args.no_progress)
+    plan = make_plan(spec, progress=_progress(args))
+    if args.dataset:  # every run trains on the user's dataset (its vocabulary size is derived from it)
+        plan["dataset"] = args.dataset
+        for run in plan["runs"]:
+            run["overrides"]["data.path"] = args.dataset
     write_text(args.out, json.dumps(plan, indent=1))
     chosen, protocol = plan["chosen"], plan["protocol"]
     roles = [r["role"] for r in plan["runs"]]
@@ -382,7 +429,29 @@ def cmd_plan(args) -> None:
     left_out = [p for p in protocol["seed_sizes_requested"] or [] if p not in protocol["seed_sizes"]]
     if protocol["seeds"] > 1 and left_out:
         log.warning(f"plan: note: --seed-sizes {', '.join(left_out)} not in the chosen sizes: no replicates there")
-    print(f"wrote {args.out}")
+    _warn_laws_left_short(plan)
+    from data_mixture.sweep.targets import launch_command
+
+    first = plan["runs"][0]
+    example = launch_command(first["config"], os.path.join("runs", first["name"]), first["overrides"])
+    print(f"wrote {args.out}; run it with: python -m data_mixture sweep --plan {args.out} --root runs/sweep; "
+          f"each run trains as, e.g.: {example}")
+
+
+def _warn_laws_left_short(plan: dict) -> None:
+    """A warning for each law the plan's runs cannot identify (too few runs or sizes in all)."""
+    from data_mixture.laws import LAWS, get_law
+
+    fitted = [r for r in plan["runs"] if r.get("role") != "base"]  # a mid-training plan's laws see the mid runs
+    runs, sizes = len(fitted), len({r["preset"] for r in fitted})
+    m = len(fitted[0]["mixture"]) if fitted else 0
+    short = [f"{name} (needs {get_law(name).min_runs(m)} runs at {get_law(name).min_sizes()}+ sizes)" for name in LAWS
+             if runs < get_law(name).min_runs(m) or sizes < get_law(name).min_sizes()]
+    if short:
+        log.warning(f"plan: warning: its {runs} runs at {sizes} size(s) over {m} training domains are too few to fit "
+                    f"{', '.join(short)}; fit and evaluate will refuse those laws on its table "
+                    "(python -m data_mixture laws lists every law's minimum). Raise --budget-flops or "
+                    "--min-runs-per-size to give them enough.")
 
 
 def cmd_sweep(args) -> None:
@@ -393,7 +462,7 @@ def cmd_sweep(args) -> None:
     options = SweepOptions(
         root=args.root, backend=args.backend, parallel=args.parallel, retries=args.retries,
         eval_args=shlex.split(args.eval_args), lease_timeout=args.lease_timeout, heartbeat=args.heartbeat,
-        grace=args.grace, wait_others=args.wait_others, progress=not args.no_progress and sys.stderr.isatty(),
+        grace=args.grace, wait_others=args.wait_others, progress=_progress(args),
         ray_address=args.ray_address,
         cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         ray_init_kwargs={"num_cpus": args.ray_num_cpus} if args.ray_num_cpus else {},
@@ -421,7 +490,7 @@ def cmd_mergemix(args) -> None:
         parallel=args.parallel, max_items=args.max_items, loss_batches=args.loss_batches,
         calib_batches=args.calib_batches, damping=args.damping, experts_dir=args.experts_dir, cache=args.cache,
         expert_eval_args=args.expert_eval_args,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=_progress(args),
     ))
     print(json.dumps({k: summary[k] for k in ("mixture", "best_method", "searches", "merges_evaluated")}, indent=1))
 
@@ -460,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the mean log-probability of the correct answer (continuous; moves after accuracy saturates)")
     p.set_defaults(func=cmd_collect)
 
-    p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws).")
+    p = add("fit", "Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws). "
+                   "How many runs and sizes each law needs: `python -m data_mixture laws`.")
     p.add_argument("--runs", required=True, help="runs table CSV")
     p.add_argument("--law", required=True, help="law name: mixing_law | additive | regmix | regmix_linear | camel")
     p.add_argument("--out", required=True, help="fit JSON to write")
@@ -470,11 +540,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--starts", type=int, default=64, help="random starts per fit")
     p.add_argument("--chance", nargs="*", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--holdout", default="none",
+                   help="rows to leave out of the fit, as evaluate chooses them: 'none' (default: fit every row), "
+                        "'largest' (the largest size), 'size=N' (the size closest to N), 'runs=a,b,...'")
     p.add_argument("--fix", nargs="+", action="extend", metavar="NAME=VALUE",
                    help="hold law parameters constant (repeatable), e.g. --fix beta=0.28 s=0 t[1]=0.5: NAME fixes a "
                         "scalar or every entry of a vector, NAME[i] entry i (0-based); natural units, within the bounds")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_fit)
+
+    p = add("laws", "Print each law's minimum number of model sizes and of runs for M training domains.")
+    p.add_argument("--domains", type=int, default=None, help="M, the number of training domains (default: 2..8)")
+    p.set_defaults(func=cmd_laws)
 
     p = add("predict", "Predict per-domain losses (and benchmark scores) for a query table.")
     p.add_argument("--fit", required=True, help="fit JSON written by `fit`")
@@ -561,7 +638,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs from scratch: candidate tokens/params ratios, comma-separated (default 20)")
     p.add_argument("--min-weight", nargs="*")
     p.add_argument("--max-weight", nargs="*")
-    p.add_argument("--domains", default=None, help="training domains, comma-separated (default: the prior's)")
+    p.add_argument("--domains", default=None,
+                   help="training domains, comma-separated (default: the prior's, else the --dataset's)")
+    p.add_argument("--dataset", default=None,
+                   help="a prepared dataset directory every planned run trains on (data.path); its domains "
+                        "are the training domains unless --domains or --prior says otherwise")
     p.add_argument("--noise", type=float, default=0.01, help="relative noise of simulated losses")
     p.add_argument("--simulations", type=int, default=3, help="simulated ladders per candidate allocation")
     p.add_argument("--sim-starts", type=int, default=16, help="random starts per simulated fit")

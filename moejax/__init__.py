@@ -1,8 +1,10 @@
 """moejax: Mixture-of-Experts pretraining in JAX, with data-mixture science built in."""
 
 import functools
+import importlib
 import os
 import subprocess
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -24,3 +26,11 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return __version__
     return f"{__version__}+g{commit}"
+
+
+def __getattr__(name: str) -> Any:
+    """``moejax.load`` (:func:`moejax.trained.load`: a checkpoint as a Python object), imported on
+    first use, as ``moejax.data`` exports its names: ``import moejax`` stays free of JAX."""
+    if name == "load":
+        return importlib.import_module("moejax.trained").load
+    raise AttributeError(f"module 'moejax' has no attribute {name!r}")

@@ -28,6 +28,7 @@ import sys
 import sysconfig
 
 CHOICES = ("mimalloc", "system")
+REEXEC_MARK = "MOEJAX_CLI_PRELOADED"  # set in the re-executed process: never twice
 LIBRARY = os.path.join("cmeel.prefix", "lib", "libmimalloc.so.3")
 
 
@@ -52,6 +53,33 @@ def preload(choice: str | None = None) -> str | None:
 def active() -> str:
     """The allocator this process runs with: "mimalloc" when preloaded, else "system"."""
     return "mimalloc" if "libmimalloc" in os.environ.get("LD_PRELOAD", "") else "system"
+
+
+def reexec_with_mimalloc(prog: str) -> None:
+    """Re-executes this process's command line (``sys.orig_argv``) once with mimalloc in
+    ``LD_PRELOAD`` (as launch.sh starts its processes), unless it is there already, unavailable,
+    or ``MOEJAX_ALLOCATOR=system``; ``moejax train`` and ``python -m moejax.main`` call it first."""
+    if os.environ.get(REEXEC_MARK) or active() == "mimalloc":
+        return
+    try:
+        lib = preload()
+    except ValueError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        sys.exit(2)
+    if not lib:
+        return
+    from moejax import paths
+
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = lib + (f":{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else "")
+    env.setdefault("MIMALLOC_PURGE_DELAY", "-1")  # keep freed memory (see the module docstring)
+    env[REEXEC_MARK] = "1"
+    caller = paths.caller_cwd()
+    if caller:  # the first moejax import took it out of the environment
+        env[paths.CALLER_CWD_ENV] = caller
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
 
 
 def main() -> int:

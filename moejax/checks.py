@@ -1,6 +1,8 @@
 """Every check of a config before anything is compiled, composed from the packages that own them.
 
-Each check lives with what it knows about, and this module calls them in this order:
+Each check lives with what it knows about, and this module calls them in this order, after
+``moejax.derive.derive_from_dataset`` has filled in what the dataset decides (the vocabulary size,
+a prepared dataset's own mixture) when the user did not choose it:
 
 1. ``moejax.config.check_values``: the schema (unknown keys, types, choices) and the generic
    per-key checks; it resolves the mesh shape;
@@ -35,6 +37,7 @@ from moejax import config as config_lib
 from moejax import paths
 from moejax.data.dataset import DatasetInfo
 from moejax.data.from_config import check_data_config
+from moejax.derive import derive_from_dataset
 from moejax.errors import ConfigError
 from moejax.model import balancing, l3
 
@@ -60,6 +63,7 @@ def check_config(cfg, changed: Any = (), workdir: str | None = None) -> tuple[di
     ``changed``: the keys the command line set (messages about two conflicting keys name those).
     ``workdir``: the run's directory; a run that resumes from checkpoints of its own does not read
     ``checkpoint.init_from``, so its existence is checked only for a fresh start."""
+    derive_from_dataset(cfg, changed)  # vocab size, a prepared dataset's own mixture: not asked for
     mesh_shape = validate(cfg, jax.device_count(), changed=changed)
     init_from = cfg.checkpoint.init_from
     checkpoints = os.path.join(workdir, "checkpoints") if workdir else ""

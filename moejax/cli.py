@@ -57,7 +57,6 @@ COMMANDS = {
     "prune": ("moejax.prune.cli", "remove experts from a checkpoint (Schur-A*, Step, least-used) into a new workdir"),
     "configs": ("", "list the built-in configs"),
 }
-_REEXEC_MARK = "MOEJAX_CLI_PRELOADED"
 
 
 def _usage() -> str:
@@ -73,25 +72,9 @@ def _usage() -> str:
 
 
 def preload_allocator() -> None:
-    """Re-executes this process's command line (``sys.orig_argv``) once with mimalloc in
-    ``LD_PRELOAD`` (as launch.sh starts its processes), unless it is there already, unavailable,
-    or ``MOEJAX_ALLOCATOR=system``."""
-    if os.environ.get(_REEXEC_MARK) or allocator.active() == "mimalloc":
-        return
-    try:
-        lib = allocator.preload()
-    except ValueError as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
-        sys.exit(2)
-    if not lib:
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = lib + (f":{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else "")
-    env.setdefault("MIMALLOC_PURGE_DELAY", "-1")  # keep freed memory (moejax/allocator.py)
-    env[_REEXEC_MARK] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, env)
+    """Re-executes this process's command line once with mimalloc preloaded, as launch.sh starts
+    its processes (:func:`moejax.allocator.reexec_with_mimalloc`)."""
+    allocator.reexec_with_mimalloc(PROG)
 
 
 def _train(args: list[str]) -> None:

@@ -129,6 +129,9 @@ def default_config() -> ConfigDict:
     # A mixture JSON file {"weights": {domain: weight}, ...} (what data_mixture writes); when set
     # it replaces data.mixture.
     c.data.mixture_file = ""
+    # A prepared dataset's mixture when neither the experiment nor the command line chooses one
+    # (moejax/derive.py): "tokens", its domains in proportion to their training tokens, or "uniform".
+    c.data.default_mixture = "tokens"
     # Weights by training stage, replacing data.mixture and data.mixture_file: JSON text or the
     # path of a JSON file, [[start_step, {domain: weight}], ...], first stage at step 0.
     c.data.schedule = ""
@@ -177,6 +180,7 @@ CHOICES = {
     "train.param_dtype": ("float32", "bfloat16"),
     "train.remat": ("none", "full", "save_dots"),
     "optim.schedule": ("cosine", "wsd", "constant"),
+    "data.default_mixture": ("tokens", "uniform"),
     **{key: _choices_default_first(field) for key, field in _MODEL_KEYS.items() if field.metadata["check"].choices},
 }
 # Number knobs that must be > 0, or >= 0: the hand-kept ones, then the model's, generated.

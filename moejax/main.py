@@ -344,5 +344,8 @@ def _train(command: CommandLine) -> int:
 
 
 if __name__ == "__main__":
+    from moejax.allocator import reexec_with_mimalloc
+
+    reexec_with_mimalloc("moejax")  # mimalloc, as launch.sh and `moejax train` start training
     warnings.showwarning = _show_warning
     main()

@@ -40,14 +40,15 @@ def caller_cwd() -> str | None:
 
 
 def user_path(path: str) -> str:
-    """``path`` as the user meant it: ``~`` expanded, relative to the directory they ran from."""
+    """``path`` as the user meant it: ``~`` expanded, relative to the directory they ran from, made
+    absolute, so that no library (orbax wants absolute checkpoint paths) and no later change of
+    directory reads it otherwise."""
     if not path:
         return path
     path = os.path.expanduser(str(path))
-    caller = caller_cwd()
-    if os.path.isabs(path) or caller is None:
+    if os.path.isabs(path):
         return path
-    return os.path.join(caller, path)
+    return os.path.abspath(os.path.join(caller_cwd() or os.getcwd(), path))
 
 
 def relative_to_note(path: str) -> str:

@@ -60,3 +60,22 @@ def test_system_allocator_on_request_and_bad_choice_refused():
     with pytest.raises(ValueError, match="got 'tcmalloc'"):
         allocator.preload("tcmalloc")
     assert allocator.preload("system") is None
+
+
+def test_python_m_moejax_main_preloads_mimalloc_itself(tmp_path):
+    """``python -m moejax.main`` (as the docs write it, without launch.sh) re-executes itself once
+    with mimalloc, so it trains as fast as launch.sh and says nothing about a slower allocator;
+    MOEJAX_ALLOCATOR=system keeps glibc's malloc."""
+    experiment = tmp_path / "show_preload.py"
+    experiment.write_text("import os, sys\nfrom moejax.config import default_config\n\n\ndef get_config():\n"
+                          "    print('PRELOAD=' + os.environ.get('LD_PRELOAD', ''), file=sys.stderr)\n"
+                          "    return default_config()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MOEJAX_ALLOCATOR", "MOEJAX_CLI_PRELOADED")}
+    command = [sys.executable, "-m", "moejax.main", "--config", str(experiment), "--workdir", str(tmp_path / "w"),
+               "--config.train.steps=0"]  # refused before anything is built
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "train.steps" in proc.stderr
+    assert "PRELOAD=" + allocator.mimalloc_path() in proc.stderr
+    proc = subprocess.run(command, cwd=REPO, env={**env, "MOEJAX_ALLOCATOR": "system"}, capture_output=True,
+                          text=True, timeout=300)
+    assert "PRELOAD=\n" in proc.stderr

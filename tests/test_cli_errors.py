@@ -51,8 +51,8 @@ CASES = {
                                                                         "--config.data.schedule='[[0,"]),
     "missing dataset": (["--config.data.path=/nonexistent/ds"], ["data.path '/nonexistent/ds' does not exist",
                                                                  "python -m moejax.data.prepare"]),
-    "missing config file": (None, ["config file 'nope.py' not found", "experiments/configs/tiny_moe.py"]),
-    "argument to a config without one": ("tiny_moe.py:foo", ["config file 'experiments/configs/tiny_moe.py:foo' could not be "
+    "missing config file": (None, ["/nope.py' not found", "experiments/configs/tiny_moe.py"]),  # the absolute path
+    "argument to a config without one": ("tiny_moe.py:foo", ["experiments/configs/tiny_moe.py:foo' could not be "
                                                              "loaded", "get_config() takes 0 positional arguments",
                                                              "the ':argument' after the file name"]),
     # impossible values and combinations, reported against the key the user changed

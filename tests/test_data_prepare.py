@@ -429,13 +429,31 @@ def test_files_are_read_by_what_they_are_not_by_their_name(tmp_path):
     assert open_dataset(tmp_path / "o3").info.domains == ("m", "p")
 
 
-def test_a_split_without_a_training_window_stops_prepare_with_the_fraction_that_fixes_it(tmp_path):
+def test_prepare_chooses_a_held_out_fraction_that_holds_out_enough_and_keeps_it_on_rerun(tmp_path, caplog):
+    """1% of 60 documents holds out none: prepare picks a fraction itself (no rerun), says so,
+    records it, and a rerun of the same command skips every shard."""
     src = tmp_path / "small"
     src.mkdir()
-    for i in range(60):  # 60 documents, ~2.4k tokens each: 1% holds out none of them, usually
+    for i in range(60):  # 60 documents, ~2.4k tokens each
         (src / f"f{i:02d}.txt").write_text(" ".join(f"w{(i * 31 + j) % 97}" for j in range(600)))
-    with pytest.raises(DataError, match=r"domain 'small': its held-out split has 0 documents / 0 tokens, less "
-                                        r"than one training window of 257 tokens .* --heldout-fraction 0.083"):
-        prepare_dataset([f"small={src}"], tmp_path / "ds", **{**OPTIONS, "heldout_fraction": 0.01})
-    summary = prepare_dataset([f"small={src}"], tmp_path / "ds", **{**OPTIONS, "heldout_fraction": 0.083})
-    assert summary["domains"]["small"]["heldout"]["tokens"] >= 257
+    many = tmp_path / "many.jsonl"  # 3,000 documents of ~60 tokens: 1% holds out ~30 docs, ~1.8k tokens
+    many.write_text("".join(json.dumps({"text": f"record {i}: " + "lorem ipsum " * 5}) + "\n" for i in range(3000)))
+    options = {**OPTIONS, "heldout_fraction": 0.01}
+    with caplog.at_level("INFO", logger="moejax"):
+        summary = prepare_dataset([f"small={src}", f"many={many}"], tmp_path / "ds", **options)
+    chosen = summary["heldout_fractions"]
+    assert chosen["small"] > 0.01 and chosen["many"] > 0.01
+    assert f"domain 'many': held-out fraction {chosen['many']:g} instead of 0.01" in caplog.text
+    many_split = summary["domains"]["many"]["heldout"]
+    assert many_split["documents"] >= 20 and many_split["tokens"] >= 8192  # the documented minimum
+    assert summary["domains"]["small"]["heldout"]["tokens"] >= 257  # a training window at least
+    manifest = json.loads((tmp_path / "ds" / "many" / layout.MANIFEST_FILE).read_text())
+    assert (manifest["heldout_fraction"], manifest["heldout_fraction_asked"]) == (chosen["many"], 0.01)
+    again = prepare_dataset([f"small={src}", f"many={many}"], tmp_path / "ds", **options)
+    assert again["shards_tokenized"] == 0 and again["heldout_fractions"] == chosen
+    # A source too small for any split stops with the reason.
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a few words " * 20)
+    with pytest.raises(DataError, match=r"domain 'tiny': its train split has 1 documents / 241 tokens, less than "
+                                        r"one training window of 257 tokens .* give it more text"):
+        prepare_dataset([f"tiny={tiny}"], tmp_path / "ds2", **options)

@@ -20,7 +20,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "data_mixture" / "notebooks"
 DOMAINS = ("code", "prose", "math")
 
 
-def _write_table(path: Path) -> None:
+def _write_table(path: Path, largest_runs: int = 6) -> None:
     rng = np.random.default_rng(0)
     header = ["run", "params_total", "params_active", "tokens", *[f"mix:{d}" for d in DOMAINS],
               "loss:code", "loss:math", "bench:qa", "bench:arith"]
@@ -28,7 +28,7 @@ def _write_table(path: Path) -> None:
         w = csv.writer(f)
         w.writerow(header)
         for si, n in enumerate((1e5, 3e5, 1e6)):
-            for k in range(6):
+            for k in range(6 if n < 1e6 else largest_runs):
                 mix = rng.dirichlet(np.ones(3))
                 for d in (10 * n, 20 * n):
                     base = 1.5 + 30 / n ** 0.3 + 50 / d ** 0.3
@@ -51,10 +51,32 @@ def env(tmp_path_factory):
 
 @pytest.mark.parametrize("name, figures", [
     ("fit_and_compare", ["pred_vs_obs.png"]),
-    ("mixture_vs_size", ["optimal_vs_size.png", "loss_code_vs_code.png"]),
+    ("mixture_vs_size", ["optimal_vs_size.png", "loss_code_vs_code.png", "loss_math_vs_math.png"]),  # every domain
     ("bench_curves", ["bench_qa.png", "bench_arith.png"]),
 ])
 def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures):
+    printed = _execute(name, env)
+    if name == "fit_and_compare":  # the kernel read the test's table, not the committed ladder
+        assert str(env.parent / "runs.csv") in printed, printed[:2000]
+    for fig in figures:
+        assert (env / fig).stat().st_size > 1000
+
+
+def test_an_undefined_statistic_prints_na_and_figures_go_beside_the_table(tmp_path, monkeypatch):
+    """Two runs at the held-out size: no Spearman there. Without DM_OUT the figures go beside the
+    user's table, not into the checkout."""
+    _write_table(tmp_path / "runs.csv", largest_runs=2)
+    for key, value in {"DM_RUNS": str(tmp_path / "runs.csv"), "DM_LAWS": "regmix_linear", "DM_STARTS": "4",
+                       "MPLBACKEND": "Agg"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("DM_OUT", raising=False)
+    printed = _execute("fit_and_compare", tmp_path)
+    assert "regmix_linear: spearman n/a, pick regret" in printed, printed[-2000:]
+    assert (tmp_path / "dm_notebooks" / "pred_vs_obs.png").stat().st_size > 1000
+
+
+def _execute(name: str, out: Path) -> str:
+    """Runs notebook ``name`` in a kernel, saves it executed into ``out``; returns what it printed."""
     jupytext = pytest.importorskip("jupytext")
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
@@ -65,15 +87,13 @@ def test_notebook_runs_end_to_end_in_a_kernel(env, name, figures):
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOKS)}})
     client.execute()  # raises CellExecutionError, with the cell and its traceback, if a cell fails
-    nbformat.write(nb, env / f"{name}.ipynb")
-    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
-    assert not [out for out in outputs if out.output_type == "error"]
-    printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    out.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out / f"{name}.ipynb")
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "wrote" in printed, printed[:2000]
-    if name == "fit_and_compare":  # the kernel read the test's table, not the committed ladder
-        assert str(env.parent / "runs.csv") in printed, printed[:2000]
-    for fig in figures:
-        assert (env / fig).stat().st_size > 1000
+    return printed
 
 
 def test_notebooks_are_jupytext_percent_format():

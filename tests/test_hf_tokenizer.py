@@ -139,8 +139,20 @@ def test_special_token_overrides_and_bad_tokenizers_stop_before_any_work(root, t
     with pytest.raises(DataError, match=r"broken\.json is not a tokenizer file the tokenizers library can read"):
         prepare.prepare_dataset(source, out, tokenizer=tmp_path / "broken.json")
     shutil.copy(root / "llama" / "tokenizer.json", tmp_path / "bare.json")
-    with pytest.raises(DataError, match=r"bare\.json: no EOS token is named .* Pass --eos-token TOKEN"):
-        prepare.prepare_dataset(source, out, tokenizer=tmp_path / "bare.json")
+    # No file names an EOS: the one obvious end-of-text token among its specials is taken ...
+    assert load_tokenizer(tmp_path / "bare.json").eos_token == "</s>"  # specials <unk>, <s>, </s>
+    (tmp_path / "only").mkdir()
+    only = Tokenizer(models.BPE())
+    only.add_special_tokens(["<|sep|>"])
+    only.save(str(tmp_path / "only" / "tokenizer.json"))
+    assert load_tokenizer(tmp_path / "only").eos_token == "<|sep|>"  # its only special token
+    # ... and with two candidates (or none) the user says which.
+    two = Tokenizer(models.BPE())
+    two.add_special_tokens(["<|sep|>", "<|cls|>"])
+    two.save(str(tmp_path / "two.json"))
+    with pytest.raises(DataError, match=r"two\.json: no EOS token is named .* Pass --eos-token TOKEN, e\.g\. one "
+                                         r"of its special tokens \['<\|sep\|>', '<\|cls\|>'\]"):
+        prepare.prepare_dataset(source, out, tokenizer=tmp_path / "two.json")
     with pytest.raises(DataError, match=r"--tokenizer '.*nothere': no such file or directory\. Allowed: byte \| bpe"):
         prepare.prepare_dataset(source, out, tokenizer=tmp_path / "nothere")
     with pytest.raises(DataError, match=r"--eos-token apply to a Hugging Face tokenizer"):

@@ -22,7 +22,7 @@ def test_relative_paths_resolve_where_the_user_ran_launch_sh(tmp_path, monkeypat
     (tmp_path / "experiments" / "configs" / "tiny_moe.py").write_text("")
     assert paths.user_input_path("experiments/configs/tiny_moe.py") == str(tmp_path / "experiments" / "configs" / "tiny_moe.py")
     monkeypatch.setattr(moejax, "CALLER_CWD", os.getcwd())  # launched from the repository itself
-    assert paths.user_path("logs.jsonl") == "logs.jsonl"
+    assert paths.user_path("logs.jsonl") == os.path.abspath("logs.jsonl")  # absolute: no library reads it otherwise
 
 
 def test_existing_outputs_are_refused_unless_forced(tmp_path):

@@ -30,4 +30,17 @@ LAWS: dict[str, type[Law]] = {
 
 REGISTRY.update(LAWS)  # what get_law and LawFit look a law up in
 
-__all__ = ["LAWS", "Law", "LawFit", "get_law"]
+def min_runs_table(domain_counts=(2, 3, 4, 5, 6, 8)) -> str:
+    """What each law needs to be identified: distinct model sizes, and runs (distinct runs of the
+    table, over all sizes) for M training domains, as a plain-text table (``data_mixture laws``,
+    ``fit --help``). ``fit`` refuses a table with fewer; ``plan`` warns of a plan with fewer."""
+    header = ["law", "sizes"] + [f"M={m}" for m in domain_counts]
+    rows = [[name, str(get_law(name).min_sizes())] + [str(get_law(name).min_runs(m)) for m in domain_counts]
+            for name in LAWS]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+__all__ = ["LAWS", "Law", "LawFit", "get_law", "min_runs_table"]

@@ -19,7 +19,7 @@
 # your own table; the default is the moejax ladder committed in `data_mixture/results/`.
 
 # %%
-from _common import LAWS, OUT, RUNS, STARTS
+from _common import LAWS, OUT, RUNS, STARTS, fmt
 
 from data_mixture.evaluate import evaluate_laws, format_report
 from data_mixture.laws import LAWS as REGISTERED
@@ -54,5 +54,6 @@ for name, entry in report["laws"].items():
     if "skipped" in entry:
         print(f"{name}: skipped ({entry['skipped']})")
     else:
-        print(f"{name}: spearman {entry['mean']['spearman_of_mean_loss']:.3f}, pick regret {entry['pick_regret']:.4f}, "
+        print(f"{name}: spearman {fmt(entry['mean']['spearman_of_mean_loss'])}, "
+              f"pick regret {fmt(entry['pick_regret'], '.4f')}, "
               f"optimal mixture {', '.join(f'{d} {w:.2f}' for d, w in entry['optimal_mixture'].items())}")

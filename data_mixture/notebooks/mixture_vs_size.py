@@ -48,8 +48,8 @@ print("\n".join(fit.at_bounds_lines()) or "no fitted parameter at a bound")
 # ## Loss vs share, per size (points: runs at their last checkpoint; lines: the law)
 
 # %%
-for dom in table.loss_domains[:2]:
-    for mix_dom in table.mix_domains[:2]:
+for dom in table.loss_domains:  # every validation domain against every training domain's share
+    for mix_dom in table.mix_domains:
         print("wrote", plot_loss_vs_share(table, dom, mix_dom, OUT / f"loss_{dom}_vs_{mix_dom}.png", fit=fit))
 
 # %% [markdown]

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from data_mixture.sweep import record
-from data_mixture.sweep.targets import RunTarget, SweepError, load_plan, targets_from_plan
+from data_mixture.sweep.targets import RunTarget, SweepError, launch_command, load_plan, targets_from_plan
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,10 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     display = _Display(len(targets), len(skipped), root / "sweep.log", options.progress, backend.slots)
     display.say(f"sweep: {len(targets)} runs in {root} ({backend.describe()}); {len(skipped)} already done"
                 + (f": {', '.join(skipped[:6])}{' ...' if len(skipped) > 6 else ''}" if skipped else ""))
+    if queue:  # what each run is, as a command the user can run by hand
+        first = by_name[queue[0]]
+        display.say("sweep: each run trains as, e.g. " + launch_command(
+            first.config_file, first.run_dir, {**first.overrides, **first.added_overrides}))
     stop = {"signum": 0, "count": 0}
 
     def on_signal(signum, frame):

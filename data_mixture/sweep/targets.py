@@ -102,6 +102,16 @@ def override_args(overrides: Mapping[str, Any]) -> list[str]:
     return [f"--config.{key}={format_value(key, value)}" for key, value in overrides.items()]
 
 
+def launch_command(config_file: str, workdir: str | os.PathLike, overrides: Mapping[str, Any]) -> str:
+    """The training command, as a user pastes it into a shell: ``./launch.sh CONFIG --workdir DIR
+    --config.KEY=VALUE ...`` (each argument quoted for the shell where it needs it). Paths in the
+    overrides should be absolute, so that the command runs as printed from any directory."""
+    import shlex
+
+    args = ["./launch.sh", config_file, "--workdir", str(workdir), *override_args(overrides)]
+    return " ".join(shlex.quote(arg) for arg in args)
+
+
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     """The plan JSON; ``SweepError`` when it is missing, not JSON, or has no ``runs`` list."""
     p = Path(path)

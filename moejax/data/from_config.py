@@ -40,18 +40,25 @@ class TrainData:
 def check_data_config(cfg: Any) -> tuple[DatasetInfo, Schedule]:
     """Check ``cfg.data`` against the dataset it names, cheaply; raises ``DataError``."""
     info = describe_dataset(cfg.data.path)
-    schedule = schedule_from_config(cfg.data, info.domains, info.description)
+    problems = []  # the mixture's and the vocabulary's, independent: both said at once
+    try:
+        schedule = schedule_from_config(cfg.data, info.domains, info.description)
+    except DataError as e:
+        problems.append(str(e))
     vocab = info.tokenizer.vocab_size
     if cfg.model.vocab_size < vocab:
         file = f", {Path(info.path) / TOKENIZER_FILE}" if info.path and (Path(info.path) / TOKENIZER_FILE).is_file() else ""
         fix = (f"checkpoint.init_from's embedding has {cfg.model.vocab_size} rows: prepare the data with the "
                "tokenizer that checkpoint was trained with (an imported one is in its tokenizer/ directory)"
-               if cfg.checkpoint.init_from else f"Set --config.model.vocab_size={_round_up(vocab)}")
-        raise DataError(
+               if cfg.checkpoint.init_from else f"Set --config.model.vocab_size={round_up(vocab)}")
+        problems.append(
             f"config key 'model.vocab_size' has value {cfg.model.vocab_size}; allowed: at least "
             f"the vocabulary of the tokenizer of {info.description} ({info.tokenizer.name}{file}: "
             f"{vocab} tokens). {fix}."
         )
+    if problems:
+        raise DataError("\n".join(problems) if len(problems) == 1 else
+                        f"{len(problems)} problems: " + " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     return info, schedule
 
 
@@ -98,6 +105,9 @@ def warn_small_heldout(dataset: TokenDataset) -> None:
             warnings.warn(f"{dataset.info.description}: {problem}", HeldoutWarning, stacklevel=user_stacklevel())
 
 
-def _round_up(n: int, multiple: int = 128) -> int:
-    """Embedding tables shard and tile better at a multiple of 128."""
+VOCAB_MULTIPLE = 128  # embedding tables shard and tile better at a multiple of 128
+
+
+def round_up(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (a vocabulary size for the embedding table)."""
     return -(-n // multiple) * multiple

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 from moejax.errors import DataError
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_FILE: Final = "tokenizer.json"
 CONFIG_FILE: Final = "tokenizer_config.json"
@@ -174,6 +177,22 @@ def special_tokens(tokenizer: tokenizers.Tokenizer) -> list[str]:
     return [decoder[i].content for i in sorted(decoder) if decoder[i].special]
 
 
+# Texts that end a document in widely used tokenizers (GPT-2 and its descendants, T5/Llama, Gemma).
+END_OF_TEXT_TOKENS: Final = ("<|endoftext|>", "</s>", "<eos>")
+
+
+def obvious_eos(tokenizer: tokenizers.Tokenizer) -> tuple[str, str] | None:
+    """(token, why) when a tokenizer's special tokens leave one obvious end-of-text token: its only
+    special token, or its only one among ``END_OF_TEXT_TOKENS``; else None."""
+    specials = special_tokens(tokenizer)
+    if len(specials) == 1:
+        return specials[0], "the tokenizer's only special token"
+    known = [token for token in specials if token in END_OF_TEXT_TOKENS]
+    if len(known) == 1:
+        return known[0], f"its only special token of {', '.join(END_OF_TEXT_TOKENS)}"
+    return None
+
+
 def load_hf_tokenizer(path: str | os.PathLike[str], overrides: Mapping[str, str | None] | None = None) -> HFTokenizer:
     """The tokenizer of ``path``: a ``tokenizer.json``, or a directory holding one.
 
@@ -196,6 +215,10 @@ def load_hf_tokenizer(path: str | os.PathLike[str], overrides: Mapping[str, str 
     tokenizer = parse_tokenizer_json(json_text, str(file))
     chosen = configured_special_tokens(file.parent)
     chosen.update({role: token for role, token in (overrides or {}).items() if token is not None})
+    if chosen.get("eos") is None and (obvious := obvious_eos(tokenizer)):
+        chosen["eos"], why = obvious
+        log.info(f"tokenizer {file}: EOS token {chosen['eos']!r} ({why}; no file names one). --eos-token TOKEN "
+                 "chooses another.")
     if chosen.get("eos") is None:
         raise DataError(
             f"tokenizer {file}: no EOS token is named (moejax ends every document with it), neither in "

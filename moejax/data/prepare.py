@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -50,7 +51,8 @@ import tqdm
 from moejax import paths
 from moejax.config import default_config
 from moejax.data import layout, sources as sources_lib
-from moejax.data.dataset import PROGRESS_FILE, HeldoutWarning, combined_hash, small_heldout_message
+from moejax.data.dataset import (MIN_HELDOUT_DOCUMENTS, MIN_HELDOUT_TOKENS, PROGRESS_FILE, HeldoutWarning,
+                                 combined_hash, small_heldout_message)
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
@@ -68,6 +70,9 @@ DEFAULT_VOCAB_SIZE: Final = 8192
 DEFAULT_BPE_SAMPLE_MB: Final = 256
 MB: Final = 2**20
 AUTO_BYTES_PER_WORKER: Final = 32 * MB
+# A held-out fraction prepare chooses itself never holds out more than this share of a domain's tokens.
+MAX_AUTO_HELDOUT_SHARE: Final = 0.25
+log = logging.getLogger("moejax.data.prepare")  # also when run as __main__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +176,9 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
                             heldout_fraction: float, text_field: str, shard_bytes: int,
                             workers: int | None, progress: bool, seq_len: int) -> dict[str, Any]:
     """Tokenize every shard not already done, write the domain manifests and fill ``dataset``."""
-    tasks = {domain: _shard_tasks(out, domain, pieces, tok, tok_json, heldout_fraction, text_field,
+    # A domain whose held-out fraction an earlier run chose itself starts from that choice.
+    fractions = {domain: _chosen_fraction(out, domain, heldout_fraction) for domain in plans}
+    tasks = {domain: _shard_tasks(out, domain, pieces, tok, tok_json, fractions[domain], text_field,
                                   shard_bytes) for domain, pieces in plans.items()}
     records, pending = {}, []
     for domain, domain_tasks in tasks.items():
@@ -188,10 +195,34 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
     for task, record in _run(pending, workers, progress, out):
         records[(task.domain, task.index)] = record
 
+    # A domain left with too small a held-out split gets a fraction that holds out enough; only
+    # its shards are tokenized again.
+    for domain, pieces in plans.items():
+        shards = [records[(domain, task.index)] for task in tasks[domain]]
+        auto = _auto_heldout_fraction(domain, pieces, shards, fractions[domain], text_field, seq_len)
+        if auto is None:
+            continue
+        chosen, minimum = auto
+        what = (f"the minimum of {MIN_HELDOUT_DOCUMENTS} documents and {MIN_HELDOUT_TOKENS:,} tokens" if minimum else
+                f"a few training windows (the minimum would take more than {MAX_AUTO_HELDOUT_SHARE:.0%} of its tokens)")
+        log.info(f"prepare: domain {domain!r}: held-out fraction {chosen:g} instead of {fractions[domain]:g}, "
+                 f"which held out {_split_sizes(shards, 'heldout')}; {chosen:g} holds out {what}. Its shards are "
+                 "redone with it.")
+        fractions[domain] = chosen
+        tasks[domain] = _shard_tasks(out, domain, pieces, tok, tok_json, chosen, text_field, shard_bytes)
+        again = [task for task in tasks[domain] if _finished_record(task) is None]
+        for task in tasks[domain]:
+            if task not in again:
+                records[(domain, task.index)] = _finished_record(task)
+        for task, record in _run(again, _worker_count(again, workers), progress, out):
+            records[(task.domain, task.index)] = record
+        pending += again
+
     summary_domains = {}
     for source in parsed:
         manifest = _write_domain_manifest(out, source, tasks[source.domain], records, tok,
-                                          heldout_fraction, text_field, seq_len)
+                                          fractions[source.domain], text_field, seq_len,
+                                          asked_fraction=heldout_fraction)
         dataset["domains"][source.domain] = {
             "source": str(source), "sha256": manifest["sha256"],
             **{f"{split}_{key}": manifest["splits"][split][key]
@@ -208,6 +239,7 @@ def _tokenize_and_summarise(out: Path, parsed: list[Source], plans: Mapping[str,
         "input_bytes": sum(t.input_bytes for ts in tasks.values() for t in ts),
         "tokenized_bytes": sum(t.input_bytes for t in pending),
         "workers": workers,
+        "heldout_fractions": fractions,  # per domain: the one asked for, or the one prepare chose
     }
 
 
@@ -249,8 +281,7 @@ def tokenize_shard(task: ShardTask) -> dict[str, Any]:
 
 def is_heldout(text: str, fraction: float) -> bool:
     """Whether a document belongs to the held-out split: a hash of its text below ``fraction``."""
-    digest = hashlib.sha256(text.encode("utf-8", errors="replace")).digest()
-    return int.from_bytes(digest[:8], "little") < fraction * 2**64
+    return _document_hash(text) < fraction * 2**64
 
 
 def _check_options(parsed: list[Source], heldout_fraction: float,
@@ -507,9 +538,87 @@ def _ignore_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _chosen_fraction(out: Path, domain: str, asked: float) -> float:
+    """The held-out fraction an earlier run into ``out`` chose for ``domain`` when asked for
+    ``asked`` (so that a rerun skips its shards), else ``asked``."""
+    try:
+        with open(out / domain / layout.MANIFEST_FILE, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return asked
+    if manifest.get("heldout_fraction_asked") == asked and isinstance(manifest.get("heldout_fraction"), float):
+        return manifest["heldout_fraction"]
+    return asked
+
+
+def _split_sizes(shards: list[dict], split: str) -> str:
+    documents = sum(s["splits"][split]["documents"] for s in shards)
+    tokens = sum(s["splits"][split]["tokens"] for s in shards)
+    return f"{documents:,} documents / {tokens:,} tokens"
+
+
+def _document_hash(text: str) -> int:
+    """Where a document falls in [0, 2**64): it is held out when this is below fraction * 2**64."""
+    digest = hashlib.sha256(text.encode("utf-8", errors="replace")).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _auto_heldout_fraction(domain: str, pieces: list[Piece], shards: list[dict], fraction: float,
+                           text_field: str, seq_len: int) -> tuple[float, bool] | None:
+    """A held-out fraction for ``domain`` that holds out the documented minimum
+    (``MIN_HELDOUT_DOCUMENTS`` and ``MIN_HELDOUT_TOKENS``, and training windows), when
+    ``fraction`` (> 0) left less, and whether it reaches that minimum (else only training windows);
+    None when ``fraction`` is enough or no larger one helps.
+
+    Reads the domain's documents once more (no tokenizing): each document's hash decides its split,
+    and its tokens are estimated from its bytes at the domain's tokens per byte. The fraction
+    is the shortest decimal that holds out the fewest documents reaching the minimum, without
+    holding out more than ``MAX_AUTO_HELDOUT_SHARE`` of the domain's tokens; if the minimum needs
+    more than that, the fraction that holds out a few training windows."""
+    heldout = [s["splits"]["heldout"] for s in shards]
+    documents, tokens = sum(h["documents"] for h in heldout), sum(h["tokens"] for h in heldout)
+    window = seq_len + 1
+    has_window = max(h["tokens"] for h in heldout) >= window
+    if fraction <= 0 or (documents >= MIN_HELDOUT_DOCUMENTS and tokens >= MIN_HELDOUT_TOKENS and has_window):
+        return None
+    docs = sorted((_document_hash(text), len(text.encode("utf-8", errors="replace")))
+                  for piece in pieces for text in sources_lib.read_documents(piece, text_field)
+                  if text is not None and text.strip())
+    total_tokens = sum(s["splits"][split]["tokens"] for s in shards for split in layout.SPLITS)
+    total_bytes = sum(size for _, size in docs)
+    if len(docs) < 2 or not total_bytes:
+        return None
+    per_byte = max(total_tokens - len(docs), 0) / total_bytes
+    cap = MAX_AUTO_HELDOUT_SHARE * total_tokens
+    cumulative, reach_minimum, reach_windows = 0.0, None, None
+    for index, (_, size) in enumerate(docs[:-1]):
+        cumulative += size * per_byte + 1  # its tokens and its EOS
+        if cumulative > cap:
+            break
+        if reach_windows is None and cumulative >= 3 * window:
+            reach_windows = index
+        if index + 1 >= MIN_HELDOUT_DOCUMENTS and cumulative >= 1.1 * MIN_HELDOUT_TOKENS and cumulative >= 3 * window:
+            reach_minimum = index
+            break
+    last = reach_minimum if reach_minimum is not None else reach_windows
+    while last is not None and last + 1 < len(docs) and docs[last + 1][0] == docs[last][0]:
+        last += 1  # identical documents share a hash, and a split
+    if last is None or last + 1 >= len(docs):
+        return None
+    low, high = docs[last][0], docs[last + 1][0]  # hold out every document up to ``last``, not the next
+    chosen = high / 2**64
+    for digits in range(2, 17):
+        candidate = math.ceil(low / 2**64 * 10**digits) / 10**digits
+        if low < candidate * 2**64 <= high:
+            chosen = candidate
+            break
+    return (chosen, reach_minimum is not None) if chosen > fraction else None
+
+
 def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
                            records: Mapping[tuple[str, int], dict], tok: Tokenizer,
-                           heldout_fraction: float, text_field: str, seq_len: int) -> dict[str, Any]:
+                           heldout_fraction: float, text_field: str, seq_len: int,
+                           asked_fraction: float | None = None) -> dict[str, Any]:
     """Sum the shard records of a domain into its ``manifest.json``; drop stale shard files."""
     domain = source.domain
     shards = [records[(domain, task.index)] for task in tasks]
@@ -524,6 +633,11 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
         total_documents=splits["train"]["documents"] + splits["heldout"]["documents"],
         total_tokens=splits["train"]["tokens"] + splits["heldout"]["tokens"], fraction=heldout_fraction)
     if problem and heldout_fraction > 0:
+        if asked_fraction is not None and asked_fraction != heldout_fraction:  # prepare chose it
+            problem = (problem.split(": its eval_loss", 1)[0] + f": its eval_loss/{domain} will be noise. prepare "
+                       f"chose --heldout-fraction {heldout_fraction:g}; the minimum would hold out more than "
+                       f"{MAX_AUTO_HELDOUT_SHARE:.0%} of the domain's tokens: give it more text (in more "
+                       "documents), or pass a larger --heldout-fraction to hold out more anyway.")
         warnings.warn(problem, HeldoutWarning, stacklevel=user_stacklevel())
     manifest = {
         "format": layout.FORMAT,
@@ -532,6 +646,7 @@ def _write_domain_manifest(out: Path, source: Source, tasks: list[ShardTask],
         "tokenizer": tok.name,
         "dtype": token_dtype(tok.vocab_size).name,
         "heldout_fraction": heldout_fraction,
+        "heldout_fraction_asked": heldout_fraction if asked_fraction is None else asked_fraction,
         "text_field": text_field,
         "input_bytes": sum(s["input_bytes"] for s in shards),
         "skipped_documents": sum(s["skipped_documents"] for s in shards),

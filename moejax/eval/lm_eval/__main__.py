@@ -77,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     return run(lambda: _evaluate(args), prog=PROG, verbosity=-1, quiet_absl=True)
 
 
+def _record_moejax_version() -> None:
+    """lm-eval records the git commit of the current directory by running ``git describe`` there,
+    which prints ``fatal: not a git repository`` anywhere else; the results record moejax's
+    version (and commit, from its own checkout) instead, without running git in the user's directory."""
+    import lm_eval.evaluator
+
+    from moejax import code_version
+
+    lm_eval.evaluator.get_git_commit_hash = code_version
+
+
 def _evaluate(args: argparse.Namespace) -> None:
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
@@ -85,6 +96,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     from moejax.eval.lm_eval.model import MoejaxLM
     from moejax.eval.lm_eval.offline import check_offline, task_manager
 
+    _record_moejax_version()
     include_path = [paths.user_path(p) for p in args.include_path] if args.include_path else None
     manager = task_manager(args.tasks, include_path)
     check_offline(manager, args.tasks)
@@ -127,6 +139,7 @@ def _lm_eval_cli(argv: list[str]) -> None:
                 sys.stderr.write(f"{PROG}: error: {e}\n")
                 sys.exit(2)
     setup_logging()
+    _record_moejax_version()
     sys.argv = ["lm-eval", *argv]
     cli = HarnessCLI()
     cli.execute(cli.parse_args())

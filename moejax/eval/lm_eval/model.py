@@ -1,8 +1,8 @@
 """The lm-eval model ``moejax``: a training run's checkpoint behind lm-eval's ``LM`` interface.
 
-``MoejaxLM(workdir=DIR, step=N, batch_size=B)`` opens the run as ``python -m moejax.eval`` does
-(:func:`moejax.eval.restore.open_run`: the run's config, its tokenizer, the local devices) and
-answers lm-eval's three request types:
+``MoejaxLM(workdir=DIR, step=N, batch_size=B)`` opens the checkpoint with :func:`moejax.load`
+(the Python API: the run's config, its tokenizer, the local devices, the evaluation's jitted
+forward and the KV-cache generator) and answers lm-eval's three request types:
 
 - ``loglikelihood``: summed log-probabilities of continuations after contexts, and whether greedy
   decoding would have produced them (:mod:`.rows`), by the same jitted forward as moejax's own
@@ -28,10 +28,9 @@ import tqdm
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from moejax.eval.forward import Scorer
 from moejax.eval.lm_eval.rows import Row, continuation_rows, rolling_rows, score_rows
-from moejax.eval.restore import open_run
 from moejax.generate import Generator
+from moejax.trained import load
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +51,12 @@ class MoejaxLM(LM):
         if unknown:
             raise ValueError(f"moejax: unknown model argument(s) {unknown}; allowed: workdir, step, batch_size, "
                              "progress (e.g. --model_args workdir=runs/tiny_moe,step=400).")
-        self.erun = open_run(str(workdir))
-        self.ckpt = self.erun.load(None if step in (None, "") else int(step))
-        self.tokenizer = self.erun.tokenizer
-        self.max_len = int(self.erun.cfg.train.seq_len)
-        shards = self.erun.batch_shards
-        self.batch_size = -(-_batch_size(batch_size) // shards) * shards
+        self.model = load(str(workdir), None if step in (None, "") else int(step), batch_size=_batch_size(batch_size))
+        self.erun, self.ckpt, self.tokenizer = self.model.erun, self.model.checkpoint, self.model.tokenizer
+        self.max_len = self.model.max_len
+        self.batch_size = self.model.batch_size  # a multiple of the devices a batch is split over
         self.progress = progress
-        self.scorer = Scorer(self.erun.run, self.erun.run.balancer, self.erun.cfg.model.moe.num_experts)
-        self._generator: Generator | None = None
+        self.scorer = self.model.scorer
         self._warned: set[str] = set()
 
     # -- lm-eval's interface --------------------------------------------------------------------
@@ -107,10 +103,7 @@ class MoejaxLM(LM):
     @property
     def generator(self) -> Generator:
         """The KV-cache generator over the training context (built on first use)."""
-        if self._generator is None:
-            self._generator = Generator(self.erun.run, self.erun.cfg, max_len=self.max_len,
-                                        balancer=self.erun.run.balancer)
-        return self._generator
+        return self.model.generator()
 
     @property
     def tokenizer_name(self) -> str:
