@@ -150,7 +150,7 @@ def test_the_import_graph_reads_imports_at_every_depth():
     assert "moejax.train.loop" in graph["moejax.main"]  # imported inside main()
     assert "moejax.data.bpe" in graph["moejax.data.tokenizer"]  # inside get_tokenizer
     assert "moejax.model.balancing.registry" in graph["moejax.model.balancing"]  # from a package's __init__
-    assert "moejax.config" in graph["moejax.train.loop"]  # from moejax import config as config_lib
+    assert "moejax.config" in graph["moejax.train.startup"]  # from moejax import config as config_lib
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [frozenset("abc")]
 
 
