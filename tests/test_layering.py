@@ -201,6 +201,20 @@ def test_the_model_imports_nothing_from_data_train_or_above():
     assert not bad, "\n".join(bad)
 
 
+def test_generation_and_evaluation_run_one_way():
+    """The ``generate`` command sits on top: it opens a checkpoint with ``moejax.load`` and decodes
+    with the evaluation's KV-cache generator (``moejax.eval.generator``). Nothing below it (the
+    evaluation, ``moejax.trained``) imports ``moejax.generate`` back."""
+    graph = import_graph()
+    bad = [
+        f"{module} imports moejax.generate (line {targets['moejax.generate']})"
+        for module, targets in sorted(graph.items())
+        if "moejax.generate" in targets and module not in ("moejax.cli", "moejax.__main__")
+    ]
+    assert not bad, "\n".join(bad)
+    assert {"moejax.trained", "moejax.eval.generator"} <= set(graph["moejax.generate"])
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
