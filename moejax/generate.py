@@ -18,12 +18,12 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from moejax.eval.generator import Generator, length_bucket
+from moejax.eval.generator import length_bucket
 from moejax.log import add_verbosity_flags
 from moejax.model.transformer import DTYPES
 from moejax.runner import run
 
-__all__ = ["Generator", "length_bucket", "main"]  # Generator: the public name of the KV-cache generator
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
