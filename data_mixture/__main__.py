@@ -31,7 +31,7 @@ EXAMPLES = {
     "collect": f"{PROG} collect runs/mixture_ladder --out runs.csv\n"
                f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'\n"
                f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
-    "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
+    "fit": f"{PROG} fit --runs experiments/studies/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
            f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5\n"
            f"{PROG} fit --runs runs.csv --law camel --out fit.json --holdout largest   # fit below the largest size\n"
            f"{PROG} fit --runs runs.csv --law camel --target heldout_qa --out fit.json   # a held-out target\n"
@@ -39,7 +39,7 @@ EXAMPLES = {
     "laws": f"{PROG} laws              # each law's minimum sizes and runs for 2..8 training domains\n"
             f"{PROG} laws --domains 3  # for 3 training domains",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
-    "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
+    "evaluate": f"{PROG} evaluate --runs experiments/studies/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
                 "--out-dir results/eval\n"
                 f"{PROG} evaluate --runs runs.csv --laws camel,regmix_linear --holdout each --starts 16 --out-dir results/eval_each",
     "register": f"{PROG} register --rule 'a beats b when the 95% paired t-interval over 3 seeds of loss(a) - loss(b) "

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moejax import generate as generate_cli
-from moejax.generate import Generator
+from moejax.eval.generator import Generator
 from moejax.model.decode import next_token, top_p_mask
 from tests.test_eval import ckpt, erun, reference_logits, workdir  # noqa: F401 (shared fixtures)
 

@@ -331,7 +331,7 @@ def test_training_starts_from_a_params_only_import_with_a_fresh_optimizer(bf16_r
     --with-optimizer writes a train state that resumes."""
     from moejax import sharding
     from moejax.train.checkpoint import Checkpointer, ParamsOnlyCheckpoint
-    from moejax.train.loop import fresh_state
+    from moejax.train.startup import fresh_state
     from moejax.train.state import setup
 
     _, workdir, _, _ = bf16_round_trip

@@ -465,7 +465,7 @@ def test_evaluation_under_repetitive_prompts_loses_no_tokens_with_llep():
 
 
 def test_generation_under_repetitive_prompts_loses_no_tokens_with_llep():
-    from moejax.generate import Generator
+    from moejax.eval.generator import Generator
 
     prompts = list(repetitive_prompts(8, 12))
     outputs = {}

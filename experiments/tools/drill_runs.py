@@ -110,6 +110,7 @@ def divergent_steps(reference: dict[int, dict], resumed: dict[int, dict]) -> lis
 
 def drill(kills: int, steps: int, every: int, sig: int, seed: int, root: str) -> tuple[int, list[int]]:
     """Runs the reference and the killed run under ``root``; returns (kills done, divergent steps)."""
+    os.makedirs(root, exist_ok=True)
     cache_dir = os.path.join(root, "cache")
     config = write_config(root, steps=steps, every=every, cache_dir=cache_dir)
     reference_dir, drill_dir = os.path.join(root, "reference"), os.path.join(root, "drill")

@@ -28,6 +28,9 @@ from moejax.config import ConfigDict
 from moejax.errors import ConfigError
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
+from moejax.eval.forward import Scorer
+from moejax.eval.generator import Generator
+from moejax.model.balancing import Balancer
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
 from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks, unreadable_reason
 from moejax.train.state import Run, num_moe_layers, setup
@@ -63,6 +66,20 @@ class EvalRun:
     def batch_shards(self) -> int:
         """Devices a batch is split over: batch sizes must be multiples of this."""
         return math.prod(self.run.mesh.shape[a] for a in ("data", "fsdp", "expert"))
+
+    # The one place a restored run's jitted functions are built (the evaluation, ``moejax.load``,
+    # ``python -m moejax.generate`` and lm-eval all take them from here). ``balancer`` replaces the
+    # run's balancing objectives (e.g. with an expert mask); the checkpoint's ``balance`` must then
+    # hold its state.
+
+    def scorer(self, balancer: Balancer | None = None) -> Scorer:
+        """The jitted scoring forward: per-row summed log-probabilities and routing statistics."""
+        return Scorer(self.run, self.run.balancer if balancer is None else balancer, self.cfg.model.moe.num_experts)
+
+    def generator(self, max_len: int, balancer: Balancer | None = None) -> Generator:
+        """The KV-cache generator over ``max_len`` positions, never picking an id past the tokenizer."""
+        return Generator(self.run, self.cfg, max_len=max_len, num_tokens=self.tokenizer.vocab_size,
+                         balancer=self.run.balancer if balancer is None else balancer)
 
     def load(self, step: int | None = None) -> Checkpoint:
         """The parameters and balancing state of ``step``, in the mesh. Default: the newest

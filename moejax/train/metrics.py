@@ -178,3 +178,21 @@ def truncate_metrics(workdir: str, step: int) -> None:
     with open(path + ".tmp", "w") as f:
         f.writelines(lines)
     os.replace(path + ".tmp", path)
+
+
+def eval_losses_from_metrics(workdir: str) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
+    """(step, eval_loss) of the first and of the last evaluation in ``workdir/metrics.jsonl``."""
+    first = last = None
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return None, None
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record.get("eval_loss"), (int, float)):
+                last = (int(record["step"]), float(record["eval_loss"]))
+                first = first or last
+    return first, last
