@@ -31,7 +31,7 @@ EXAMPLES = {
     "collect": f"{PROG} collect runs/mixture_ladder --out runs.csv\n"
                f"{PROG} collect runs/a runs/b --out runs.csv --evaluate --eval-args='--max-items 32'\n"
                f"{PROG} collect sweeps/mid/s1_base sweeps/mid/s1_m0 --out runs.csv   # a mid-training run and its base",
-    "fit": f"{PROG} fit --runs data_mixture/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
+    "fit": f"{PROG} fit --runs experiments/studies/results/ladder_runs.csv --law camel --out fit.json --bootstrap 100 --seed 0\n"
            f"{PROG} fit --runs runs.csv --law additive --out fit.json --fix beta=0.3 gamma[0]=0.5\n"
            f"{PROG} fit --runs runs.csv --law camel --out fit.json --holdout largest   # fit below the largest size\n"
            f"{PROG} fit --runs runs.csv --law camel --target heldout_qa --out fit.json   # a held-out target\n"
@@ -39,7 +39,7 @@ EXAMPLES = {
     "laws": f"{PROG} laws              # each law's minimum sizes and runs for 2..8 training domains\n"
             f"{PROG} laws --domains 3  # for 3 training domains",
     "predict": f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv",
-    "evaluate": f"{PROG} evaluate --runs data_mixture/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
+    "evaluate": f"{PROG} evaluate --runs experiments/studies/results/ladder_runs.csv --laws mixing_law,additive,regmix,camel "
                 "--out-dir results/eval\n"
                 f"{PROG} evaluate --runs runs.csv --laws camel,regmix_linear --holdout each --starts 16 --out-dir results/eval_each",
     "register": f"{PROG} register --rule 'a beats b when the 95% paired t-interval over 3 seeds of loss(a) - loss(b) "
@@ -95,9 +95,14 @@ def _parse_weights(items: list[str] | None, flag: str) -> dict[str, float]:
             try:
                 if not sep or not name:
                     raise ValueError
-                out[name.strip()] = float(value)
+                number = float(value)
             except ValueError:
                 raise UsageError(f"{flag} {part!r}: expected DOMAIN=NUMBER, e.g. {flag} code=0.1") from None
+            name = name.strip()
+            if name in out and out[name] != number:
+                raise UsageError(f"{flag} gives {name!r} twice, as {out[name]:g} and {number:g}; give each "
+                                 f"domain once (every {flag} counts, e.g. {flag} code=0.1 {flag} math=0.4).")
+            out[name] = number
     return out
 
 
@@ -584,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples over runs (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--starts", type=int, default=64, help="random starts per fit")
-    p.add_argument("--chance", nargs="*", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--chance", nargs="*", action="extend", help="chance level per benchmark task, e.g. code=0.25 math=0")
     p.add_argument("--holdout", default="none",
                    help="rows to leave out of the fit, as evaluate chooses them: 'none' (default: fit every row), "
                         "'largest' (the largest size), 'size=N' (the size closest to N), 'runs=a,b,...'")
@@ -610,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("evaluate", "Compare laws with baselines on held-out sizes: decision accuracy (with the seed noise "
                         "floor and bootstrap intervals), errors, pick regret, and a one-line verdict.")
-    p.add_argument("--runs", required=True, nargs="+",
+    p.add_argument("--runs", required=True, nargs="+", action="extend",
                    help="runs table CSV; several files with the same columns are concatenated (e.g. proxies + targets)")
     p.add_argument("--laws", default="mixing_law,additive,regmix,camel")
     p.add_argument("--holdout", default="largest",
@@ -638,7 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "predictions, git commit, UTC time and a sha256 of it all.")
     p.add_argument("--rule", required=True, help="the decision rule, in words")
     p.add_argument("--candidates", required=True, help='JSON file {"name": {"domain": weight, ...}, ...}')
-    p.add_argument("--fits", nargs="*", metavar="LAW=FIT.json", help="fits whose mean predicted loss per candidate is registered")
+    p.add_argument("--fits", nargs="*", action="extend", metavar="LAW=FIT.json", help="fits whose mean predicted loss per candidate is registered")
     p.add_argument("--predictions", default=None, help='JSON file {"law": {"candidate": value}} of other predictions')
     p.add_argument("--size", type=float, default=None, help="target model size (the size column); restricts the check "
                                                             "to the runs at it")
@@ -657,11 +662,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=float, required=True, help="target training tokens")
     p.add_argument("--objective", choices=("loss", "bench"), default="loss",
                    help="loss: minimise the weighted validation loss; bench: maximise weighted predicted accuracy")
-    p.add_argument("--loss-weights", nargs="*", help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
-    p.add_argument("--task-weights", nargs="*", help="benchmark-task weights (default: equal over the fit's tasks)")
-    p.add_argument("--min-weight", nargs="*", help="per-domain minimum share, e.g. code=0.1")
-    p.add_argument("--max-weight", nargs="*", help="per-domain maximum share, e.g. math=0.4")
-    p.add_argument("--available", nargs="*", help="available training tokens per domain, e.g. code=1e9 math=2e8")
+    p.add_argument("--loss-weights", nargs="*", action="extend", help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
+    p.add_argument("--task-weights", nargs="*", action="extend", help="benchmark-task weights (default: equal over the fit's tasks)")
+    p.add_argument("--min-weight", nargs="*", action="extend", help="per-domain minimum share, e.g. code=0.1")
+    p.add_argument("--max-weight", nargs="*", action="extend", help="per-domain maximum share, e.g. math=0.4")
+    p.add_argument("--available", nargs="*", action="extend", help="available training tokens per domain, e.g. code=1e9 math=2e8")
     p.add_argument("--dataset", default=None,
                    help="read available tokens from a moejax dataset: a prepared dataset directory, or 'builtin'")
     p.add_argument("--cache-dir", default="", help="built-in corpus cache (default: $MOEJAX_CACHE or ~/.cache/moejax)")
@@ -690,8 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size presets, JSON text or file: {name: {overrides...}} (default: the ladder presets)")
     p.add_argument("--tokens-per-param", default=None,
                    help="runs from scratch: candidate tokens/params ratios, comma-separated (default 20)")
-    p.add_argument("--min-weight", nargs="*")
-    p.add_argument("--max-weight", nargs="*")
+    p.add_argument("--min-weight", nargs="*", action="extend")
+    p.add_argument("--max-weight", nargs="*", action="extend")
     p.add_argument("--domains", default=None,
                    help="training domains, comma-separated (default: the prior's, else the --dataset's)")
     p.add_argument("--dataset", default=None,
@@ -723,7 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mid-tokens-per-param", default=None,
                    help="mid-training: candidate mid-training tokens/params ratios, comma-separated (default 4)")
     p.add_argument("--mid-tokens", type=float, default=None, help="mid-training: mid-training tokens at every size")
-    p.add_argument("--base-mixture", nargs="*", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
+    p.add_argument("--base-mixture", nargs="*", action="extend", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
                                                      "(default: uniform)")
     p.add_argument("--mid-lr-scale", type=float, default=1.0,
                    help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")
@@ -780,10 +785,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", default="mergemix", help="mergemix (regressor-guided, the paper) | cmaes | both")
     p.add_argument("--budget", type=int, default=60, help="merges evaluated per search (default 60)")
     p.add_argument("--seeds", type=int, default=40, help="seed design of the mergemix search (default 40)")
-    p.add_argument("--task-weights", nargs="*", help="objective: benchmark weights, e.g. know_type=2,math_copy=1 "
+    p.add_argument("--task-weights", nargs="*", action="extend", help="objective: benchmark weights, e.g. know_type=2,math_copy=1 "
                                                       "(default: macro-average of every benchmark)")
-    p.add_argument("--loss-weights", nargs="*", help="objective: held-out loss weights (count negatively), e.g. code=1")
-    p.add_argument("--min-weight", nargs="*", help="per-domain floors of the merge weights, e.g. code=0.05,math=0.05")
+    p.add_argument("--loss-weights", nargs="*", action="extend", help="objective: held-out loss weights (count negatively), e.g. code=1")
+    p.add_argument("--min-weight", nargs="*", action="extend", help="per-domain floors of the merge weights, e.g. code=0.05,math=0.05")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="local", help="experts' training: local | ray")
     p.add_argument("--parallel", type=int, default=1, help="experts trained at once")

@@ -67,6 +67,7 @@ from scipy.stats import spearmanr
 
 from data_mixture import decisions as dec
 from data_mixture.baselines import BASELINES, Cells, build_cells, compute_baselines
+from data_mixture.laws.base import SizeExtrapolationWarning
 from data_mixture.table import RunsTable, TableError
 from moejax.errors import UserError
 
@@ -464,7 +465,9 @@ def _evaluate_law(name, train_t, held: Cells, decision: _Decision, domains, mix_
         warnings.simplefilter("always")
         entry, boots = _fit_and_score(name, train_t, held, decision, domains, mix_domains, size_column=size_column,
                                       seed=seed, starts=starts, optimum=optimum)
-    entry["warnings"] = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
+    # predicting the held-out size is extrapolation in size by design: that warning is no news here
+    entry["warnings"] = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)
+                                           and not issubclass(w.category, SizeExtrapolationWarning)))
     return entry, boots
 
 

@@ -566,7 +566,7 @@ def _fail_pair(changed: Any, first: tuple[str, Any, str], second: tuple[str, Any
 
 
 def _check_llep(moe: ConfigDict, mesh: dict[str, int]) -> None:
-    """ep_balance = llep: an expert axis to spill over, the gather form, buffers that can spill."""
+    """ep_balance = llep: an expert axis to spill over, buffers that can spill."""
     if moe.ep_balance != "llep":
         return
     if moe.backend != "expert_parallel":
@@ -575,9 +575,6 @@ def _check_llep(moe: ConfigDict, mesh: dict[str, int]) -> None:
     if mesh["expert"] < 2:
         _fail("model.moe.ep_balance", "llep", f"'drop' with mesh.expert={mesh['expert']}",
               "LLEP needs an expert mesh axis of size >= 2 to spill over: set mesh.expert.")
-    if moe.ep_comm != "all_gather":
-        _fail("model.moe.ep_comm", moe.ep_comm, "all_gather with model.moe.ep_balance=llep",
-              "LLEP moves tokens in the all_gather form.")
     if not isinstance(moe.ep_spill_slots, int) or isinstance(moe.ep_spill_slots, bool):
         _fail("model.moe.ep_spill_slots", moe.ep_spill_slots, "an int >= 1 (experts a device may host)")
     if moe.ep_spill_slots > moe.num_experts:

@@ -36,6 +36,13 @@ class DataError(ConfigError):
     """Bad data input, found before training starts; the message names the source and the fix."""
 
 
+class RunStopped(RuntimeError):
+    """A run that stopped on purpose, with a one-paragraph reason: the command line prints it
+    (``moejax: ...``, no traceback) and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
 def fail_config_key(key: str, value: Any, allowed: str, fix: str = "") -> NoReturn:
     """Raises the ``ConfigError`` of one key: "config key 'KEY' has value VALUE; allowed: ALLOWED."
     followed by ``fix`` (how to fix it) when given."""

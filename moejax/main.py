@@ -318,11 +318,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(command: CommandLine) -> int:
-    """Trains what the command line asks for; the exit status (0, 3 diverged, 128 + signal preempted)."""
+    """Trains what the command line asks for; the exit status (0, 3 diverged, 74 a failed save, 128 + signal
+    preempted)."""
     maybe_initialize_distributed()
     import jax
 
-    from moejax.train.loop import Diverged, train
+    from moejax.errors import RunStopped
+    from moejax.train.loop import train
     from moejax.train.precompile import use_persistent_cache
     from moejax.train.preemption import Preempted
 
@@ -333,9 +335,9 @@ def _train(command: CommandLine) -> int:
     except Preempted as e:
         sys.stderr.write(f"moejax: {e}; checkpoint saved. Rerun the same command to resume.\n")
         return 128 + e.signum
-    except Diverged as e:
+    except RunStopped as e:  # diverged (3), a failed save (74): one paragraph
         sys.stderr.write(f"moejax: {e}\n")
-        return 3
+        return e.exit_code
     if jax.process_index() == 0:
         print(summary_line(summary, command.workdir))
     return 0

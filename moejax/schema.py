@@ -210,9 +210,10 @@ class DispatchConfig(TypedConfig):
                                        doc="expert_parallel: slots per device pair (llep: native rows), x balanced share")
     # expert_parallel: what happens to assignments past the buffers: drop (counted in drop_rate) |
     # llep (Least-Loaded EP: an overloaded device's excess assignments, and the weights of their
-    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs ep_comm =
-    # all_gather and mesh.expert > 1; ep_capacity_factor then sizes each device's native buffer,
-    # ceil(factor x q) rows with q = its tokens x experts_per_token (not per device pair).
+    # experts, go to the least-loaded devices; docs/expert_parallel.md). llep needs mesh.expert > 1;
+    # its spilling exchange moves tokens in the all_gather form (ep_comm is the form of the standard
+    # exchange it takes under ep_llep_threshold); ep_capacity_factor also sizes each device's native
+    # spill-mode buffer, ceil(factor x q) rows with q = its tokens x experts_per_token.
     ep_balance: str = hparam("drop", check=one_of(*BALANCES),
                              doc="expert_parallel: drop the overflow, or llep (spill it to least-loaded devices)")
     # llep: S, the extra experts (spill slots) a device may host, each with its weights and
@@ -224,6 +225,15 @@ class DispatchConfig(TypedConfig):
     # routing, when S >= num_experts / mesh.expert + 1 / ep_spill_capacity_factor.
     ep_spill_slots: int = hparam(2, check=positive(int), doc="llep: extra experts a device may host")
     ep_spill_capacity_factor: float = hparam(1.0, check=positive(), doc="llep: each spill slot's rows, x q")
+    # llep: a layer spills only when an expert group's imbalance, its largest device load over the
+    # mean (loads as standard EP asks them), reaches this threshold, or when standard EP's buffers
+    # would drop; otherwise it takes standard EP's exchange (no plan, no weight ring, no spill rows)
+    # in the ep_comm form with this threshold as its capacity factor (per device pair
+    # ceil(threshold x q / mesh.expert) slots: what a device can be asked for under the threshold).
+    # The step's metrics count it (llep_engaged, per MoE layer). 1.3 is the value the LLEP authors'
+    # reference code runs with (MOE_ADAPTIVE_LPT_ROUTING_RATIO); <= 1: always spill.
+    ep_llep_threshold: float = hparam(1.3, check=positive(),
+                                      doc="llep: spill when max device load >= this x mean load; <= 1: always")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

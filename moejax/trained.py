@@ -12,7 +12,8 @@ The run is opened as ``python -m moejax.eval`` opens it (:func:`moejax.eval.rest
 config the checkpoint was trained with, the dataset's tokenizer, the model on the local devices)
 and only the parameters and the balancing state are read. Scoring uses the evaluation's jitted
 forward (:class:`moejax.eval.forward.Scorer`), generation the KV-cache
-:class:`moejax.generate.Generator`, so what this object computes is what the evaluation and the
+:class:`moejax.eval.generator.Generator`, both built by the opened run (``EvalRun.scorer``,
+``EvalRun.generator``) as the evaluation and ``python -m moejax.generate`` build them, so what this object computes is what the evaluation and the
 lm-eval adapter (which is built on it) compute. Each new input width compiles once (widths are
 rounded up to a power of two, so a handful of compiles serve every input).
 
@@ -34,9 +35,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from moejax.errors import ConfigError
 from moejax.eval.forward import Scorer
+from moejax.eval.generator import Generator, length_bucket
 from moejax.eval.harness import pack_rows
 from moejax.eval.restore import Checkpoint, EvalRun, open_run
-from moejax.generate import Generator, length_bucket
 from moejax.train.state import to_global
 
 
@@ -99,16 +100,14 @@ class TrainedModel:
     def scorer(self) -> Scorer:
         """The jitted scoring forward: per-row summed log-probabilities of the scored targets."""
         if self._scorer is None:
-            self._scorer = Scorer(self.erun.run, self.erun.run.balancer, self.erun.cfg.model.moe.num_experts)
+            self._scorer = self.erun.scorer()
         return self._scorer
 
     def generator(self, max_len: int | None = None) -> Generator:
         """The KV-cache generator over ``max_len`` positions (default: the trained context)."""
         max_len = self.max_len if max_len is None else max_len
         if max_len not in self._generators:
-            self._generators[max_len] = Generator(self.erun.run, self.erun.cfg, max_len=max_len,
-                                                  balancer=self.erun.run.balancer,
-                                                  num_tokens=self.tokenizer.vocab_size)
+            self._generators[max_len] = self.erun.generator(max_len)
         return self._generators[max_len]
 
     # -- the API -------------------------------------------------------------------------------

@@ -315,7 +315,7 @@ def _logged_eval_routes_with_the_bias(cfg, workdir, logged_eval_loss):
     from moejax.data.from_config import make_data
     from moejax.train.checkpoint import Checkpointer
     from moejax.checks import check_config
-    from moejax.train.loop import evaluate
+    from moejax.train.default_hooks import evaluate
     from moejax.train.state import setup
     from moejax.train.step import make_eval_step
 

@@ -30,7 +30,7 @@ from moejax.interop import hf
 from data_mixture import __main__ as dm_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "data_mixture" / "results"
+RESULTS = ROOT / "experiments" / "studies" / "results"
 PROC = "/proc/moejax_cannot_create_this"  # a directory nobody can create, not even root
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats sleep in the warm sun".split()
 

@@ -14,7 +14,7 @@ import pytest
 
 from moejax.config import default_config
 from moejax.data import layout
-from moejax.data.dataset import open_dataset, verify_dataset
+from moejax.data.dataset import PROGRESS_FILE, open_dataset, verify_dataset
 from moejax.errors import DataError
 from moejax.data.from_config import make_data
 from moejax.data.packing import ShardedPacker
@@ -153,19 +153,47 @@ def test_rerun_skips_finished_shards_and_redoes_changed_ones(sources, tmp_path):
     assert json.loads((out / layout.DATASET_FILE).read_text())["sha256"] != reference["sha256"]
 
 
-def test_a_failed_run_resumes_after_the_input_is_fixed(tmp_path, docs):
-    """A real interruption: the run dies on a bad line in its last file; the rerun keeps the rest."""
+def test_a_failed_run_leaves_nothing_and_the_fixed_rerun_completes(tmp_path, docs):
+    """The run dies on a bad line in its last file, after other shards were written: the new output
+    directory is removed; a run into an existing dataset removes only what it wrote."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs["jsonl"]))
     (src / "b.jsonl").write_text(json.dumps({"text": "fine"}) + "\n{not json\n")
-    with pytest.raises(DataError, match=r"b.jsonl: the line at byte 17 is not valid JSON"):
+    with pytest.raises(DataError, match=r"b.jsonl: the line at byte 17 is not valid JSON.* Nothing was left behind"):
         prepare_dataset([f"facts={src}"], tmp_path / "ds", **OPTIONS)
-    finished = len(list((tmp_path / "ds" / "facts").glob("shard-*.json")))
-    assert finished >= 3
+    assert not (tmp_path / "ds").exists()
     (src / "b.jsonl").write_text(json.dumps({"text": "fine"}) + "\n")
     summary = prepare_dataset([f"facts={src}"], tmp_path / "ds", **OPTIONS)
-    assert summary["shards_skipped"] == finished and summary["shards_tokenized"] == 1
+    assert summary["shards_skipped"] == 0 and summary["shards_tokenized"] >= 4
+    before = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "ds").rglob("*"))
+    (src / "b.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match=r"were removed; what was there before is untouched"):
+        prepare_dataset([f"more={src / 'b.jsonl'}"], tmp_path / "ds", **OPTIONS)
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "ds").rglob("*")) == before
+
+
+def test_files_a_failed_run_of_an_older_version_left_are_cleared_and_said(tmp_path, docs, caplog):
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs["jsonl"]))
+    out = tmp_path / "ds"
+    (out / "facts").mkdir(parents=True)
+    (out / "facts" / "shard-00000.train.tokens.npy").write_bytes(b"left by a failed run")
+    (out / PROGRESS_FILE).write_text(json.dumps({"state": "failed", "domains": ["facts"], "error": "bad line"}))
+    prepare_dataset([f"facts={src}"], out, **OPTIONS)
+    assert "an earlier run into" in caplog.text and "removed what it left: facts, prepare-progress.json" in caplog.text
+    assert open_dataset(out).domains == ("facts",)
+
+
+def test_non_utf8_text_is_refused_naming_the_file_byte_and_line(tmp_path):
+    text, jsonl = tmp_path / "latin1.txt", tmp_path / "latin1.jsonl"
+    text.write_bytes("line one\ncaf\u00e9 two\n".encode("latin-1"))
+    jsonl.write_bytes(b'{"text": "ok"}\n' + '{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.txt: byte 12 \(line 2\) is not valid UTF-8 .*iconv"):
+        prepare_dataset([f"prose={text}"], tmp_path / "a", **OPTIONS)
+    with pytest.raises(DataError, match=r"latin1.jsonl: the line at byte 15: byte 28 is not valid UTF-8"):
+        prepare_dataset([f"prose={jsonl}"], tmp_path / "b", **OPTIONS)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_adding_a_domain_keeps_the_others(prepared, sources, tmp_path):

@@ -333,3 +333,18 @@ def test_bad_arguments_raise_clear_errors():
         dispatch(*args[:5], args[4], cfg=DispatchConfig(backend="capacity"))
     with pytest.raises(ValueError, match=r"group_sizes_e must have shape \(4,\)"):
         grouped_matmul(x_md, w_edf, jnp.array([4, 0]))
+
+
+@pytest.mark.parametrize("e, k", [(8, 2), (128, 8)])
+def test_capacity_slots_are_the_same_by_sort_and_by_one_hot_count(e, k):
+    # The capacity backend counts slots with a one-hot cumsum for few experts and a stable sort per
+    # group for many (cheaper as experts grow); both must give every assignment the same slot: the
+    # number of earlier assignments (choice-major) to its expert in its group.
+    from moejax.model import dispatch as dispatch_lib
+
+    idx_gtk = jax.lax.top_k(jax.random.normal(jax.random.key(3), (3, 40, e)), k)[1].astype(jnp.int32)
+    expert_gq = np.asarray(jnp.swapaxes(idx_gtk, 1, 2).reshape(3, k * 40))
+    want_gq = np.array([[np.sum(row[:i] == row[i]) for i in range(len(row))] for row in expert_gq])
+    want_gtk = np.swapaxes(want_gq.reshape(3, k, 40), 1, 2)
+    np.testing.assert_array_equal(dispatch_lib._capacity_slots(idx_gtk, e), want_gtk)
+    assert (e >= dispatch_lib.SORTED_SLOTS_FROM_EXPERTS) == (e == 128)

@@ -129,6 +129,7 @@ def test_one_budget_table_fixes_the_token_term(kind, why):
         fit.predict_losses(table.params_total, table.tokens, table.mix_rm)
     with pytest.warns(TokenExtrapolationWarning) as record:
         fit.predict_losses(np.array([1e9, 1e9]), np.array([2e10, 4e10]), np.full((2, 3), 1 / 3))
+    record = [w for w in record if w.category is TokenExtrapolationWarning]  # 1e9 also warns of its size
     assert len(record) == 1
     msg = str(record[0].message)
     assert "token count(s) 2e+10, 4e+10, outside the fitted table's token range" in msg and "beta = 0.28, B = 1e-08" in msg

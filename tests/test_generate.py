@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moejax import generate as generate_cli
-from moejax.generate import Generator
+from moejax.eval.generator import Generator
 from moejax.model.decode import next_token, top_p_mask
 from tests.test_eval import ckpt, erun, reference_logits, workdir  # noqa: F401 (shared fixtures)
 
@@ -70,3 +70,34 @@ def test_generation_past_the_trained_context_is_refused_with_the_budget_that_fit
         generate_cli.check_context(prompts, 100000, 256)
     with pytest.raises(ConfigError, match="Shorten the prompt"):
         generate_cli.check_context([np.arange(300)], 1, 256)
+
+
+def test_a_cache_larger_than_the_free_memory_is_refused_with_the_budget_that_fits():
+    from moejax.config import ConfigError, default_config
+
+    cfg = default_config()  # 4 layers x 2 kv heads x head_dim 32, float32: 2 KiB of cache per position
+    prompts = [np.arange(5)]
+    per_position = generate_cli.memory_bytes(cfg, 1, 1, 0)
+    generate_cli.check_memory(cfg, prompts, 1000, available=2**30)
+    with pytest.raises(ConfigError, match=r"--max-new-tokens 100,000,000 needs about \d+\.\d GiB \(the key/value "
+                                          r"cache of 100,000,016 positions for 1 prompt\(s\)\), more than the 0\.8 GiB "
+                                          r"generation may use \(80% of the 1\.0 GiB free on cpu\)\. Use "
+                                          r"--max-new-tokens ([\d,]+) or fewer\.") as error:
+        generate_cli.check_memory(cfg, prompts, 100_000_000, available=2**30)
+    fits = int(str(error.value).split("Use --max-new-tokens ")[1].split(" ")[0].replace(",", ""))
+    generate_cli.check_memory(cfg, prompts, fits, available=2**30)  # the number it names fits
+    assert generate_cli.memory_bytes(cfg, 1, generate_cli.cache_len(prompts, fits + 2), fits + 2) > 0.8 * 2**30
+    assert per_position == 2 * 4 * 2 * 32 * 4
+
+
+def test_text_streams_as_tokens_come_and_a_split_character_prints_once_whole():
+    from moejax.data.tokenizer import ByteTokenizer
+
+    tokenizer, written = ByteTokenizer(), []
+    stream = generate_cli.TextStream(tokenizer, (tokenizer.eos_id,), write=written.append)
+    for token in tokenizer.encode("ab é c"):
+        stream(np.array([token]))
+    stream(np.array([tokenizer.eos_id]))
+    stream(np.array(tokenizer.encode("x")))  # after the stop id: nothing
+    assert "".join(written) == "ab é c" and len(written) >= 4  # piece by piece, never a broken character
+    assert "\ufffd" not in "".join(written)

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.studies import does_the_mixture_matter_with_headroom as study
 
-RESULTS = Path(__file__).resolve().parents[1] / "data_mixture" / "results" / "headroom_v1"
+RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "studies" / "results" / "headroom_v1"
 
 
 def write_table(path: Path, plan: dict, loss: dict[str, float]) -> None:

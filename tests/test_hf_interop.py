@@ -230,8 +230,9 @@ def test_a_model_with_l3_layers_is_not_exported():
 
 
 def test_export_never_overwrites_the_import_source_or_mixes_old_shards(root, tmp_path, capsys):
-    """Exporting into the directory a run was imported from is refused (exit 2, files unchanged);
-    --force replaces a sharded directory as a whole, leaving no old shard or index beside the new file."""
+    """Exporting into the directory a run was imported from is refused (exit 2, files unchanged), with
+    --force too; --force replaces a previous sharded export as a whole, leaving no old shard or index
+    beside the new file."""
     import hashlib
     import shutil
 
@@ -252,13 +253,18 @@ def test_export_never_overwrites_the_import_source_or_mixes_old_shards(root, tmp
     assert hashes() == before
     with pytest.raises(SystemExit):
         interop.main(["import", "--hf-dir", source, "--workdir", workdir])  # the workdir exists
-    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", interop.INDEX_FILE):
-        with open(os.path.join(source, name), "w") as f:
-            f.write("an old shard")
-    interop.main(["export", "--workdir", workdir, "--hf-dir", source, "--force"])
-    assert sorted(os.listdir(source)) == ["config.json", "model.safetensors"]
+    with pytest.raises(SystemExit) as exit_:  # --force never deletes what an export did not write
+        interop.main(["export", "--workdir", workdir, "--hf-dir", source, "--force"])
+    assert exit_.value.code == 2
+    assert "--force replaces only a previous export" in capsys.readouterr().err
+    assert hashes() == before
+    out = str(tmp_path / "out")
+    interop.main(["export", "--workdir", workdir, "--hf-dir", out, "--max-shard-size", "80KB"])
+    assert interop.INDEX_FILE in os.listdir(out)
+    interop.main(["export", "--workdir", workdir, "--hf-dir", out, "--force"])
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "moejax_export.json"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporaries left
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert max_diff(hf_logits(reloaded), reference) < TOLERANCE
 
 
@@ -305,7 +311,8 @@ def test_bf16_sharded_checkpoint_round_trips_bit_identically_through_a_params_on
     with open(os.path.join(out, interop.INDEX_FILE)) as f:
         index = json.load(f)
     shards = sorted(set(index["weight_map"].values()))
-    assert len(shards) > 3 and sorted(os.listdir(out)) == sorted(["config.json", interop.INDEX_FILE, *shards])
+    assert len(shards) > 3 and sorted(os.listdir(out)) == sorted(["config.json", interop.INDEX_FILE, *shards,
+                                                                  "moejax_export.json"])
     assert all(os.path.getsize(os.path.join(out, s)) < 60_000 + 4_000 for s in shards)  # data + header
     _, exported = interop.open_hf_dir(out)
     assert sorted(exported) == sorted(original)
@@ -324,7 +331,7 @@ def test_training_starts_from_a_params_only_import_with_a_fresh_optimizer(bf16_r
     --with-optimizer writes a train state that resumes."""
     from moejax import sharding
     from moejax.train.checkpoint import Checkpointer, ParamsOnlyCheckpoint
-    from moejax.train.loop import fresh_state
+    from moejax.train.startup import fresh_state
     from moejax.train.state import setup
 
     _, workdir, _, _ = bf16_round_trip

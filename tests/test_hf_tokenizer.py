@@ -256,7 +256,8 @@ def datasets(root, imported, tmp_path_factory):
 
 def test_training_from_the_import_is_refused_on_data_of_another_tokenizer(root, imported, datasets, tmp_path):
     from moejax.checks import check_config
-    from moejax.train.loop import check_init_from_tokenizer, train
+    from moejax.train.loop import train
+    from moejax.train.startup import check_init_from_tokenizer
 
     workdir, _ = imported
     qwen, (right, wrong) = load_tokenizer(root / "qwen"), datasets

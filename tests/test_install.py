@@ -126,7 +126,9 @@ def test_moejax_train_finds_a_builtin_config_by_name_anywhere(installed, tmp_pat
     assert str(installed.parent) in done.stderr  # the packaged file, named in the message
     done = _run(installed, "moejax", "train", "nope", cwd=tmp_path)
     assert done.returncode == 2
-    assert "config file 'nope' not found" in done.stderr and "tiny_moe, small_moe, deepseek_16b" in done.stderr
+    # Named as the absolute path it was looked for at (relative paths resolve against the caller's directory).
+    assert f"config file '{tmp_path / 'nope'}' not found" in done.stderr
+    assert "tiny_moe, small_moe, deepseek_16b" in done.stderr
     assert not (tmp_path / "runs").exists()
 
 

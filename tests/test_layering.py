@@ -150,7 +150,7 @@ def test_the_import_graph_reads_imports_at_every_depth():
     assert "moejax.train.loop" in graph["moejax.main"]  # imported inside main()
     assert "moejax.data.bpe" in graph["moejax.data.tokenizer"]  # inside get_tokenizer
     assert "moejax.model.balancing.registry" in graph["moejax.model.balancing"]  # from a package's __init__
-    assert "moejax.config" in graph["moejax.train.loop"]  # from moejax import config as config_lib
+    assert "moejax.config" in graph["moejax.train.startup"]  # from moejax import config as config_lib
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [frozenset("abc")]
 
 
@@ -199,6 +199,20 @@ def test_the_model_imports_nothing_from_data_train_or_above():
         if not any(target == a or target.startswith(a + ".") for a in allowed)
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_generation_and_evaluation_run_one_way():
+    """The ``generate`` command sits on top: it opens a checkpoint with ``moejax.load`` and decodes
+    with the evaluation's KV-cache generator (``moejax.eval.generator``). Nothing below it (the
+    evaluation, ``moejax.trained``) imports ``moejax.generate`` back."""
+    graph = import_graph()
+    bad = [
+        f"{module} imports moejax.generate (line {targets['moejax.generate']})"
+        for module, targets in sorted(graph.items())
+        if "moejax.generate" in targets and module not in ("moejax.cli", "moejax.__main__")
+    ]
+    assert not bad, "\n".join(bad)
+    assert {"moejax.trained", "moejax.eval.generator"} <= set(graph["moejax.generate"])
 
 
 def _private(name: str) -> bool:

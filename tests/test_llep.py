@@ -244,6 +244,70 @@ def test_one_compiled_program_serves_every_routing_with_static_memory():
 
 
 # ---------------------------------------------------------------------------------------------
+# The imbalance threshold: standard EP's exchange under it, the spill at or above it.
+
+
+def _round_robin():
+    """Perfectly balanced routing: token i picks experts i and i + 1 (mod E), so every device pair
+    of an expert=8 mesh exchanges exactly q / P assignments."""
+    i_gt = jnp.arange(G * T, dtype=jnp.int32).reshape(G, T)
+    return jnp.stack([i_gt % E, (i_gt + 1) % E], axis=-1), _routing("balanced")[1]
+
+
+THRESHOLD_KW = dict(backend="expert_parallel", ep_comm="all_to_all", ep_capacity_factor=1.0)
+
+
+def test_under_the_threshold_llep_is_standard_ep_exactly():
+    # Balanced routing: LLEP takes standard EP's exchange (no plan, no weight ring, no spill rows)
+    # with the threshold (default 1.3) as its capacity factor, so values and gradients are those of
+    # standard EP at factor 1.3 bit for bit, and the step counts no engagement.
+    idx_gtk, w_gtk = _round_robin()
+    outputs, stats = _run(dict(expert=8), idx_gtk, w_gtk, ep_balance="llep", **THRESHOLD_KW)
+    ref_outputs, ref_stats = _run(dict(expert=8), idx_gtk, w_gtk, ep_balance="drop",
+                                  **{**THRESHOLD_KW, "ep_capacity_factor": 1.3})
+    for name, a, b in zip(NAMES, outputs, ref_outputs, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert float(stats["llep_engaged"]) == 0.0 and float(stats["drop_rate"]) == 0.0
+    assert "llep_engaged" not in ref_stats
+
+
+def test_over_the_threshold_llep_spills_and_drops_nothing():
+    # Every token on experts 0 and 1: standard EP at factor 1 drops 3/4; the same LLEP program
+    # spills (engaged in the one expert group) and matches dropless in values and gradients.
+    idx_gtk, w_gtk = _routing("extreme")
+    outputs, stats = _run(dict(expert=8), idx_gtk, w_gtk, ep_balance="llep", **THRESHOLD_KW)
+    assert float(stats["llep_engaged"]) == 1.0 and float(stats["drop_rate"]) == 0.0
+    _assert_close(outputs, _dropless("extreme")[0])
+    _, drop_stats = _run(dict(expert=8), idx_gtk, w_gtk, ep_balance="drop", **THRESHOLD_KW)
+    assert float(drop_stats["drop_rate"]) == 0.75
+
+
+def test_one_imbalanced_expert_group_spills_the_whole_mesh():
+    # data=2 x expert=4: one group's sequences route round-robin, the other's all to experts 0 and 1.
+    # The branches run different collectives, so the mesh decides once: it spills (engaged = 1),
+    # and the whole batch equals dropless.
+    rr_idx, w_gtk = _round_robin()
+    extreme_idx = _routing("extreme")[0]
+    idx_gtk = jnp.concatenate([rr_idx[: G // 2], extreme_idx[G // 2:]])
+    outputs, stats = _run(dict(data=2, expert=4), idx_gtk, w_gtk, ep_balance="llep", **THRESHOLD_KW)
+    assert float(stats["llep_engaged"]) == 1.0 and float(stats["drop_rate"]) == 0.0
+    _assert_close(outputs, _run(None, idx_gtk, w_gtk, backend="dropless")[0])
+
+
+def test_pair_overflow_under_the_threshold_still_spills():
+    # Threshold 2: device 0's tokens all pick experts 0 and 1, the other devices route round-robin.
+    # Device loads stay under 2x the mean (44 of 32 at most), but device 0 sends 16 assignments to
+    # each of devices 0 and 1, past the 8 slots per pair of standard EP at factor 2, which drops
+    # them. LLEP spills instead: the threshold never trades an assignment for speed.
+    rr_idx, w_gtk = _round_robin()
+    idx_gtk = jnp.concatenate([_routing("extreme")[0][: G // 8], rr_idx[G // 8:]])
+    _, stats = _run(dict(expert=8), idx_gtk, w_gtk, ep_balance="llep", ep_llep_threshold=2.0, **THRESHOLD_KW)
+    assert float(stats["llep_engaged"]) == 1.0 and float(stats["drop_rate"]) == 0.0
+    _, drop_stats = _run(dict(expert=8), idx_gtk, w_gtk, ep_balance="drop", **{**THRESHOLD_KW, "ep_capacity_factor": 2.0})
+    assert float(drop_stats["drop_rate"]) == 16 / 256
+
+
+# ---------------------------------------------------------------------------------------------
 # Bad input: clear errors before compile.
 
 
@@ -271,8 +335,8 @@ def test_a_good_llep_config_validates():
                                             r"model.moe.backend='dropless'"),
         ({"mesh.expert": 1, "mesh.data": 8}, r"'model.moe.ep_balance' has value 'llep'; allowed: 'drop' with "
                                              r"mesh.expert=1. LLEP needs an expert mesh axis"),
-        ({"model.moe.ep_comm": "all_to_all"}, r"'model.moe.ep_comm' has value 'all_to_all'; allowed: all_gather "
-                                              r"with model.moe.ep_balance=llep"),
+        ({"model.moe.ep_llep_threshold": 0.0},
+         r"'model.moe.ep_llep_threshold' has value 0.0; allowed: a positive value"),
         ({"model.moe.ep_spill_slots": 0}, r"'model.moe.ep_spill_slots' has value 0; allowed: a positive value"),
         ({"model.moe.ep_spill_slots": 9}, r"'model.moe.ep_spill_slots' has value 9; allowed: at most "
                                           r"model.moe.num_experts=8 \(each slot hosts one expert's weights\)"),
@@ -281,7 +345,7 @@ def test_a_good_llep_config_validates():
         ({"model.moe.ep_capacity_factor": 8.0}, r"'model.moe.ep_capacity_factor' has value 8.0; allowed: less "
                                                 r"than mesh.expert=8 with model.moe.ep_balance=llep"),
     ],
-    ids=["unknown", "not-ep-backend", "no-expert-axis", "all_to_all", "no-slots", "too-many-slots",
+    ids=["unknown", "not-ep-backend", "no-expert-axis", "no-threshold", "no-slots", "too-many-slots",
          "no-spill-rows", "cf-too-large"],
 )
 def test_config_rejects_bad_llep_settings(changes, message):
@@ -296,8 +360,8 @@ def test_dispatch_rejects_bad_llep_arguments():
     with pytest.raises(ValueError, match=r"ep_balance must be one of \('drop', 'llep'\), got 'x'"):
         dispatch(*args, cfg=DispatchConfig(backend="expert_parallel", ep_balance="x"))
     with jax.set_mesh(_mesh(expert=8)):
-        with pytest.raises(ValueError, match=r"ep_balance='llep' moves tokens in the all_gather form"):
-            dispatch(*args, cfg=DispatchConfig(**{**llep_kw, "ep_comm": "all_to_all"}))
+        with pytest.raises(ValueError, match=r"ep_llep_threshold must be a finite number > 0, got -1.0"):
+            dispatch(*args, cfg=DispatchConfig(**llep_kw, ep_llep_threshold=-1.0))
         with pytest.raises(ValueError, match=r"ep_spill_slots must be an int >= 1"):
             dispatch(*args, cfg=DispatchConfig(**llep_kw, ep_spill_slots=0))
         with pytest.raises(ValueError, match=r"ep_spill_capacity_factor must be a finite number > 0"):
@@ -359,13 +423,13 @@ def _reference_model():
     return (*_run_of("drop", "dropless", 1), jax.device_get(params), jax.device_get(balance))
 
 
-def _drop_rates(run, params, batch):
-    """Every MoE layer's drop_rate in the model's forward (what evaluation runs, with its aux)."""
+def _layer_stats(run, params, batch, key="drop_rate_l"):
+    """Every MoE layer's ``key`` statistic in the model's forward (what evaluation runs, with its aux)."""
     from flax import nnx
 
     def forward(params, batch):
         model = nnx.merge(run.graphdef, params)
-        return model(batch["inputs"], batch["positions"], batch["segment_ids"])[1]["drop_rate_l"]
+        return model(batch["inputs"], batch["positions"], batch["segment_ids"])[1][key]
 
     with jax.set_mesh(run.mesh):
         return np.asarray(jax.jit(forward)(params, batch))
@@ -394,11 +458,14 @@ def test_evaluation_under_repetitive_prompts_loses_no_tokens_with_llep():
     # Standard EP (default factor 2) on the same prompts: every device's 32 tokens crowd one
     # expert, and at least a quarter of the assignments drop in every MoE layer.
     _, drop_run, params, _ = _model("drop")
-    assert np.all(_drop_rates(drop_run, params, batch) >= 0.25)
+    assert np.all(_layer_stats(drop_run, params, batch) >= 0.25)
+    # The model's statistics count the spill: every MoE layer engaged LLEP on these prompts.
+    _, llep_run, params, _ = _model("llep")
+    np.testing.assert_array_equal(_layer_stats(llep_run, params, batch, "llep_engaged_l"), 1.0)
 
 
 def test_generation_under_repetitive_prompts_loses_no_tokens_with_llep():
-    from moejax.generate import Generator
+    from moejax.eval.generator import Generator
 
     prompts = list(repetitive_prompts(8, 12))
     outputs = {}

@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
+from data_mixture.mergemix.arithmetic import is_router_path
 from data_mixture.mergemix.merge import (
-    MergeEvaluator, MergeMismatch, MergeSet, check_alpha, compatibility_problems, flat_metrics, is_router_path,
+    MergeEvaluator, MergeMismatch, MergeSet, check_alpha, compatibility_problems, flat_metrics,
 )
 from moejax.errors import ConfigError
 from moejax.eval.evaluate import Evaluator, make_settings

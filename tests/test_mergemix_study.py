@@ -8,7 +8,7 @@ from pathlib import Path
 
 from experiments.studies import does_mergemix_beat_the_laws as mm
 
-ROOT = Path(__file__).resolve().parents[1] / "data_mixture" / "results"
+ROOT = Path(__file__).resolve().parents[1] / "experiments" / "studies" / "results"
 RESULTS, SWEEP = ROOT / "mergemix_v1", ROOT / "builtin_v1"
 
 
@@ -36,5 +36,5 @@ def test_report_and_costs_rebuild_from_the_committed_results(tmp_path):
     assert cost == json.loads((RESULTS / "cost.json").read_text())
     assert cost["brute_force_target"] == 12 * cost["target_run"]
     mm.write_report(out, SWEEP, rank, mm.choose_default(rank), searches, cost)
-    rebuilt = (out / "report.md").read_text().replace(str(out), "data_mixture/results/mergemix_v1")
+    rebuilt = (out / "report.md").read_text().replace(str(out), "experiments/studies/results/mergemix_v1")
     assert rebuilt == (RESULTS / "report.md").read_text()

@@ -11,7 +11,7 @@ import pytest
 
 from experiments.studies import do_laws_pick_midtrain_mixtures as study
 
-RESULTS = Path(__file__).resolve().parents[1] / "data_mixture" / "results" / "midtrain_v1"
+RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "studies" / "results" / "midtrain_v1"
 
 
 def test_committed_results_rebuild_the_report(tmp_path):

@@ -11,7 +11,7 @@ from data_mixture.sweep.targets import load_plan, targets_from_plan
 from data_mixture.table import read_runs
 from experiments.studies import do_law_mixtures_win_at_scale as ms
 
-RESULTS = Path(__file__).resolve().parents[1] / "data_mixture" / "results" / "builtin_v1"
+RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "studies" / "results" / "builtin_v1"
 
 
 def test_target_plan_is_a_valid_sweep_plan_with_equal_tokens(tmp_path):

@@ -1,5 +1,6 @@
-"""``prepare`` writes dataset.json last, only on success; what a failed or interrupted run leaves is
-never taken for a dataset, and training says what happened and how to fix it."""
+"""``prepare`` writes dataset.json last, only on success; a failed run leaves nothing behind, an
+interrupted one its finished shards (a rerun resumes), which are never taken for a dataset, and
+training says what happened and how to fix it."""
 import json
 
 import pytest
@@ -27,25 +28,33 @@ def _prepare(out, *specs):
     return prepare_dataset(list(specs), out, heldout_fraction=0.3, workers=1, progress=False, shard_mb=0.002)
 
 
-def test_failed_prepare_leaves_no_dataset_and_training_names_the_error(sources, tmp_path, capsys):
+def test_failed_prepare_leaves_nothing_behind(sources, tmp_path, capsys):
     out = tmp_path / "ds"
-    code = prepare_main(["--source", f"good={sources / 'good'}", "--source", f"blank={sources / 'blank'}",
-                         "--out", str(out), "--workers", "1", "--heldout-fraction", "0.3", "--shard-mb", "0.002"])
-    assert code == 2
-    assert "blank" in capsys.readouterr().err
-    assert not (out / "dataset.json").exists()  # nothing marks it as a dataset
+    with pytest.raises(SystemExit) as exit_:
+        prepare_main(["--source", f"good={sources / 'good'}", "--source", f"blank={sources / 'blank'}",
+                      "--out", str(out), "--workers", "1", "--heldout-fraction", "0.3", "--shard-mb", "0.002"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"source blank={sources / 'blank'} holds no non-empty documents" in err  # what happened
+    assert f"Nothing was left behind: {out} was removed." in err
+    assert not out.exists()  # good's shards were written before blank failed, and removed with the rest
+
+    # The same --out with the input fixed starts afresh and completes.
+    summary = _prepare(out, f"good={sources / 'good'}")
+    assert summary["shards_skipped"] == 0 and (out / "dataset.json").is_file()
+    assert not (out / PROGRESS_FILE).exists()
+    assert describe_dataset(str(out)).domains == ("good",)
+
+
+def test_a_failed_record_left_by_an_older_prepare_is_named_by_training(sources, tmp_path):
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / PROGRESS_FILE).write_text(json.dumps({"state": "failed", "domains": ["blank"], "error": "no documents."}))
     with pytest.raises(DataError) as error:
         describe_dataset(str(out))
     message = str(error.value)
-    assert "the prepare run into it failed" in message and "was interrupted" not in message
-    assert f"source blank={sources / 'blank'} holds no non-empty documents" in message  # what happened
-    assert "Fix that input, then rerun the prepare command" in message  # and the fix
-
-    # The same --out with the input fixed resumes (the finished shards of 'good' are kept) and completes.
-    summary = _prepare(out, f"good={sources / 'good'}")
-    assert summary["shards_skipped"] > 0 and (out / "dataset.json").is_file()
-    assert not (out / PROGRESS_FILE).exists()
-    assert describe_dataset(str(out)).domains == ("good",)
+    assert "the prepare run into it failed" in message and "Its error was: no documents." in message
+    assert "rerun the prepare command (it first removes what the failed run left)" in message
 
 
 def test_interrupted_prepare_is_reported_as_interrupted_and_finishes_on_rerun(sources, tmp_path, monkeypatch):
@@ -77,9 +86,11 @@ def test_failed_addition_leaves_the_existing_dataset_untouched(sources, tmp_path
     out = tmp_path / "ds"
     _prepare(out, f"good={sources / 'good'}")
     before = (out / "dataset.json").read_bytes()
+    files = sorted(p.relative_to(out) for p in out.rglob("*"))
     with pytest.raises(DataError, match="holds no non-empty documents"):
         _prepare(out, f"good={sources / 'good'}", f"blank={sources / 'blank'}")
     assert (out / "dataset.json").read_bytes() == before
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == files  # nothing of the failed run left
     assert describe_dataset(str(out)).domains == ("good",)  # still a dataset, of its finished domains
 
 

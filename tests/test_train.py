@@ -112,7 +112,7 @@ def test_a_dense_model_trains_checkpoints_and_resumes(tmp_path, cache_dir):
 def test_config_json_holds_the_weights_the_run_trains_on(tmp_path):
     """A mixture file's weights, normalised, become data.mixture (the file is then cleared); a
     schedule is stored as its normalised stages."""
-    from moejax.train.loop import resolved_config
+    from moejax.train.startup import resolved_config
 
     (tmp_path / "m.json").write_text(json.dumps({"weights": {"code": 0.7, "prose": 0.7}}))
     cfg = default_config()
@@ -127,7 +127,7 @@ def test_config_json_holds_the_weights_the_run_trains_on(tmp_path):
 
 
 def test_divergence_message_says_what_a_rerun_does():
-    from moejax.train.loop import _diverged_message
+    from moejax.train.default_hooks import _diverged_message
 
     assert "No checkpoint was saved before the trouble, so a rerun starts from scratch" in _diverged_message(8, 9, None)
     assert "step None" not in _diverged_message(8, 9, None)

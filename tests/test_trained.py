@@ -8,7 +8,7 @@ import pytest
 
 import moejax
 from moejax.errors import ConfigError
-from moejax.generate import Generator
+from moejax.eval.generator import Generator
 from tests.test_eval import ckpt, erun, model_logprobs, reference_logits, workdir  # noqa: F401 (shared fixtures)
 
 

@@ -29,7 +29,8 @@ class LawFit:
         num_params: number of fitted parameters.
         info: fit diagnostics and fixed quantities the prediction needs: reference scales
             (``n_ref``, ``d_ref``), the size column, objective, fit time, starts, ...;
-            ``token_range`` [min, max] tokens of the fit table; ``token_design`` ("single":
+            ``token_range`` [min, max] tokens of the fit table; ``size_range`` [min, max] model
+            sizes (predictions outside it warn, :func:`warn_size_extrapolation`); ``token_design`` ("single":
             one token count, "per_size": one per model size, "varied"); ``fixed`` {key: value}
             of parameters held constant, not fitted (keys NAME or NAME[i], natural units) and
             ``fixed_reason`` (why, one sentence); ``at_bounds`` [{param, index, value, bound,
@@ -55,6 +56,7 @@ class LawFit:
         recorded at fit time) and ignored by the others."""
         size_r, tokens_r, mix_rm = _check_inputs(self, size_r, tokens_r, mix_rm)
         warn_fixed_tokens(self, tokens_r)
+        warn_size_extrapolation(self, size_r)
         if unique_rm is not None and "unique_tokens" in self.info:
             law: Any = self._law()  # a repetition-aware law (laws/repeated.py): it records unique_tokens
             return law.predict(self, size_r, tokens_r, mix_rm, unique_rm=np.broadcast_to(np.asarray(unique_rm, np.float64), mix_rm.shape))
@@ -92,6 +94,43 @@ class LawFit:
 
 class TokenExtrapolationWarning(UserWarning):
     """A prediction at token counts outside the fit table's, where the token term was fixed."""
+
+
+class SizeExtrapolationWarning(UserWarning):
+    """A prediction at model sizes outside those the fit saw (its ``info["size_range"]``)."""
+
+
+def size_range(table: RunsTable, size_column: str) -> list[float]:
+    """[smallest, largest] model size of a fit table, recorded as ``info["size_range"]``."""
+    size = np.asarray(table.size(size_column), np.float64)
+    return [float(size.min()), float(size.max())]
+
+
+def warn_size_extrapolation(fit: LawFit, size_r: np.ndarray) -> None:
+    """One :class:`SizeExtrapolationWarning` when ``size_r`` leaves the sizes the fit saw: a fit
+    on one size has no size trend at all (whatever its size term says is not from the data); a
+    fit on several extrapolates its trend. Fits made before ``size_range`` was recorded are
+    not checked."""
+    span = fit.info.get("size_range")
+    if span is None:
+        return
+    lo, hi = float(span[0]), float(span[1])
+    outside = np.unique(size_r[(size_r < lo * (1 - 1e-9)) | (size_r > hi * (1 + 1e-9))])
+    if not len(outside):
+        return
+    shown = ", ".join(f"{x:.4g}" for x in outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+    column = fit.info.get("size_column", "params_total")
+    if lo == hi:
+        message = (f"{fit.law} fit: predicting at model size(s) {shown} ({column}), but the fit saw one size only "
+                   f"({lo:.4g}): its size term is not identified by the data, so these predictions (and a mixture "
+                   "optimised for them) carry no information about size. Fit on runs of at least two sizes "
+                   "that bracket or approach the target.")
+    else:
+        far = max(float(outside.max()) / hi, lo / float(outside.min()))
+        message = (f"{fit.law} fit: predicting at model size(s) {shown} ({column}), outside the sizes the fit saw "
+                   f"[{lo:.4g}, {hi:.4g}] (up to {far:.3g}x beyond): the law's size trend is extrapolated. Check it "
+                   "against a run at (or nearer) the target size before trusting the mixture.")
+    warnings.warn(message, SizeExtrapolationWarning, stacklevel=3)
 
 
 def token_design(table: RunsTable, size_column: str) -> str:

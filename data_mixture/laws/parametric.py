@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from data_mixture.laws.base import Law, LawFit, token_design
+from data_mixture.laws.base import Law, LawFit, size_range, token_design
 from data_mixture.solver import FTOL, HUBER_DELTA, Fitter, ParamSpec, _as_jax, starts_rng
 from data_mixture.table import RunsTable, TableError
 
@@ -227,7 +227,7 @@ class ParametricLaw(Law):
         """A LawFit of working vector ``w`` (free entries of ``spec``); ``fixed`` = (values, reason)."""
         info = {"size_column": size_column, **refs, **self.extra_info(table, weights), "objective": float(objective), "huber_delta": self.delta,
                 "token_range": [float(np.min(table.tokens)), float(np.max(table.tokens))], "token_design": token_design(table, size_column),
-                **info_extra}
+                "size_range": size_range(table, size_column), **info_extra}
         if fixed and fixed[0]:
             info["fixed"], info["fixed_reason"] = dict(fixed[0]), fixed[1]
         if point:

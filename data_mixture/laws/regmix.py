@@ -34,7 +34,7 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 
-from data_mixture.laws.base import Law, LawFit, token_design
+from data_mixture.laws.base import Law, LawFit, size_range, token_design
 from data_mixture.solver import Param, ParamSpec
 
 LGBM_PARAMS: dict[str, Any] = {
@@ -85,7 +85,7 @@ class RegMixLaw(Law):
         fit = LawFit(
             self.name, domain, tuple(table.mix_domains), {"model": booster.model_to_string()}, leaves,
             {"size_column": size_column, "lgbm_params": params, "num_rounds": NUM_ROUNDS, "fit_seconds": time.perf_counter() - t0,
-             "size_range": [float(table.size(size_column).min()), float(table.size(size_column).max())],
+             "size_range": size_range(table, size_column),
              "token_range": [float(table.tokens.min()), float(table.tokens.max())], "token_design": token_design(table, size_column),
              "at_bounds": []},
         )
@@ -159,7 +159,7 @@ class RegMixLinearLaw(Law):
         params = {"w": coef[:m].tolist(), "a": float(coef[m]), "b": float(coef[m + 1])}
         info = {"size_column": size_column, **refs, "rmse_log": float(np.sqrt(np.mean(resid**2))), "fit_seconds": time.perf_counter() - t0,
                 "token_range": [float(table.tokens.min()), float(table.tokens.max())], "token_design": token_design(table, size_column),
-                "at_bounds": []}
+                "size_range": size_range(table, size_column), "at_bounds": []}
         if fixed_all:
             info["fixed"], info["fixed_reason"] = fixed_all, reason
         return LawFit(self.name, domain, tuple(table.mix_domains), params, spec.size, info)

@@ -5,7 +5,7 @@ numbers :func:`.merge.flat_metrics` takes from a ``moejax.eval`` result. :class:
 computes the same numbers for up to ``C`` merges at a time:
 
 Merges on device, in one preallocated stack
-    ``C`` alphas are merged by one jitted ``vmap`` of :func:`.merge._merge_params` into a stack of
+    ``C`` alphas are merged by one jitted ``vmap`` of :func:`.arithmetic.merge_params` into a stack of
     ``C`` parameter sets (leading axis unsharded, each slice sharded like the base's parameters);
     parameters from elsewhere (a calibrated router's) are written into a slot of the same stack.
     Fewer than ``C`` merges leave the other slots unused: one stack shape, one compile.
@@ -70,6 +70,8 @@ from moejax.eval.restore import Checkpoint
 from moejax.eval.tasks import EXACT_MATCH, Task
 from moejax.model.decode import KVCache, init_cache
 from moejax.model.transformer import DTYPES
+
+from data_mixture.mergemix.arithmetic import ROUTERS, merge_params, set_slot, stacked_sharding
 
 ROW_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
 MERGES_PER_CALL = 8  # C: merges merged and scored per compiled call (memory: C copies of the parameters)
@@ -229,8 +231,6 @@ class BatchedScorer:
     """
 
     def __init__(self, merge_set, evaluator: Evaluator, capacity: int = MERGES_PER_CALL):
-        from data_mixture.mergemix.merge import ROUTERS, _merge_params, _stacked_sharding
-
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: at least one merge per call")
         self.merge_set, self.evaluator, self.capacity = merge_set, evaluator, int(capacity)
@@ -238,22 +238,18 @@ class BatchedScorer:
         run = erun.run
         self.mesh = run.mesh
         param_shardings = run.state_shardings["params"]
-        self._stack_shardings = jax.tree.map(_stacked_sharding, param_shardings)
+        self._stack_shardings = jax.tree.map(stacked_sharding, param_shardings)
         self._replicated = NamedSharding(self.mesh, P())
         self._batch_sharding = run.batch_sharding(accum=False)
         self._merge = {
             router: jax.jit(
-                jax.vmap(functools.partial(_merge_params, router=router), in_axes=(None, None, 0)),
+                jax.vmap(functools.partial(merge_params, router=router), in_axes=(None, None, 0)),
                 in_shardings=(param_shardings, self._stack_shardings, self._replicated),
                 out_shardings=self._stack_shardings,
             )
             for router in ROUTERS
         }
-        self._set = jax.jit(
-            lambda stack_c, params, i: jax.tree.map(
-                lambda s_, x: jax.lax.dynamic_update_index_in_dim(s_, x.astype(s_.dtype), i, 0), stack_c, params),
-            donate_argnums=0, out_shardings=self._stack_shardings,
-        )
+        self._set = jax.jit(set_slot, donate_argnums=0, out_shardings=self._stack_shardings)
         kw = {"graphdef": run.graphdef, "balancer": run.balancer}
         self._rows = jax.jit(_over_stack(functools.partial(_row_logprob, **kw)), out_shardings=self._replicated)
         self._choices = jax.jit(

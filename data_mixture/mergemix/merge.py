@@ -71,9 +71,8 @@ from moejax.eval.evaluate import Evaluator, Settings, benchmark_score
 from moejax.eval.restore import Checkpoint, EvalRun, open_run
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
 
+from data_mixture.mergemix.arithmetic import ROUTERS, merge_params, set_slot, stacked_sharding
 from data_mixture.mergemix.batched import MERGES_PER_CALL, BatchedScorer, shared_scorer
-
-ROUTERS = ("linear", "base")
 
 # model.* keys that choose how the same parameters are executed or trained, not what they compute
 # at evaluation time (dispatch backend and its tuning, training losses, initialisation); experts may
@@ -92,11 +91,6 @@ SIMPLEX_TOL = 1e-6
 
 class MergeMismatch(CheckpointMismatch):
     """An expert cannot be merged with the base: another architecture, tokenizer or parameter tree."""
-
-
-def is_router_path(path: Sequence[Any]) -> bool:
-    """Whether a params-tree path (``jax.tree_util`` keys) lies under a ``router`` key."""
-    return any(getattr(k, "key", None) == "router" for k in path)
 
 
 def check_alpha(alpha: Mapping[str, float] | Sequence[float] | np.ndarray, domains: Sequence[str]) -> np.ndarray:
@@ -206,38 +200,6 @@ def _flat_dtypes(tree: Any) -> dict[str, str]:
     }
 
 
-def _stacked_sharding(s: NamedSharding) -> NamedSharding:
-    """The sharding of K stacked copies of a parameter sharded like ``s``: leading axis unsharded."""
-    return NamedSharding(s.mesh, P(None, *s.spec))
-
-
-def _merge_params(base, stacked_k, alpha_k, *, router: str):
-    """The merged parameters (see the module docstring for the exact vertex selects)."""
-    num = alpha_k.shape[0]
-    is_zero = jnp.all(alpha_k == 0)
-    unit = jnp.eye(num, dtype=alpha_k.dtype)
-    is_vertex_k = jnp.all(alpha_k[None, :] == unit, axis=1)
-
-    def leaf(path, base_x, stacked_kx):
-        if (router == "base" and is_router_path(path)) or not jnp.issubdtype(base_x.dtype, jnp.floating):
-            return base_x
-        dtype = jnp.promote_types(base_x.dtype, jnp.float32)
-        b = base_x.astype(dtype)
-        acc = b
-        for k in range(num):
-            acc = acc + alpha_k[k].astype(dtype) * (stacked_kx[k].astype(dtype) - b)
-        out = jnp.where(is_zero, base_x, acc.astype(base_x.dtype))
-        for k in range(num):
-            out = jnp.where(is_vertex_k[k], stacked_kx[k], out)
-        return out
-
-    return jax.tree_util.tree_map_with_path(leaf, base, stacked_k)
-
-
-def _set_slot(stacked_k, params, k):
-    return jax.tree.map(lambda s, x: jax.lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), k, 0), stacked_k, params)
-
-
 class MergeSet:
     """A base checkpoint and K domain experts of the same architecture, on device, ready to merge.
 
@@ -256,8 +218,8 @@ class MergeSet:
         self._alpha_sharding = replicated
         self._merge = {  # one jitted function per router treatment; alpha is traced
             router: jax.jit(
-                functools.partial(_merge_params, router=router),
-                in_shardings=(param_shardings, jax.tree.map(_stacked_sharding, param_shardings), replicated),
+                functools.partial(merge_params, router=router),
+                in_shardings=(param_shardings, jax.tree.map(stacked_sharding, param_shardings), replicated),
                 out_shardings=param_shardings,
             )
             for router in ROUTERS
@@ -298,18 +260,18 @@ class MergeSet:
             )
         base = erun.load(base_step)
         param_shardings = erun.run.state_shardings["params"]
-        stacked_shardings = jax.tree.map(_stacked_sharding, param_shardings)
+        stacked_shardings = jax.tree.map(stacked_sharding, param_shardings)
         with jax.set_mesh(erun.run.mesh):
             stacked = jax.jit(
                 lambda p: jax.tree.map(lambda x: jnp.zeros((len(domains), *x.shape), x.dtype), p),
                 out_shardings=stacked_shardings,
             )(base.params)
-            set_slot = jax.jit(_set_slot, donate_argnums=0, out_shardings=stacked_shardings)
+            put_slot = jax.jit(set_slot, donate_argnums=0, out_shardings=stacked_shardings)
             balances = []
             for k, (expert, step) in enumerate(zip(runs, steps)):
                 ckpt = expert.load(step)
                 params = jax.device_put(ckpt.params, param_shardings)  # the base's mesh and layout
-                stacked = set_slot(stacked, params, jnp.int32(k))
+                stacked = put_slot(stacked, params, jnp.int32(k))
                 balances.append(ckpt.balance)
                 del ckpt, params
         return cls(erun, base, domains, runs, steps, stacked, balances)

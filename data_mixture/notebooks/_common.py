@@ -1,6 +1,6 @@
 """Shared setup of the notebooks: which runs table, which laws, where figures go (environment variables).
 
-``DM_RUNS``: runs-table CSV (default: the committed moejax ladder, data_mixture/results/ladder_runs.csv);
+``DM_RUNS``: runs-table CSV (default: the committed moejax ladder, experiments/studies/results/ladder_runs.csv);
 ``DM_LAWS``: comma-separated laws to compare; ``DM_LAW``: the one law of the single-law notebooks;
 ``DM_STARTS``: random starts per fit; ``DM_OUT``: directory for figures (default: ``dm_notebooks/``
 beside ``DM_RUNS`` when it is set, else ``$MOEJAX_CACHE/dm_notebooks``, ``~/.cache/moejax/dm_notebooks``
@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = os.environ.get("DM_RUNS", str(ROOT / "data_mixture" / "results" / "ladder_runs.csv"))
+RUNS = os.environ.get("DM_RUNS", str(ROOT / "experiments" / "studies" / "results" / "ladder_runs.csv"))
 LAWS = [x for x in os.environ.get("DM_LAWS", "additive,regmix_linear,regmix,camel").split(",") if x]
 LAW = os.environ.get("DM_LAW", "camel")
 STARTS = int(os.environ.get("DM_STARTS", "64"))

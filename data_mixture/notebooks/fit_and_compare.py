@@ -16,7 +16,7 @@
 #
 # Fit every law on the same rows of a runs table and score them where they were not fitted:
 # leave one scale out (fit below the largest model size, predict the largest). Set `DM_RUNS` to
-# your own table; the default is the moejax ladder committed in `data_mixture/results/`. Set
+# your own table; the default is the moejax ladder committed in `experiments/studies/results/`. Set
 # `DM_TARGET` (e.g. `heldout_qa` or `code=0.6,prose=0.4`) to score the laws on a target that is
 # not the training mix.
 

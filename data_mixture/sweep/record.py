@@ -7,7 +7,8 @@ Files in ``ROOT/<run>/`` besides moejax's own (``config.json``, ``checkpoints/``
                  and on NFS v3+), so of several runners (on one machine or many, against one root)
                  exactly one gets it; its mtime is the heartbeat, touched by the owner every
                  ``heartbeat`` seconds. A lease whose mtime is older than the lease timeout is
-                 stale (its runner died): another runner may take it over, under a second
+                 stale (its runner died), and so is one whose runner ran on this host under a pid
+                 that is gone (killed: taken over at once): another runner may take it over, under a second
                  ``O_EXCL`` file (``lease.takeover``) so that two runners never both take it.
                  Removed when the attempt ends.
 ``status.json``  ``state`` (running | succeeded | failed | interrupted), ``started_at`` (UTC: when
@@ -109,6 +110,30 @@ def lease_age(run_dir: str | os.PathLike) -> float | None:
         return None
 
 
+def dead_here(holder: dict[str, Any]) -> bool:
+    """Whether a lease's runner is known to be dead: it ran on this host and its pid is gone. (A
+    reused pid reads as alive: such a lease waits for its timeout, as one from another host does.)"""
+    pid = holder.get("pid")
+    if holder.get("host") != host() or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: alive, another user's
+        return False
+    return False
+
+
+def stale_reason(holder: dict[str, Any], age: float, timeout: float) -> str | None:
+    """Why a lease may be taken over (its runner died), or None while it is live."""
+    if dead_here(holder):
+        return f"its runner, pid {holder.get('pid')} on this host ({host()}), is no longer running"
+    if age > timeout:
+        return f"no heartbeat for {age:.0f} s > --lease-timeout {timeout:g}"
+    return None
+
+
 def _create_exclusive(path: Path, content: dict[str, Any]) -> bool:
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -125,9 +150,10 @@ def try_acquire(run_dir: str | os.PathLike, owner: dict[str, Any], timeout: floa
     """Takes the run's lease: ``(True, owner)``, or ``(False, holder)`` with the holder's lease and
     its ``age`` (seconds since its heartbeat) when another live runner holds it.
 
-    A stale lease (heartbeat older than ``timeout``) is taken over: under ``lease.takeover`` (itself
-    created exclusively, and cleared when older than ``timeout``) the lease is checked again, still
-    stale and still the same holder, then removed and created anew for ``owner``.
+    A stale lease (heartbeat older than ``timeout``, or held by a runner of this host whose process
+    is gone: :func:`stale_reason`) is taken over: under ``lease.takeover`` (itself created
+    exclusively, and cleared when older than ``timeout``) the lease is checked again, still stale and
+    still the same holder, then removed and created anew for ``owner``.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +166,7 @@ def try_acquire(run_dir: str | os.PathLike, owner: dict[str, Any], timeout: floa
         if age is None:  # released between our two looks: try again
             continue
         holder["age"] = age
-        if age <= timeout:
+        if stale_reason(holder, age, timeout) is None:
             return False, holder
         lock = run_dir / TAKEOVER
         if not _create_exclusive(lock, owner):
@@ -153,7 +179,8 @@ def try_acquire(run_dir: str | os.PathLike, owner: dict[str, Any], timeout: floa
         try:
             again = read_json(path) or {}
             age = lease_age(run_dir)
-            if age is not None and age > timeout and again.get("id") == holder.get("id"):
+            if (age is not None and again.get("id") == holder.get("id")
+                    and stale_reason(again, age, timeout) is not None):
                 os.unlink(path)
         finally:
             os.unlink(lock)

@@ -422,10 +422,11 @@ def _fill(queue, by_name, running, backend, owner, options, version, eval_args, 
             gates["waiting"][name] = t.base
             continue
         age = record.lease_age(t.run_dir)
-        if age is not None and age > options.lease_timeout:
-            stale = record.read_json(t.run_dir / record.LEASE) or {}
+        stale = (record.read_json(t.run_dir / record.LEASE) or {}) if age is not None else {}
+        why = record.stale_reason(stale, age, options.lease_timeout) if age is not None else None
+        if why:
             display.say(f"sweep: {name}: taking over the stale lease of {stale.get('host')}:{stale.get('pid')} "
-                        f"(no heartbeat for {age:.0f} s > --lease-timeout {options.lease_timeout:g})", logging.WARNING)
+                        f"({why})", logging.WARNING)
         got, holder = record.try_acquire(t.run_dir, owner, options.lease_timeout)
         if not got:
             if name not in elsewhere:

@@ -1,7 +1,7 @@
 """Law robustness matrix: every law fitted on tables drawn from other forms, extrapolated 10x in size.
 
     .venv/bin/python -m experiments.benchmarks.law_robustness [--fast] [--laws camel,additive]
-        [--truths camel,capped_domain] [--seeds 0,1,2] [--out data_mixture/results/robustness]
+        [--truths camel,capped_domain] [--seeds 0,1,2] [--out experiments/studies/results/robustness]
 
 For every truth in ``data_mixture.synthetic.ROBUST_TRUTHS`` (the forms of four laws and three
 capacity-aware forms no law has; their parameters were fixed before any law was tuned on this
@@ -250,7 +250,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--starts", type=int, default=STARTS)
     ap.add_argument("--fast", action="store_true", help=f"a small subset: truths {FAST['truths']}, design {FAST['designs']}, seed 0")
-    ap.add_argument("--out", default="data_mixture/results/robustness")
+    ap.add_argument("--out", default="experiments/studies/results/robustness")
     ap.add_argument("--freeze", action="store_true", help=f"only write {FROZEN} (the law hashes, the time) and exit")
     args = ap.parse_args(argv)
     if args.freeze:

@@ -1,7 +1,7 @@
 """Law robustness out of sample: truths written after the law forms were frozen.
 
     .venv/bin/python -m experiments.benchmarks.law_robustness_oos [--seeds 0,1] [--starts 16]
-        [--out data_mixture/results/robustness]
+        [--out experiments/studies/results/robustness]
 
 The in-sample matrix (``law_robustness``, ``robustness.md``) is not a test of CAMEL's current form:
 that form was chosen on the matrix's own truths. Here the forms were frozen first
@@ -213,7 +213,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--designs", default=",".join(lr.DESIGNS))
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--starts", type=int, default=16)
-    ap.add_argument("--out", default="data_mixture/results/robustness")
+    ap.add_argument("--out", default="experiments/studies/results/robustness")
     args = ap.parse_args(argv)
     out = Path(args.out)
     frozen_path = out / lr.FROZEN

@@ -1,6 +1,6 @@
 """LLEP vs standard expert parallelism under balanced, Zipf-skewed and adversarial routing.
 
-    python -m experiments.benchmarks.llep [--rounds 5] [--out results/llep.json]
+    ./launch.sh python -m experiments.benchmarks.llep [--rounds 5] [--out results/llep.json]
 
 One process, 8 fake CPU devices (``jax_num_cpu_devices``; on GPU/TPU the real devices), mesh
 expert=8. The same tokens and expert weights go through jitted ``value_and_grad`` of the dispatch
@@ -12,10 +12,13 @@ variant:
 - ``drop cf=2 gather``: the same in the all_gather form, the token movement LLEP uses.
 - ``drop cf=P``: standard EP with ``ep_capacity_factor = mesh.expert``: never drops, buffers as
   large as every assignment of the device (what dropless standard EP costs with static shapes).
-- ``llep``: ``ep_balance="llep"``, native factor 1, 2 spill slots of factor 1 (enough for any
-  routing at 16 experts over 8 devices: S >= E/P + 1/spill factor).
-- ``llep small``: native factor 1, 1 spill slot of factor 0.5 (too little for the adversarial case:
-  it drops, the least the slots allow).
+- ``llep``: ``ep_balance="llep"`` with the default imbalance threshold (``ep_llep_threshold`` 1.3),
+  ``ep_comm="all_to_all"``, native factor 1, 2 spill slots of factor 1: under the threshold it is
+  standard EP (all_to_all) at factor 1.3 exactly, which then drops nothing; at or above it, or when
+  a device pair would overflow, it spills (2 slots of q rows are enough for any routing at 16
+  experts over 8 devices: S >= E/P + 1/spill factor).
+- ``llep always``: threshold 1 (spills at every step, the behaviour before the threshold), all_gather,
+  native factor 1, 2 spill slots of factor 1.
 
 Routings (16 experts, top-2): ``balanced`` (top-2 of Gaussian logits); ``zipf`` (experts drawn
 without replacement with probability ~ 1 / rank^1.2); RepetitionCurse-style repetitive prompts,
@@ -54,10 +57,15 @@ jax.config.update("jax_num_cpu_devices", 8)  # before any device is touched; CPU
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments.benchmarks.expert_parallel import place, step_fn  # noqa: E402
+import functools  # noqa: E402
+
+from experiments.benchmarks.expert_parallel import place  # noqa: E402
+from experiments.benchmarks.timing import machine  # noqa: E402
 from moejax import sharding  # noqa: E402
 from moejax.model import llep  # noqa: E402
+from moejax.model.dispatch import dispatch  # noqa: E402
 from moejax.model.expert_parallel import pair_capacity  # noqa: E402
+from moejax.schema import DispatchConfig  # noqa: E402
 
 ROUTINGS = ("balanced", "zipf", "pattern", "adversarial")
 BASELINE = "drop cf=2"
@@ -90,26 +98,39 @@ def make_inputs(tokens, seq, d, f, e, k, routing):
 
 def variants(peers: int, tile_size: int) -> dict[str, dict]:
     common = dict(backend="expert_parallel", impl="auto", tile_size=tile_size)
-    llep_kw = dict(ep_comm="all_gather", ep_balance="llep", ep_capacity_factor=1.0)
+    spill = dict(ep_balance="llep", ep_spill_slots=2, ep_spill_capacity_factor=1.0)
     return {
         BASELINE: dict(ep_comm="all_to_all", ep_capacity_factor=2.0, **common),
         "drop cf=2 gather": dict(ep_comm="all_gather", ep_capacity_factor=2.0, **common),
         f"drop cf={peers}": dict(ep_comm="all_to_all", ep_capacity_factor=float(peers), **common),
-        "llep": dict(ep_spill_slots=2, ep_spill_capacity_factor=1.0, **llep_kw, **common),
-        "llep small": dict(ep_spill_slots=1, ep_spill_capacity_factor=0.5, **llep_kw, **common),
+        "llep": dict(ep_comm="all_to_all", ep_capacity_factor=1.0, **spill, **common),
+        "llep always": dict(ep_comm="all_gather", ep_capacity_factor=1.0, ep_llep_threshold=1.0, **spill, **common),
     }
 
 
-def device_loads(idx_gtk, spec: dict, peers: int, experts: int) -> tuple[np.ndarray, np.ndarray]:
+def step_fn(**dispatch_kw):
+    """Jitted (inputs) -> ((loss, (drop rate, llep engaged)), grads): forward and backward of the dispatch."""
+    run = functools.partial(dispatch, cfg=DispatchConfig(**dispatch_kw))
+
+    def loss(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, cotangent_gtd):
+        y_gtd, stats = run(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
+        engaged = stats.get("llep_engaged", jnp.zeros((), jnp.float32))
+        return jnp.sum(y_gtd * cotangent_gtd), (stats["drop_rate"], engaged)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 2, 3, 4, 5), has_aux=True))
+
+
+def device_loads(idx_gtk, spec: dict, peers: int, experts: int, engaged: bool) -> tuple[np.ndarray, np.ndarray]:
     """(asked, computed) assignments per device of the expert axis, on the host, by the documented
-    rules: standard EP keeps min(count, c) of each (source, destination) pair; LLEP follows its plan."""
+    rules: standard EP (and LLEP when it did not engage) keeps min(count, c) of each (source,
+    destination) pair; LLEP follows its plan."""
     g, t, k = idx_gtk.shape
     e = experts // peers
     idx_pvk = np.asarray(idx_gtk).reshape(peers, g * t // peers, k)  # device i holds consecutive groups
     dest_pq = np.swapaxes(idx_pvk, 1, 2).reshape(peers, -1) // e  # choice-major, as the backend
     q = dest_pq.shape[1]
     asked_p = np.bincount(dest_pq.ravel(), minlength=peers)
-    if spec.get("ep_balance", "drop") == "drop":
+    if spec.get("ep_balance", "drop") == "drop" or not engaged:
         c = pair_capacity(q, peers, spec["ep_capacity_factor"])
         counts_pp = np.stack([np.bincount(row, minlength=peers) for row in dest_pq])  # [source, dest]
         return asked_p, np.minimum(counts_pp, c).sum(axis=0)
@@ -138,9 +159,9 @@ def measure(args, mesh) -> list[dict]:
     rows = []
     for routing in ROUTINGS:
         call = lambda name: compiled[name](*placed[routing])
-        drop = {}
+        drop, engaged = {}, {}
         for name in specs:  # warm up
-            (_, drop[name]), _ = jax.block_until_ready(call(name))
+            (_, (drop[name], engaged[name])), _ = jax.block_until_ready(call(name))
         samples = {name: [] for name in specs}
         names = list(specs)
         for rnd in range(args.rounds):
@@ -151,12 +172,13 @@ def measure(args, mesh) -> list[dict]:
         mean_load = args.tokens * args.top_k / peers
         by_name = {}
         for name, spec in specs.items():
-            asked_p, computed_p = device_loads(inputs[routing][1], spec, peers, args.experts)
+            asked_p, computed_p = device_loads(inputs[routing][1], spec, peers, args.experts, bool(engaged[name]))
             by_name[name] = {
                 "routing": routing, "variant": name, **spec, "median_s": float(np.median(samples[name])),
                 "asked_max_over_mean": float(asked_p.max() / mean_load),
                 "computed_max_over_mean": float(computed_p.max() / mean_load),
                 "computed_per_device": computed_p.tolist(), "drop_rate": float(drop[name]),
+                "llep_engaged": float(engaged[name]), "samples_s": samples[name],
                 "temp_bytes_per_device": int(temp_bytes[name]),
             }
         base = by_name[BASELINE]
@@ -165,7 +187,7 @@ def measure(args, mesh) -> list[dict]:
             row["temp_vs_drop"] = row["temp_bytes_per_device"] / base["temp_bytes_per_device"]
             row["max_load_vs_drop"] = row["computed_max_over_mean"] / base["computed_max_over_mean"]
             rows.append(row)
-            print(f"{routing:11s} {row['variant']:16s} asked max/mean {row['asked_max_over_mean']:5.2f}  computed "
+            print(f"{routing:11s} {row['variant']:16s} engaged {row['llep_engaged']:.0f}  asked max/mean {row['asked_max_over_mean']:5.2f}  computed "
                   f"max/mean {row['computed_max_over_mean']:5.2f}  drop {row['drop_rate']:.3f}  temp "
                   f"{row['temp_bytes_per_device'] / 2**20:6.1f} MiB  {row['median_s'] * 1e3:7.1f} ms  vs drop cf=2: "
                   f"time x{row['time_vs_drop']:.2f} temp x{row['temp_vs_drop']:.2f} "
@@ -175,13 +197,13 @@ def measure(args, mesh) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| routing | variant | asked max/mean | computed max/mean | drop rate | temp MiB / device | ms / step "
-        "| time vs drop cf=2 | temp vs drop cf=2 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| routing | variant | spilled | asked max/mean | computed max/mean | drop rate | temp MiB / device "
+        "| ms / step | time vs drop cf=2 | temp vs drop cf=2 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['routing']} | {r['variant']} | {r['asked_max_over_mean']:.2f} | {r['computed_max_over_mean']:.2f} "
+            f"| {r['routing']} | {r['variant']} | {'yes' if r['llep_engaged'] else 'no'} | {r['asked_max_over_mean']:.2f} | {r['computed_max_over_mean']:.2f} "
             f"| {r['drop_rate']:.3f} | {r['temp_bytes_per_device'] / 2**20:.1f} | {r['median_s'] * 1e3:.0f} "
             f"| {r['time_vs_drop']:.2f} | {r['temp_vs_drop']:.2f} |"
         )
@@ -205,12 +227,24 @@ def main() -> None:
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "expert": n, "tensor": 1})
     print(f"{jax.default_backend()} x {n}, mesh {dict(mesh.shape)}: {args.tokens} tokens, d={args.d_model}, "
           f"f={args.expert_dim}, {args.experts} experts, top-{args.top_k}; forward + backward", flush=True)
+    before = machine()
     rows = measure(args, mesh)
     print(markdown(rows))
+    pick = {(r["routing"], r["variant"]): r for r in rows}
+    targets = {
+        "balanced: llep time / drop cf=2 (target <= 1.1)": pick["balanced", "llep"]["time_vs_drop"],
+        "balanced: llep always time / drop cf=2 (before the threshold)": pick["balanced", "llep always"]["time_vs_drop"],
+        "adversarial: llep drop rate (target 0)": pick["adversarial", "llep"]["drop_rate"],
+        "adversarial: llep temp / llep always temp": (pick["adversarial", "llep"]["temp_bytes_per_device"]
+                                                      / pick["adversarial", "llep always"]["temp_bytes_per_device"]),
+    }
+    for what, value in targets.items():
+        print(f"{what}: {value:.3f}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"platform": jax.default_backend(), "devices": n, "mesh": dict(mesh.shape),
-                   "args": vars(args), "rows": rows}, f, indent=2)
+                   "machine_before": before, "machine_after": machine(), "args": vars(args),
+                   "targets": targets, "rows": rows}, f, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -19,12 +19,14 @@ processes. ``--host-only`` runs the in-process comparison instead (also part of 
 the train step on the built-in corpus's batches in blocks of 8 steps, alternated: as the loop
 runs it (next batch, ``to_global``, the step, the per-step ``skipped`` sync), on batches made
 beforehand with the same sync, and on batches made beforehand without syncs; plus the host work
-alone (next batch and ``to_global``).
+alone (next batch and ``to_global``); and the time the built-in hooks take on a step where none
+logs, evaluates or saves.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import glob
 import json
 import os
@@ -95,6 +97,33 @@ def host_overhead(cfg, rounds: int = 6, block: int = 8) -> dict:
     return {name: 1e3 * float(np.median(v)) for name, v in secs.items()}
 
 
+def hook_overhead(cfg, calls: int = 2000) -> float:
+    """Median microseconds per step of firing the built-in hooks on a step where none logs,
+    evaluates or saves (the steady state between log lines): the loop's cost over the bare step."""
+    from moejax.checks import check_config
+    from moejax.train import default_hooks
+    from moejax.train.hooks import StepInfo, fire
+    from moejax.train.startup import start
+
+    cfg = copy.deepcopy(cfg)
+    cfg.train.steps = cfg.train.log_every = cfg.train.eval_every = cfg.checkpoint.every_steps = 10 ** 9
+    with tempfile.TemporaryDirectory() as workdir:
+        mesh_shape, data_info = check_config(cfg, (), workdir)
+        tr = start(cfg, workdir, mesh_shape, data_info)
+        with jax.set_mesh(tr.mesh):
+            tr.state, metrics = tr.train_step(tr.state, tr.next_batch())
+            jax.block_until_ready(metrics)
+            hooks = default_hooks.hooks(tr)
+            fire(hooks, StepInfo(step=1, state=tr.state, metrics=metrics, last=False))  # the first step's extras
+            times = []
+            for step in range(2, calls + 2):
+                start_s = time.perf_counter()
+                fire(hooks, StepInfo(step=step, state=tr.state, metrics=metrics, last=False))
+                times.append(time.perf_counter() - start_s)
+        tr.close(None)
+    return 1e6 * float(np.median(times))
+
+
 def run_eval(workdir: str) -> dict:
     subprocess.run([sys.executable, "-m", "moejax.eval", "--workdir", workdir], check=True, stdout=subprocess.DEVNULL)
     path = sorted(glob.glob(os.path.join(workdir, "eval", "step_*.json")))[-1]
@@ -112,8 +141,10 @@ def main() -> None:
     host = host_overhead(cfg)
     for name, ms in host.items():
         print(f"in process, {name:18s} {ms:7.1f} ms/step")
+    hooks_us = hook_overhead(cfg)
+    print(f"in process, the built-in hooks {hooks_us:7.1f} us/step (a step that logs nothing)")
     if args.host_only:
-        write_json(args.out, {"host_overhead_ms_per_step": host, "machine": machine()})
+        write_json(args.out, {"host_overhead_ms_per_step": host, "hooks_us_per_step": hooks_us, "machine": machine()})
         return
     bare = measure(cfg, args.bare_steps)
     with tempfile.TemporaryDirectory() as workdir:
@@ -126,7 +157,7 @@ def main() -> None:
     for phase, v in throughput.items():
         print(f"eval {phase:16s} {v['tokens_per_sec']:8.0f} tokens/s ({v['tokens']} tokens in {v['seconds']:.1f} s)")
     write_json(args.out, {"bare": bare, "loop": loop, "loop_over_bare": ratio, "eval_throughput": throughput,
-                          "host_overhead_ms_per_step": host, "machine": machine()})
+                          "host_overhead_ms_per_step": host, "hooks_us_per_step": hooks_us, "machine": machine()})
 
 
 if __name__ == "__main__":

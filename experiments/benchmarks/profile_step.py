@@ -14,7 +14,9 @@ measured under the same load:
   AdamW update with clipping on gradient-shaped inputs;
 - per layer, x the number of layers: ``attention`` (pre-norm + attention with its projections),
   ``moe`` (pre-norm + router + dispatch), and within the MoE ``experts`` (the grouped SwiGLU on
-  already sorted rows) and ``sort_unsort`` (the argsort, gather and unsort-combine around it);
+  already sorted rows), ``sort_unsort`` (the argsort, gather and unsort-combine around it) and
+  ``router`` (pre-norm + router: logits, softmax, top-k); beside them ``dense_mlp``, the MoE
+  layer's equal-FLOP dense counterpart (pre-norm + one SwiGLU of width top_k x expert_dim);
 - ``head``: final norm, output projection and cross-entropy.
 
 XLA fuses across part boundaries inside the real step, so the parts need not sum to the step;
@@ -25,6 +27,7 @@ the matmul peak measured in the same process. Writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
+import os
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +42,7 @@ from moejax import checks, sharding
 from moejax.config import default_config
 from moejax.model import dispatch as dispatch_lib
 from moejax.model.grouped_matmul import grouped_ffn
-from moejax.model.layers import Attention, RMSNorm
+from moejax.model.layers import MLP, Attention, RMSNorm
 from moejax.model.moe import MoE
 from moejax.model.transformer import flops_per_token
 from moejax.schema import MoEConfig
@@ -48,11 +51,16 @@ from moejax.train.step import forward_loss, make_train_step
 
 
 def arch_config(arch: str, backend: str):
+    """The config of ``arch``; ``backend="dense"``: the same model with every MoE layer a dense
+    SwiGLU (for ``peer``, of the routed experts' active width: equal active FLOPs)."""
     if arch == "peer":
-        return peer_arch.moejax_config(backend)
+        return peer_arch.moejax_config("dropless", dense=True) if backend == "dense" else peer_arch.moejax_config(backend)
     if arch in ("tiny", "small"):
         c = default_config() if arch == "tiny" else small_moe.cpu_benchmark_config()
-        c.model.moe.backend = backend
+        if backend == "dense":
+            c.model.first_k_dense = c.model.num_layers
+        else:
+            c.model.moe.backend = backend
         return c
     raise ValueError(f"--arch must be peer, tiny or small, got {arch!r}")
 
@@ -97,10 +105,31 @@ def part_fns(cfg) -> dict:
         return attn(norm(x_btd), positions_bt, segments_bt)
 
     fns["attention/fwd"], fns["attention/fwd_bwd"] = _fwd_and_grad(attention, params, x_btd)
+    if m.first_k_dense >= m.num_layers:  # the dense model: its MLP is timed in the trace breakdown
+        return fns | head_fns(cfg, norm, x_btd)
 
     moe = MoE(d, MoEConfig.from_config(m.moe), std=m.init_std, out_std=0.02, rngs=rngs, dtype=jnp.float32,
               param_dtype=jnp.float32)
     gdef_moe, params_moe = nnx.split((norm, moe))
+
+    # The equal-FLOP dense layer: one SwiGLU of the routed experts' active width (top_k x expert_dim).
+    width = m.moe.experts_per_token * m.moe.expert_dim
+    mlp = MLP(d, width, std=m.init_std, out_std=0.02, rngs=rngs, dtype=jnp.float32, param_dtype=jnp.float32)
+    gdef_mlp, params_mlp = nnx.split((norm, mlp))
+
+    def dense_block(params, x_btd):
+        norm, mlp = nnx.merge(gdef_mlp, params)
+        return mlp(norm(x_btd))
+
+    fns["dense_mlp/fwd"], fns["dense_mlp/fwd_bwd"] = _fwd_and_grad(dense_block, params_mlp, x_btd)
+    gdef_router, params_router = nnx.split((norm, moe.router))
+
+    def router_block(params, x_btd):
+        norm, router = nnx.merge(gdef_router, params)
+        r = router(norm(x_btd))
+        return jnp.sum(r.weight_btk) + jnp.sum(r.probs_bte)
+
+    fns["router/fwd"], fns["router/fwd_bwd"] = _fwd_and_grad(router_block, params_router, x_btd)
 
     def moe_block(params, x_btd):
         norm, moe = nnx.merge(gdef_moe, params)
@@ -118,20 +147,31 @@ def part_fns(cfg) -> dict:
     impl, ts = m.moe.grouped_matmul, m.moe.tile_size
 
     if m.moe.backend == "dropless":
-        experts = lambda x_md, wg, wu, wd: grouped_ffn(x_md, wg, wu, wd, sizes_e, impl=impl, tile_size=ts)
-        fns["experts/fwd"], fns["experts/fwd_bwd"] = _fwd_and_grad(experts, x_md, *w)
+        # Integer inputs travel as float arguments (zero gradient), not closure constants, so XLA
+        # cannot constant-fold the group sizes or the sort out of the timed program.
+        as_int = lambda a: jax.lax.stop_gradient(a).astype(jnp.int32)
+        experts = lambda x_md, wg, wu, wd, sizes_e: grouped_ffn(x_md, wg, wu, wd, as_int(sizes_e), impl=impl, tile_size=ts)
+        fns["experts/fwd"], fns["experts/fwd_bwd"] = _fwd_and_grad(experts, x_md, *w, sizes_e.astype(jnp.float32))
 
         # Sort, gather, unsort and combine around an identity "expert": the dispatch's data movement.
-        def sort_unsort(x_btd, w_btk):
+        def sort_unsort(x_btd, w_btk, idx_btk):
             ident = lambda x_md, *_, **__: x_md
             orig, dispatch_lib.grouped_ffn = dispatch_lib.grouped_ffn, ident
             try:
-                return dispatch_lib.dropless_dispatch(x_btd, routing.idx_btk, w_btk, *w, impl, ts)[0]
+                return dispatch_lib.dropless_dispatch(x_btd, as_int(idx_btk), w_btk, *w, impl, ts)[0]
             finally:
                 dispatch_lib.grouped_ffn = orig
 
-        fns["sort_unsort/fwd"], fns["sort_unsort/fwd_bwd"] = _fwd_and_grad(sort_unsort, x_btd, routing.weight_btk)
+        fns["sort_unsort/fwd"], fns["sort_unsort/fwd_bwd"] = _fwd_and_grad(
+            sort_unsort, x_btd, routing.weight_btk, routing.idx_btk.astype(jnp.float32))
+    return fns | head_fns(cfg, norm, x_btd)
 
+
+def head_fns(cfg, norm, x_btd) -> dict:
+    """Final norm, output projection and cross-entropy, timed fwd and fwd+bwd."""
+    m, t = cfg.model, cfg.train
+    b, s, d = t.global_batch_size, t.seq_len, m.d_model
+    fns = {}
     head_vd = jax.random.normal(jax.random.key(2), (d, m.vocab_size), jnp.float32) * 0.02
     targets_bt = jax.random.randint(jax.random.key(3), (b, s), 0, m.vocab_size)
 
@@ -143,7 +183,11 @@ def part_fns(cfg) -> dict:
     return fns
 
 
-def profile(cfg, rounds: int, trace: bool = True) -> dict:
+def profile(cfg, rounds: int, trace: bool = True, parts_only: bool = False) -> dict:
+    """``parts_only``: time only the layer parts (no step, no trace), interleaved in one run."""
+    if parts_only:
+        secs = interleaved(part_fns(cfg), rounds)
+        return {"seconds": secs, "layers": cfg.model.num_layers}
     mesh = sharding.make_mesh(checks.validate(cfg, 1))
     run = setup(cfg, mesh)
     state = init_state(cfg, run)
@@ -204,7 +248,8 @@ def print_table(result: dict) -> None:
           f"{result['model_flops_per_step'] / step / result['matmul_peak_flops']:.0%} of the "
           f"{result['matmul_peak_flops'] / 1e9:.0f} GFLOP/s matmul peak")
     print(f"{'part':28s} {'ms':>9s} {'x count':>8s} {'share of step':>14s}")
-    counts = {"attention": layers, "moe": layers, "experts": layers, "sort_unsort": layers, "head": 1}
+    counts = {"attention": layers, "moe": layers, "experts": layers, "sort_unsort": layers, "dense_mlp": layers,
+              "router": layers, "head": 1}
     for name, s in secs.items():
         count = counts.get(name.split("/")[0], 1)
         print(f"{name:28s} {s * 1e3:9.2f} {count:8d} {count * s / step:14.0%}")
@@ -349,15 +394,58 @@ def print_breakdown(parts: dict[str, float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="peer", choices=("peer", "tiny", "small"))
-    parser.add_argument("--backend", default="dropless", choices=("dropless", "capacity"))
+    parser.add_argument("--backend", default="dropless",
+                        help="dropless | capacity | dense (the equal-FLOP dense model), or several, comma-separated: "
+                             "each profiled in turn in one process, then their steps timed against each other interleaved")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-trace", action="store_true", help="skip the per-op profiler trace")
+    parser.add_argument("--parts-only", action="store_true",
+                        help="time only the layer parts (MoE pieces and the equal-FLOP dense SwiGLU) in one interleaved run")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    result = profile(arch_config(args.arch, args.backend), args.rounds, trace=not args.no_trace)
-    result.update(arch=args.arch, backend=args.backend, machine=machine())
-    print_table(result)
-    write_json(args.out or f"results/profile_{args.arch}_{args.backend}.json", result)
+    backends = args.backend.split(",")
+    bad = [b for b in backends if b not in ("dropless", "capacity", "dense")]
+    if bad:
+        parser.error(f"--backend {args.backend!r}: {bad[0]!r} is not one of dropless, capacity, dense")
+    if args.parts_only:
+        result = profile(arch_config(args.arch, backends[0]), args.rounds, parts_only=True)
+        result.update(arch=args.arch, backend=backends[0], machine={**machine(), "uptime": os.popen("uptime").read().strip()})
+        dense = result["seconds"].get("dense_mlp/fwd_bwd")
+        for name, s in result["seconds"].items():
+            print(f"{name:24s} {s * 1e3:9.2f} ms" + (f"  x{s / dense:.2f} of dense_mlp/fwd_bwd" if dense else ""))
+        write_json(args.out or f"results/profile_parts_{args.arch}_{backends[0]}.json", result)
+        return
+    results = {}
+    for backend in backends:
+        result = profile(arch_config(args.arch, backend), args.rounds, trace=not args.no_trace)
+        result.update(arch=args.arch, backend=backend, machine={**machine(), "uptime": os.popen("uptime").read().strip()})
+        print(f"== {args.arch} {backend}")
+        print_table(result)
+        results[backend] = result
+    if len(backends) == 1:
+        write_json(args.out or f"results/profile_{args.arch}_{backends[0]}.json", results[backends[0]])
+        return
+    steps = interleaved_steps({b: arch_config(args.arch, b) for b in backends}, args.rounds)
+    print("steps timed against each other, interleaved: " + ", ".join(
+        f"{b} {s * 1e3:.0f} ms (x{s / steps[backends[-1]]:.2f} of {backends[-1]})" for b, s in steps.items()))
+    write_json(args.out or f"results/profile_{args.arch}_{'_'.join(backends)}.json",
+               {"parts": results, "steps_interleaved_s": steps,
+                "machine": {**machine(), "uptime": os.popen("uptime").read().strip()}})
+
+
+def interleaved_steps(cfgs: dict, rounds: int) -> dict[str, float]:
+    """Median seconds per train step of each config, timed in interleaved rounds."""
+    fns = {}
+    for name, cfg in cfgs.items():
+        run = setup(cfg, sharding.make_mesh(checks.validate(cfg, 1)))
+        step, holder, batch = make_train_step(cfg, run), {"state": init_state(cfg, run)}, random_batch(cfg)
+
+        def run_step(step=step, holder=holder, batch=batch):
+            holder["state"], metrics = step(holder["state"], batch)
+            jax.block_until_ready(metrics)
+
+        fns[name] = run_step
+    return interleaved(fns, rounds)
 
 
 if __name__ == "__main__":

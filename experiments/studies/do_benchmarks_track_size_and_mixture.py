@@ -1,7 +1,7 @@
 """Calibrate the built-in benchmarks on trained checkpoints: score vs model size and mixture.
 
     python -m experiments.studies.do_benchmarks_track_size_and_mixture --workdirs runs/mixture_ladder/s0_m0 ... \\
-        --steps 140 --max-items 64 --out data_mixture/results/bench_v2
+        --steps 140 --max-items 64 --out experiments/studies/results/bench_v2
 
 For every (workdir, step) it scores the tasks of ``--versions`` (default benchmarks-v2, add
 benchmarks-v1 to compare) with the same :class:`moejax.eval.evaluate.Evaluator` as

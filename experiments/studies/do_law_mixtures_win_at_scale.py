@@ -1,10 +1,10 @@
 """The real mixture sweep on the built-in corpus, and its scale-up verification.
 
-One command reproduces everything under ``data_mixture/results/builtin_v1/`` (small files only;
+One command reproduces everything under ``experiments/studies/results/builtin_v1/`` (small files only;
 checkpoints stay under ``--root``)::
 
     nice -n 5 .venv/bin/python -m experiments.studies.do_law_mixtures_win_at_scale --root sweeps/builtin_v1 \\
-        --out data_mixture/results/builtin_v1
+        --out experiments/studies/results/builtin_v1
 
 Stages, each resumable (a stage whose output exists is not redone; the sweep runner itself skips
 finished runs and resumes interrupted ones, so rerunning the command after an interruption
@@ -329,7 +329,7 @@ def write_report(out: Path, laws: dict[str, Any], mixtures: dict[str, dict[str, 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default="sweeps/builtin_v1", help="run directories (checkpoints; not committed)")
-    parser.add_argument("--out", default="data_mixture/results/builtin_v1", help="small results (committed)")
+    parser.add_argument("--out", default="experiments/studies/results/builtin_v1", help="small results (committed)")
     parser.add_argument("--mixtures", type=int, default=12, help="mixtures per proxy size")
     parser.add_argument("--parallel", type=int, default=2, help="runs trained at once")
     parser.add_argument("--max-items", type=int, default=64, help="benchmark items per task per checkpoint")

@@ -13,7 +13,7 @@ Stages (``--stage NAME`` runs one; results in ``--out``, runs under ``--root``):
                largest proxy, decide there: ``evaluate_ladder/``); every law fitted on the whole
                ladder (``fits/``) and its loss-optimal mixture at the target (``optima/``).
 
-The sizes and ``T_mid`` come from the pilot (data_mixture/results/midtrain_pilot/pilot.md): at 4
+The sizes and ``T_mid`` come from the pilot (experiments/studies/results/midtrain_pilot/pilot.md): at 4
 tokens/param of mid-training the mixtures' mean held-out loss spreads over 5-7 seed standard errors
 (3 seeds) and the per-domain losses over 4.5-45, so the ladder keeps the pilot's T_mid.
 """
@@ -906,7 +906,7 @@ STAGES = ("plan", "ladder", "fit", "target", "mergemix", "report")
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
-    ap.add_argument("--out", default="data_mixture/results/midtrain_v1", help="committed results")
+    ap.add_argument("--out", default="experiments/studies/results/midtrain_v1", help="committed results")
     ap.add_argument("--root", default="runs/midtrain_v1", help="run directories (not committed)")
     ap.add_argument("--parallel", type=int, default=2)
     add_verbosity_flags(ap)

@@ -2,14 +2,14 @@
 
 Model sizes x training mixtures over the built-in domains (code, prose, math, knowledge), each
 trained for a short budget, evaluated at two checkpoints, and collected into one runs table
-(``data_mixture/results/ladder_runs.csv``, the format of docs/data_mixture.md). It is the
+(``experiments/studies/results/ladder_runs.csv``, the format of docs/data_mixture.md). It is the
 moejax-produced table the leave-one-scale-out comparison of the laws is run on. The committed
 table was made with (about 75 minutes of a 2-core machine shared with four other jobs for the
 first 15 runs, 13 minutes for the last 6):
 
     nice -n 10 .venv/bin/python -m experiments.studies.do_laws_predict_larger_sizes --workdir runs/mixture_ladder \
         --sizes s1,s0,s0b --mixtures s1=5,s0=8,s0b=8 --bench-sizes s1 --order mixture \
-        --out data_mixture/results/ladder_runs.csv
+        --out experiments/studies/results/ladder_runs.csv
 
 Resumable: a run whose final checkpoint exists is not retrained, a checkpoint with an
 ``eval/step_N.json`` is not re-evaluated (``moejax.eval --all`` reuses it), so rerunning the same
@@ -103,7 +103,7 @@ def run_logged(cmd: list[str], log_path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/mixture_ladder")
-    parser.add_argument("--out", default="data_mixture/results/ladder_runs.csv")
+    parser.add_argument("--out", default="experiments/studies/results/ladder_runs.csv")
     parser.add_argument("--steps", type=int, default=140)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)

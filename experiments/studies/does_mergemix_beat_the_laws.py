@@ -1,11 +1,11 @@
 """MergeMix on the built-in corpus against the mixture laws and the uniform mixture.
 
-One command reproduces ``data_mixture/results/mergemix_v1/`` (small files; checkpoints stay under
+One command reproduces ``experiments/studies/results/mergemix_v1/`` (small files; checkpoints stay under
 ``--root``), on top of the built-in sweep (``experiments/studies/do_law_mixtures_win_at_scale.py``, whose run
 directories must be on this machine: ``--sweep-root``)::
 
     nice -n 5 .venv/bin/python -m experiments.studies.does_mergemix_beat_the_laws --sweep-root sweeps/builtin_v1 \\
-        --root sweeps/mergemix_v1 --out data_mixture/results/mergemix_v1
+        --root sweeps/mergemix_v1 --out experiments/studies/results/mergemix_v1
 
 Stages, each resumable (finished experts are skipped, every merge evaluation is cached in
 ``ROOT/cache_<fraction>.jsonl``):
@@ -275,9 +275,9 @@ def write_report(out: Path, sweep_out: Path, rank: dict[str, Any], default: tupl
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep-root", default="sweeps/builtin_v1", help="the built-in sweep's run directories")
-    parser.add_argument("--sweep-out", default="data_mixture/results/builtin_v1", help="the built-in sweep's results")
+    parser.add_argument("--sweep-out", default="experiments/studies/results/builtin_v1", help="the built-in sweep's results")
     parser.add_argument("--root", default="sweeps/mergemix_v1", help="experts, caches, target runs (not committed)")
-    parser.add_argument("--out", default="data_mixture/results/mergemix_v1", help="small results (committed)")
+    parser.add_argument("--out", default="experiments/studies/results/mergemix_v1", help="small results (committed)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--stop-after", choices=("experts", "rank", "search"), default=None)
     add_verbosity_flags(parser)

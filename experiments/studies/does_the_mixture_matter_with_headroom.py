@@ -625,7 +625,7 @@ def main(argv=None) -> None:
                     help="the gate attempt the pilot stage runs and the later stages require to have passed")
     ap.add_argument("--plan-only", action="store_true", help="pilot: write the attempt's plan.json and stop (commit it, "
                                                              "then run again without this flag)")
-    ap.add_argument("--out", default="data_mixture/results/headroom_v1", help="committed results")
+    ap.add_argument("--out", default="experiments/studies/results/headroom_v1", help="committed results")
     ap.add_argument("--root", default="runs/headroom_v1", help="run directories (not committed)")
     ap.add_argument("--parallel", type=int, default=2)
     add_verbosity_flags(ap)

@@ -1,9 +1,9 @@
 """Pilot of the mid-training protocol: is the mixture effect larger than the seed noise?
 
-    ./launch.sh python -m data_mixture sweep --plan data_mixture/results/midtrain_pilot/plan.json \\
+    ./launch.sh python -m data_mixture sweep --plan experiments/studies/results/midtrain_pilot/plan.json \\
         --root runs/midtrain_pilot --parallel 2 --eval-args '--max-items 128'
     ./launch.sh python -m experiments.studies.is_mixture_effect_above_seed_noise --runs runs/midtrain_pilot/runs.csv \\
-        --out data_mixture/results/midtrain_pilot
+        --out experiments/studies/results/midtrain_pilot
 
 The plan: one base at one proxy size, K mixtures x S seeds continued from it. For each metric
 (held-out loss per domain and of the mean over domains, each benchmark score), at the final

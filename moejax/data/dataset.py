@@ -217,7 +217,7 @@ def _check_prepare_finished(directory: Path, path: str) -> None:
         raise DataError(
             f"data.path {path!r} is not a prepared dataset: the prepare run into it failed, so it "
             f"has no {layout.DATASET_FILE}. Its error was: {progress.get('error', '(not recorded)')} "
-            "Fix that input, then rerun the prepare command (it keeps the shards already done)."
+            "Fix that input, then rerun the prepare command (it first removes what the failed run left)."
         )
     raise DataError(
         f"data.path {path!r} is not a prepared dataset yet: a prepare run into it (domains {domains}) "

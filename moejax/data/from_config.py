@@ -2,7 +2,8 @@
 
 ``check_data_config(cfg)`` runs with the config checks, before anything is built or compiled:
 it reads the dataset's description (no tokens), resolves the mixture or schedule against the
-dataset's domains and checks ``model.vocab_size`` against the tokenizer. ``make_data(cfg)``
+dataset's domains, checks ``model.vocab_size`` against the tokenizer and the shard files against
+their manifests (``shard_check``: sizes always, checksum and token range of the first shards). ``make_data(cfg)``
 then opens the dataset and returns the train iterator, the fixed eval batches, the domain list
 (batch ``domain`` ids index it) and the tokenizer, whose id goes into checkpoints.
 """
@@ -22,6 +23,7 @@ from moejax.data.mixture import Schedule, schedule_from_config
 from moejax.data.packing import Example
 from moejax.data.pipeline import MixtureIterator, make_eval_batches
 from moejax.data.pools import dataset_pools, parse_unique_tokens
+from moejax.data.shard_check import check_shards
 from moejax.data.tokenizer import Tokenizer
 from moejax.errors import DataError, user_stacklevel
 
@@ -65,6 +67,8 @@ def check_data_config(cfg: Any) -> tuple[DatasetInfo, Schedule]:
     if problems:
         raise DataError("\n".join(problems) if len(problems) == 1 else
                         f"{len(problems)} problems: " + " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    if info.path:
+        check_shards(info.path, vocab)  # a truncated or overwritten shard, before anything compiles
     return info, schedule
 
 

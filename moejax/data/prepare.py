@@ -36,6 +36,7 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -57,9 +58,11 @@ from moejax.data.pools import parse_unique_tokens
 from moejax.data.sources import Piece, SkippedFilesWarning, Source
 from moejax.data.streams import token_dtype, tokenize_documents
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer
-from moejax.errors import DataError, user_stacklevel
+from moejax.errors import DataError, UserError, user_stacklevel
 from moejax.log import add_verbosity_flags
 from moejax.runner import run
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from moejax.data.hf_tokenizer import HFTokenizer
@@ -95,6 +98,84 @@ class ShardTask:
         return sum(piece.size for piece in self.pieces)
 
 
+def _leaves_nothing_on_failure(prepare):
+    """``prepare_dataset`` that, when it fails (bad input, a full disk), removes every file and
+    directory it created in ``out_dir`` (all of it if ``out_dir`` was new), so nothing is left that
+    was not there before; and first clears what an earlier failed run left, saying so. An
+    interruption (Ctrl-C, a kill) keeps the finished shards: rerunning the command resumes."""
+    @functools.wraps(prepare)
+    def wrapper(sources, out_dir, **kwargs):
+        out = Path(out_dir)
+        _clear_failed_attempt(out)
+        before = _snapshot(out)
+        try:
+            return prepare(sources, out_dir, **kwargs)
+        except Exception as e:
+            if not _remove_new(out, before):
+                raise
+            note = (f" Nothing was left behind: {out} was removed." if before is None else
+                    f" The files this run had written to {out} were removed; what was there before is untouched.")
+            if isinstance(e, UserError):  # the one-paragraph errors the command prints
+                e.args = (f"{e}{note}",)
+            raise
+    return wrapper
+
+
+def _snapshot(out: Path) -> set[str] | None:
+    """Every path under ``out`` (relative), or None if ``out`` does not exist."""
+    if not out.is_dir():
+        return None
+    found = set()
+    for root, dirs, files in os.walk(out):
+        found.update(os.path.relpath(os.path.join(root, name), out) for name in dirs + files)
+    return found
+
+
+def _remove_new(out: Path, before: set[str] | None) -> bool:
+    """Removes what is under ``out`` but not in ``before`` (``out`` itself if it was new); whether
+    anything was removed."""
+    if before is None:
+        if not out.exists():
+            return False
+        shutil.rmtree(out, ignore_errors=True)
+        return True
+    removed = False
+    for root, dirs, files in os.walk(out, topdown=False):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            if os.path.relpath(path, out) not in before:
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                removed = True
+    return removed
+
+
+def _clear_failed_attempt(out: Path) -> None:
+    """Removes what a failed earlier run left in ``out`` (its progress record says ``failed``): its
+    domains that no finished run wrote, its progress record, and its tokenizer files if no run
+    finished; one warning says what was removed."""
+    try:
+        with open(out / PROGRESS_FILE, encoding="utf-8") as f:
+            progress = json.load(f)
+    except (OSError, ValueError):
+        return
+    if progress.get("state") != "failed":
+        return
+    finished = set()
+    if (out / layout.DATASET_FILE).is_file():
+        with open(out / layout.DATASET_FILE, encoding="utf-8") as f:
+            finished = set(json.load(f).get("domains", ()))
+    names = [d for d in progress.get("domains", ()) if d not in finished and layout.DOMAIN_NAME.fullmatch(d)]
+    if not finished:
+        names += [layout.TOKENIZER_FILE, "tokenizer_config.json"]
+    removed = [name for name in names if (out / name).exists()]
+    for name in removed:
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    (out / PROGRESS_FILE).unlink()
+    log.warning(f"prepare: an earlier run into {out} failed ({progress.get('error', 'error not recorded')[:200]}); "
+                f"removed what it left: {', '.join(removed + [PROGRESS_FILE])}.")
+
+
+@_leaves_nothing_on_failure
 def prepare_dataset(
     sources: Sequence[str | Source],
     out_dir: str | os.PathLike[str],

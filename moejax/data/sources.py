@@ -15,7 +15,8 @@ A file's suffix and first bytes set its format: ``.jsonl`` holds one JSON object
 starts with Parquet's magic bytes) has a string column ``text`` whose rows are documents;
 ``.jsonl.gz``/``.jsonl.zst`` and ``.txt.gz``/``.txt.zst`` are JSONL and plain text compressed with
 gzip or zstd, streamed (:mod:`moejax.data.compressed`); any other text file is one plain-text
-document (UTF-8; undecodable bytes become U+FFFD). Files that are none of these are refused,
+document. Text is UTF-8: a byte that is not is refused when it is read, naming the file, the
+byte offset and the line. Files that are none of these are refused,
 naming the file and the kinds that are read, never read as text: other compressed files (other
 suffixes, bzip2, xz or zip; gzip or zstd bytes behind an uncompressed name), CSV/TSV, JSON,
 binary files (a NUL byte near the start), and a compressed name over the wrong or no bytes (an
@@ -305,14 +306,33 @@ def read_documents(piece: Piece, text_field: str) -> Iterator[str | None]:
     elif piece.kind == "parquet":
         yield from _parquet_documents(piece, text_field)
     elif kind == "jsonl":
+        offset = 0
         for number, line in enumerate(compressed.lines(piece.path, codec), 1):
+            offset += len(line)
             if line.strip():
+                decode_utf8(line, piece.path, "(decompressed) ", offset=offset - len(line), line=number)
                 yield _jsonl_text(line, piece.path, f"line {number} (decompressed)", text_field)
     elif codec:
-        yield compressed.read_all(piece.path, codec).decode("utf-8", errors="replace")
+        yield decode_utf8(compressed.read_all(piece.path, codec), piece.path, "(decompressed) ")
     else:
         with open(piece.path, "rb") as f:
-            yield f.read().decode("utf-8", errors="replace")
+            yield decode_utf8(f.read(), piece.path)
+
+
+def decode_utf8(data: bytes, path: str, where: str = "", offset: int = 0, line: int | None = 1) -> str:
+    """``data`` decoded as UTF-8; a ``DataError`` naming the file, the byte offset and the line of
+    the first byte that is not UTF-8 (``offset``/``line``: where ``data`` starts in the file; line
+    None: not counted)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        newlines = data.count(b"\n", 0, e.start)
+        at_line = "" if line is None else f" (line {line + newlines:,})"
+        raise DataError(
+            f"{path}: {where}byte {offset + e.start:,}{at_line} is not valid UTF-8 ({e.reason}: "
+            f"{data[e.start:e.end + 3]!r}). prepare reads UTF-8 text only; convert the file first, e.g. "
+            f"iconv -f LATIN1 -t UTF-8 {path} > {path}.utf8 (with its real encoding), and prepare that."
+        ) from None
 
 
 def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str | None]:
@@ -327,6 +347,7 @@ def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str | None]:
                 break
             offset, position = position, position + len(line)
             if line.strip():
+                decode_utf8(line, piece.path, f"the line at byte {offset:,}: ", offset, None)  # a non-UTF-8 byte
                 yield _jsonl_text(line, piece.path, f"the line at byte {offset}", text_field)
 
 

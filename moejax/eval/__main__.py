@@ -84,7 +84,9 @@ def _evaluate(args: argparse.Namespace) -> None:
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, benchmarks=args.benchmarks,
     )
     evaluator = Evaluator(erun, settings, progress=not args.no_progress)
-    steps = erun.steps if args.all else [erun.steps[-1] if args.step is None else args.step]
+    # the default: the newest checkpoint that reads (a damaged latest one is reported and skipped)
+    loaded = {ckpt.step: ckpt for ckpt in [erun.load(None)]} if not args.all and args.step is None else {}
+    steps = erun.steps if args.all else list(loaded) or [args.step]
     out_dir = os.path.join(erun.workdir, "eval")
     paths.make_dir(out_dir, "--workdir (its eval/ directory)")
     for step in steps:
@@ -96,7 +98,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         path = os.path.join(out_dir, f"step_{step}.json")
         result = _reusable(path, settings) if args.all else None
         if result is None:
-            result = evaluator.evaluate(erun.load(step))
+            result = evaluator.evaluate(loaded.pop(step, None) or erun.load(step))
             paths.write_file(path, lambda f: json.dump(result, f, indent=1))
             print(format_result(result) + f"\n\nwrote {path}\n")
         else:

@@ -19,10 +19,8 @@ from moejax.data.pipeline import make_eval_batches
 from moejax.data.targets import target_eval_batches
 from moejax.eval import harness, losses, routing
 from moejax.eval.benchmarks import task_names
-from moejax.eval.forward import Scorer
 from moejax.eval.restore import Checkpoint, EvalRun
 from moejax.eval.tasks import EXACT_MATCH, Task, resolve_tasks
-from moejax.generate import Generator
 from moejax.model.balancing import Balancer
 from moejax.model.transformer import is_moe_layer
 
@@ -84,7 +82,6 @@ class Evaluator:
 
     def __init__(self, erun: EvalRun, settings: Settings, *, balancer: Balancer | None = None, progress: bool = True):
         self.erun, self.settings, self.progress = erun, settings, progress
-        balancer = erun.run.balancer if balancer is None else balancer
         cfg = erun.cfg
         tasks = resolve_tasks(list(settings.tasks), cfg.data.cache_dir or None)
         self.tasks = [_first(task, settings.max_items) for task in tasks]
@@ -98,11 +95,9 @@ class Evaluator:
             seq_len=cfg.train.seq_len, batch_size=cfg.train.global_batch_size, batches_per_set=settings.loss_batches,
             first_domain_id=len(erun.dataset.domains), cache_dir=cfg.data.cache_dir or None,
         )
-        self.scorer = Scorer(erun.run, balancer, cfg.model.moe.num_experts)
-        self.generator = (
-            Generator(erun.run, cfg, max_len=settings.max_len, balancer=balancer, num_tokens=erun.tokenizer.vocab_size)
-            if any(t.kind == EXACT_MATCH for t in self.tasks) else None
-        )
+        self.scorer = erun.scorer(balancer)
+        self.generator = (erun.generator(settings.max_len, balancer)
+                          if any(t.kind == EXACT_MATCH for t in self.tasks) else None)
         self.moe_layers = [layer for layer in range(cfg.model.num_layers) if is_moe_layer(cfg.model, layer)]
 
     def evaluate(self, ckpt: Checkpoint) -> dict[str, Any]:

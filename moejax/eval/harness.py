@@ -14,7 +14,7 @@ Rows are batched by length: each batch is padded to a bucket width (a power of t
 training length) and to a fixed number of rows, so a whole task compiles once per bucket.
 
 Exact match. Prompts are decoded greedily in fixed-size batches with the KV-cache
-:class:`moejax.generate.Generator` until every row has produced a newline (or EOS, or the token
+:class:`moejax.eval.generator.Generator` until every row has produced a newline (or EOS, or the token
 budget); the text up to the first newline, stripped, must equal the stripped answer. Its continuous score
 ``gold_logprob`` is the answer's log-probability after the prompt, by teacher forcing (scored like
 a multiple-choice item with the answer as its only choice).
@@ -33,7 +33,7 @@ from moejax.eval.calibration import choice_probabilities, expected_calibration_e
 from moejax.eval.forward import Scorer
 from moejax.eval.restore import Checkpoint
 from moejax.eval.tasks import Task
-from moejax.generate import Generator, length_bucket
+from moejax.eval.generator import Generator, length_bucket
 
 EXAMPLES_KEPT = 3  # exact-match predictions shown in the report
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 from typing import Any
@@ -27,8 +28,14 @@ from moejax.config import ConfigDict
 from moejax.errors import ConfigError
 from moejax.data.dataset import TokenDataset, open_dataset
 from moejax.data.tokenizer import Tokenizer, check_tokenizer_matches
+from moejax.eval.forward import Scorer
+from moejax.eval.generator import Generator
+from moejax.model.balancing import Balancer
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
+from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks, unreadable_reason
 from moejax.train.state import Run, num_moe_layers, setup
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +67,60 @@ class EvalRun:
         """Devices a batch is split over: batch sizes must be multiples of this."""
         return math.prod(self.run.mesh.shape[a] for a in ("data", "fsdp", "expert"))
 
+    # The one place a restored run's jitted functions are built (the evaluation, ``moejax.load``,
+    # ``python -m moejax.generate`` and lm-eval all take them from here). ``balancer`` replaces the
+    # run's balancing objectives (e.g. with an expert mask); the checkpoint's ``balance`` must then
+    # hold its state.
+
+    def scorer(self, balancer: Balancer | None = None) -> Scorer:
+        """The jitted scoring forward: per-row summed log-probabilities and routing statistics."""
+        return Scorer(self.run, self.run.balancer if balancer is None else balancer, self.cfg.model.moe.num_experts)
+
+    def generator(self, max_len: int, balancer: Balancer | None = None) -> Generator:
+        """The KV-cache generator over ``max_len`` positions, never picking an id past the tokenizer."""
+        return Generator(self.run, self.cfg, max_len=max_len, num_tokens=self.tokenizer.vocab_size,
+                         balancer=self.run.balancer if balancer is None else balancer)
+
     def load(self, step: int | None = None) -> Checkpoint:
-        """The parameters and balancing state of ``step`` (default: the latest), in the mesh."""
-        step = self.steps[-1] if step is None else step
+        """The parameters and balancing state of ``step``, in the mesh. Default: the newest
+        checkpoint that reads (a damaged newer one is reported in one notice and skipped, as
+        training's resume does); a damaged ``step`` asked for by number is a ``ConfigError``."""
+        quiet_closed_loop_callbacks()  # a failed read's late reports would bury the notice
+        if step is None:
+            return self._load_newest_readable()
         if step not in self.steps:
             raise ConfigError(f"{self.checkpoint_dir} has no checkpoint at step {step}; steps: {list(self.steps)}.")
+        try:
+            return self._load(step)
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
+            others = [s for s in self.steps if s != step]
+            raise ConfigError(
+                f"checkpoint {self.checkpoint_dir}/{step} is damaged: {unreadable_reason(self._step_dir(step), e)}. "
+                + (f"Choose another --step (steps: {others})." if others else "It is the only checkpoint; train again.")
+            ) from None
+
+    def _load_newest_readable(self) -> Checkpoint:
+        damaged: list[tuple[int, str]] = []
+        for step in reversed(self.steps):
+            try:
+                ckpt = self._load(step)
+            except CheckpointMismatch:
+                raise
+            except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
+                damaged.append((step, unreadable_reason(self._step_dir(step), e)))
+                continue
+            if damaged:
+                log.warning(damaged_notice(self.checkpoint_dir, damaged, used=step))
+            return ckpt
+        raise ConfigError(f"no checkpoint in {self.checkpoint_dir} can be read: "
+                          + "; ".join(f"step {s}: {why}" for s, why in damaged) + ". Train the run again.")
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.checkpoint_dir, str(step))
+
+    def _load(self, step: int) -> Checkpoint:
         abstract = {"params": self.run.abstract_state["params"]}
         if self.run.abstract_state["balance"]:
             abstract["balance"] = self.run.abstract_state["balance"]
@@ -72,6 +128,15 @@ class EvalRun:
         if "balance" in abstract and "balance" not in restored:  # a params-only checkpoint (an import)
             restored["balance"] = self.run.balancer.init_state(num_moe_layers(self.cfg.model))
         return Checkpoint(step, restored["params"], restored.get("balance", {}))
+
+
+def damaged_notice(checkpoint_dir: str, damaged: list[tuple[int, str]], *, used: int) -> str:
+    """The one notice a reader gives for the damaged newest checkpoints it skipped."""
+    lines = [f"moejax: the latest checkpoint{'s' if len(damaged) > 1 else ''} of {checkpoint_dir} "
+             f"{'are' if len(damaged) > 1 else 'is'} damaged; using step {used}, the newest that reads "
+             "(pass --step N to choose another):"]
+    lines += [f"  step {step}: {why}" for step, why in damaged]
+    return "\n".join(lines)
 
 
 def open_run(workdir: str) -> EvalRun:
@@ -82,13 +147,13 @@ def open_run(workdir: str) -> EvalRun:
     steps = tuple(sorted(ocp.utils.checkpoint_steps(checkpoint_dir)))  # finished (committed) ones
     if not steps:
         raise ConfigError(f"{workdir} holds no checkpoint (looked in {checkpoint_dir}); train it first.")
-    meta = read_meta(os.path.join(checkpoint_dir, str(steps[-1])))
+    meta_step, meta = newest_meta(checkpoint_dir, steps)
     cfg = eval_config(meta.get("config") or read_config_json(workdir))
     dataset = open_dataset(cfg.data.path, cfg.data.cache_dir or None)
     if "tokenizer" in meta:
         check_tokenizer_matches(
             dataset.tokenizer.name, meta["tokenizer"], data_source=f"data.path={cfg.data.path!r}",
-            checkpoint=f"{checkpoint_dir}/{steps[-1]}",
+            checkpoint=f"{checkpoint_dir}/{meta_step}",
         )
     return EvalRun(os.path.abspath(workdir), cfg, _setup_on_local_devices(cfg), dataset, dataset.tokenizer, steps)
 
@@ -147,6 +212,17 @@ def latest_meta(workdir: str) -> dict[str, Any]:
         return {}
     steps = sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
     return read_meta(os.path.join(checkpoint_dir, str(steps[-1]))) if steps else {}
+
+
+def newest_meta(checkpoint_dir: str, steps: tuple[int, ...]) -> tuple[int, dict[str, Any]]:
+    """(step, metadata) of the newest checkpoint whose metadata reads ({} where none has any); a
+    damaged one is passed over here and reported when its parameters are read."""
+    for step in reversed(steps):
+        try:
+            return step, read_meta(os.path.join(checkpoint_dir, str(step)))
+        except Exception:  # noqa: BLE001 - damaged: an older checkpoint says the same
+            continue
+    return steps[-1], {}
 
 
 def read_meta(step_dir: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from moejax.model.expert_parallel import expert_parallel_dispatch, splits_experts
 from moejax.model.grouped_matmul import batched_ffn, grouped_ffn
+from moejax.model.llep import rank_within
 from moejax.schema import BACKENDS, DispatchConfig  # noqa: F401 (BACKENDS: the backends' names, exported)
 
 
@@ -66,18 +67,35 @@ def _swiglu_gecd(x_gecd, w_gate_edf, w_up_edf, w_down_efd):
     return y_ecd.reshape(e, g, c, d).transpose(1, 0, 2, 3)
 
 
+# Experts from which the capacity slots come from a stable sort per group rather than a one-hot
+# [g, q, e] cumsum, whose cost grows with e: the same slots; at 16 x 256 tokens the cumsum took
+# 0.7 ms against 3.3 for the sort at 16 experts top-2, 77 against 12 ms at 128 top-8 (per layer,
+# experiments/benchmarks/capacity_slots.py; LOG.md section 7). The crossover between was not measured.
+SORTED_SLOTS_FROM_EXPERTS = 64
+
+
+def _capacity_slots(idx_gtk: jax.Array, e: int) -> jax.Array:
+    """int [g, t, k]: each assignment's rank among the earlier assignments (choice-major) to its
+    expert in its group."""
+    g, t, k = idx_gtk.shape
+    if e >= SORTED_SLOTS_FROM_EXPERTS:
+        expert_gq = jnp.swapaxes(idx_gtk, 1, 2).reshape(g, k * t).astype(jnp.int32)
+        slot_gkt = jax.vmap(lambda expert_q: rank_within(expert_q, e))(expert_gq).reshape(g, k, t)
+    else:
+        expert_gqe = jnp.swapaxes(jax.nn.one_hot(idx_gtk, e, dtype=jnp.int32), 1, 2).reshape(g, k * t, e)
+        earlier_gqe = jnp.cumsum(expert_gqe, axis=1) - expert_gqe
+        slot_gkt = jnp.sum(earlier_gqe * expert_gqe, axis=-1).reshape(g, k, t)
+    return jnp.swapaxes(slot_gkt, 1, 2)
+
+
 def capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, capacity_factor):
     g, t, k = idx_gtk.shape
     e = w_gate_edf.shape[0]
     c = expert_capacity(t, e, k, capacity_factor)
 
-    expert_gtke = jax.nn.one_hot(idx_gtk, e, dtype=jnp.int32)
     # Priority is choice-major: every token's first choice, in token order, claims a slot before
     # any second choice. An assignment's slot is the number of earlier assignments to its expert.
-    expert_gqe = jnp.swapaxes(expert_gtke, 1, 2).reshape(g, k * t, e)
-    earlier_gqe = jnp.cumsum(expert_gqe, axis=1) - expert_gqe
-    slot_gkt = jnp.sum(earlier_gqe * expert_gqe, axis=-1).reshape(g, k, t)
-    slot_gtk = jnp.swapaxes(slot_gkt, 1, 2)
+    slot_gtk = _capacity_slots(idx_gtk, e)
     kept_gtk = slot_gtk < c
 
     # The token in each slot (t, out of range, for an empty slot: reads zero); a dropped
@@ -92,7 +110,7 @@ def capacity_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, c
     y_gtd = jnp.einsum("gtk,gtkd->gtd", jnp.where(kept_gtk, w_gtk, 0).astype(y_gtkd.dtype), y_gtkd)
     stats = dict(
         drop_rate=1.0 - jnp.mean(kept_gtk, dtype=jnp.float32),
-        tokens_per_expert_e=jnp.sum(expert_gtke, axis=(0, 1, 2)).astype(jnp.float32),
+        tokens_per_expert_e=jnp.bincount(idx_gtk.reshape(-1), length=e).astype(jnp.float32),
     )
     return y_gtd, stats
 
@@ -179,15 +197,20 @@ def dispatch(
           device's native buffer instead: ``ceil(ep_capacity_factor * q)`` rows;
         - ``ep_balance``: ``"expert_parallel"`` only; ``"drop"`` drops what the buffers cannot hold,
           ``"llep"`` spills it with the experts' weights to the least-loaded devices
-          (:mod:`moejax.model.llep`; needs ``ep_comm="all_gather"``);
+          (:mod:`moejax.model.llep`);
         - ``ep_spill_slots``, ``ep_spill_capacity_factor``: ``"llep"`` only; extra experts a device
-          may host, and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``.
+          may host, and each slot's rows, ``ceil(ep_spill_capacity_factor * q)``;
+        - ``ep_llep_threshold``: ``"llep"`` only; the step spills when an expert group's largest
+          device load reaches this multiple of the mean load (or when standard EP's buffers would
+          drop); otherwise it takes standard EP's exchange, with this threshold as its
+          ``ep_capacity_factor``. ``<= 1``: always spill.
 
     Returns:
       y_gtd: [g, t, d] in x's dtype.
       stats: ``drop_rate``, float32 scalar, the fraction of (token, choice) assignments dropped
         (0 for dropless); ``tokens_per_expert_e``, float32 [e], assignments per expert before
-        dropping, summed over groups (over all devices for expert_parallel too).
+        dropping, summed over groups (over all devices for expert_parallel too); with
+        ``ep_balance="llep"`` also ``llep_engaged``, float32 scalar, 1.0 when the layer spilled.
     """
     _check_dispatch_args(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd)
 
@@ -200,7 +223,7 @@ def dispatch(
             x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, comm=cfg.ep_comm,
             capacity_factor=cfg.ep_capacity_factor, impl=cfg.impl, tile_size=cfg.tile_size,
             balance=cfg.ep_balance, spill_slots=cfg.ep_spill_slots,
-            spill_capacity_factor=cfg.ep_spill_capacity_factor,
+            spill_capacity_factor=cfg.ep_spill_capacity_factor, llep_threshold=cfg.ep_llep_threshold,
         )
     else:  # dropless, or expert_parallel with no expert axis to spread the experts over
         y_gtd, stats = dropless_dispatch(

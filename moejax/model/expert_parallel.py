@@ -57,7 +57,10 @@ least-loaded devices of the expert axis, by a plan every device computes identic
 all-gathered expert ids (:mod:`moejax.model.llep`). Tokens travel in the all_gather form; each
 device's buffer has native rows for its own experts plus one block of rows per spill slot; the
 hosted experts' weights arrive over a ring of ``ppermute`` steps (:func:`_ring_spill_weights`), and
-their gradients return to the owners by autodiff of the ring. All shapes are static.
+their gradients return to the owners by autodiff of the ring. All shapes are static. It spills only
+when some expert group's largest device load reaches ``llep_threshold`` times the mean (or standard
+EP's buffers would drop, :func:`llep_engages`); otherwise the layer takes standard EP's exchange.
+Both branches are compiled (``lax.cond``), one decision for the whole mesh.
 
 Statistics are global: ``drop_rate`` is the number of dropped assignments over the number of
 assignments, both summed over all devices; ``tokens_per_expert_e`` counts assignments before
@@ -235,10 +238,6 @@ def _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, embed_axes):
     return gather(w_gate_edf, axis=1), gather(w_up_edf, axis=1), gather(w_down_efd, axis=2)
 
 
-def _global_stats(expert_q, slot_q, r, num_experts, batch_axes):
-    return _stats_from_kept(jnp.sum(slot_q < r, dtype=jnp.int32), expert_q, num_experts, batch_axes)
-
-
 def _stats_from_kept(kept, expert_q, num_experts, batch_axes):
     """Global drop_rate and tokens_per_expert_e from this device's kept count and its assignments."""
     tokens_per_expert_e = jnp.bincount(expert_q, length=num_experts).astype(jnp.int32)
@@ -248,6 +247,21 @@ def _stats_from_kept(kept, expert_q, num_experts, batch_axes):
         drop_rate=(assigned - kept).astype(jnp.float32) / assigned.astype(jnp.float32),
         tokens_per_expert_e=tokens_per_expert_e.astype(jnp.float32),
     )
+
+
+def _choice_major(idx_gtk, w_gtk):
+    """This device's assignments in priority order (choice-major): expert_q [q] int32, w_q [q]."""
+    g, t, k = idx_gtk.shape
+    expert_q = jnp.swapaxes(idx_gtk.reshape(g * t, k), 0, 1).reshape(g * t * k).astype(jnp.int32)
+    return expert_q, jnp.swapaxes(w_gtk.reshape(g * t, k), 0, 1).reshape(g * t * k)
+
+
+def _standard_exchange(x_sd, expert_q, w_q, experts, *, axes, comm, p, c):
+    """Standard EP's slots and exchange: the combined y_sd [s, d] (before the tensor psum) and the
+    number of this device's assignments kept."""
+    slot_q = _slots(expert_q // experts.num_local, p, c)
+    y_sd = _EXCHANGES[comm](x_sd, expert_q, w_q, slot_q, experts, axes=axes, p=p, c=c)
+    return y_sd, jnp.sum(slot_q < p * c, dtype=jnp.int32)
 
 
 def _device_dispatch(
@@ -262,16 +276,14 @@ def _device_dispatch(
     p = num_experts // e
     c = pair_capacity(q, p, capacity_factor)
 
-    expert_q = jnp.swapaxes(idx_gtk.reshape(s, k), 0, 1).reshape(q).astype(jnp.int32)
-    w_q = jnp.swapaxes(w_gtk.reshape(s, k), 0, 1).reshape(q)
-    slot_q = _slots(expert_q // e, p, c)
+    expert_q, w_q = _choice_major(idx_gtk, w_gtk)
     experts = _LocalExperts(
         _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, axes.embed), impl, tile_size
     )
-    y_sd = _EXCHANGES[comm](x_gtd.reshape(s, d), expert_q, w_q, slot_q, experts, axes=axes, p=p, c=c)
+    y_sd, kept = _standard_exchange(x_gtd.reshape(s, d), expert_q, w_q, experts, axes=axes, comm=comm, p=p, c=c)
     if axes.ffn:
         y_sd = lax.psum(y_sd, axes.ffn)
-    return y_sd.reshape(g, t, d), _global_stats(expert_q, slot_q, p * c, num_experts, axes.batch)
+    return y_sd.reshape(g, t, d), _stats_from_kept(kept, expert_q, num_experts, axes.batch)
 
 
 def _ring_spill_weights(local_weights, slot_expert_ps, me, expert_axes):
@@ -311,11 +323,9 @@ def _ring_spill_weights(local_weights, slot_expert_ps, me, expert_axes):
     return spill
 
 
-def _llep_device_dispatch(
-    x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, *, axes, num_experts, capacity_factor,
-    spill_slots, spill_capacity_factor, impl, tile_size,
-):
-    """The per-device body with ``ep_balance="llep"`` (:mod:`moejax.model.llep`).
+def _llep_spill(x_sd, idx_gtk, w_gtk, local, *, axes, p, n, spill_slots, c, impl, tile_size):
+    """LLEP's spilling exchange (the plan of :mod:`moejax.model.llep`): the combined y_sd [s, d]
+    (before the tensor psum) and the number of this device's assignments the plan keeps.
 
     Tokens travel as in the all_gather form: every device of the expert group sees the group's
     tokens and expert ids, computes the same plan, builds its buffer of n + S * c rows (native rows
@@ -323,18 +333,15 @@ def _llep_device_dispatch(
     its e experts and the S hosted ones, adds the weighted rows into the gathered tokens' rows, and a
     reduce-scatter returns every token's combined output to its home.
     """
-    g, t, k = idx_gtk.shape
-    d = x_gtd.shape[-1]
-    s, q = g * t, g * t * k
-    e = w_gate_edf.shape[0]
-    p = num_experts // e
-    n = llep.buffer_rows(q, p, capacity_factor)
-    c = llep.buffer_rows(q, p, spill_capacity_factor)
+    s, d = x_sd.shape
+    k = idx_gtk.shape[-1]
+    q = s * k
+    e = local[0].shape[0]
     r = n + spill_slots * c
     u, v = p * q, p * s
 
     gather = functools.partial(lax.all_gather, axis_name=axes.expert, axis=0, tiled=True)
-    x_vd = gather(x_gtd.reshape(s, d))
+    x_vd = gather(x_sd)
     # Priority order w = (choice, source device, token): choice-major over the whole group.
     expert_w = gather(idx_gtk.reshape(s, k).astype(jnp.int32)).T.reshape(u)
     weight_w = gather(w_gtk.reshape(s, k)).T.reshape(u)
@@ -352,21 +359,92 @@ def _llep_device_dispatch(
                          e + (row_r - n) // c)
     expert_r = jnp.where(assign_r < u, expert_r, e + spill_slots)
 
-    local = _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, axes.embed)
     spill = _ring_spill_weights(local, the_plan.slot_expert_ps, me, axes.expert)
     hosted = tuple(jnp.concatenate([w, w_spill]) for w, w_spill in zip(local, spill))
     y_rd = _LocalExperts(hosted, impl, tile_size)(x_rd, expert_r)
     w_r = jnp.take(weight_w, assign_r, mode="fill", fill_value=0).astype(y_rd.dtype)
     y_vd = jnp.zeros((v, d), y_rd.dtype).at[token_r].add(w_r[:, None] * y_rd, mode="drop")
     y_sd = lax.psum_scatter(y_vd, axes.expert, scatter_dimension=0, tiled=True)
+
+    # This device's own assignments (source me) that the plan keeps.
+    source_w = jnp.arange(u, dtype=jnp.int32) % v // s
+    return y_sd, jnp.sum((the_plan.device_w < p) & (source_w == me), dtype=jnp.int32)
+
+
+def llep_engages(expert_q, *, axes, p, e, pair_slots, threshold):
+    """Whether LLEP spills: bool, the same on every device of the mesh.
+
+    An expert group asks for it when its imbalance, the largest device load over the mean load
+    (loads as standard EP would ask them, :func:`moejax.model.llep.standard_ep_load`), reaches
+    ``threshold``, or when standard EP's per-pair buffers (``pair_slots`` rows per source and
+    destination) would drop an assignment: below the threshold the standard path must still be
+    exact. The mean load is q, every device's own assignment count. The decision is taken for the
+    whole mesh (any group asking): the two branches run different collectives, which every device
+    must enter alike (XLA:CPU aborts when expert groups take different branches).
+    """
+    q = expert_q.shape[0]
+    count_p = jnp.bincount(expert_q // e, length=p)
+    load_p, overflow = lax.psum((count_p, jnp.sum(count_p > pair_slots, dtype=jnp.int32)), axes.expert)
+    asks = ((jnp.max(load_p).astype(jnp.float32) >= threshold * q) | (overflow > 0)).astype(jnp.int32)
+    groups = tuple(a for a in axes.batch if a not in axes.expert)
+    return (lax.psum(asks, groups) if groups else asks) > 0
+
+
+def _llep_device_dispatch(
+    x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, *, axes, num_experts, comm,
+    capacity_factor, spill_slots, spill_capacity_factor, threshold, impl, tile_size,
+):
+    """The per-device body with ``ep_balance="llep"`` (:mod:`moejax.model.llep`).
+
+    Under the imbalance threshold (:func:`llep_engages`) the group takes standard EP's exchange
+    (``comm``, per-pair slots of ``ceil(threshold * q / P)``: the most a device can be asked for
+    under the threshold), which then drops nothing; at or above it,
+    the spilling exchange (:func:`_llep_spill`); one decision for the whole mesh. Both branches
+    are compiled (``lax.cond``); a ``threshold <= 1`` always spills (no branch). ``llep_engaged``
+    in the statistics is 1.0 when it spilled, 0.0 when not.
+    """
+    g, t, k = idx_gtk.shape
+    d = x_gtd.shape[-1]
+    s, q = g * t, g * t * k
+    e = w_gate_edf.shape[0]
+    p = num_experts // e
+    x_sd = x_gtd.reshape(s, d)
+    expert_q, w_q = _choice_major(idx_gtk, w_gtk)
+    local = _gather_model_dim(w_gate_edf, w_up_edf, w_down_efd, axes.embed)
+
+    def spill():
+        return _llep_spill(
+            x_sd, idx_gtk, w_gtk, local, axes=axes, p=p, n=llep.buffer_rows(q, p, capacity_factor),
+            spill_slots=spill_slots, c=llep.buffer_rows(q, p, spill_capacity_factor), impl=impl,
+            tile_size=tile_size,
+        )
+
+    # Under the threshold no device is asked for more than threshold * q rows in all: standard EP's
+    # buffers of that size (per pair ceil(threshold * q / P)) are what the standard branch needs.
+    c_pair = pair_capacity(q, p, threshold)
+
+    def standard_exchange(x_sd, expert_q, w_q, local):
+        experts = _LocalExperts(local, impl, tile_size)
+        return _standard_exchange(x_sd, expert_q, w_q, experts, axes=axes, comm=comm, p=p, c=c_pair)
+
+    def standard():
+        # Rematerialised: JAX differentiates a cond by keeping the residuals of both branches, so
+        # the standard branch keeps only its inputs and recomputes its forward in the backward
+        # pass: less memory beside the spill's residuals, and faster on CPU too (A/B in
+        # experiments/benchmarks/LOG.md, section 7).
+        return jax.checkpoint(standard_exchange)(x_sd, expert_q, w_q, local)
+
+    if threshold <= 1:
+        engaged = jnp.ones((), bool)
+        y_sd, kept = spill()
+    else:
+        engaged = llep_engages(expert_q, axes=axes, p=p, e=e, pair_slots=c_pair, threshold=threshold)
+        y_sd, kept = lax.cond(engaged, spill, standard)
     if axes.ffn:
         y_sd = lax.psum(y_sd, axes.ffn)
-
-    # This device's own assignments (source me) that the plan keeps; summed over the batch axes.
-    source_w = jnp.arange(u, dtype=jnp.int32) % v // s
-    kept = jnp.sum((the_plan.device_w < p) & (source_w == me), dtype=jnp.int32)
-    expert_q = jnp.swapaxes(idx_gtk.reshape(s, k), 0, 1).reshape(q).astype(jnp.int32)
-    return y_sd.reshape(g, t, d), _stats_from_kept(kept, expert_q, num_experts, axes.batch)
+    stats = _stats_from_kept(kept, expert_q, num_experts, axes.batch)
+    stats["llep_engaged"] = engaged.astype(jnp.float32)
+    return y_sd.reshape(g, t, d), stats
 
 
 def _check_divisible(x_gtd, w_gate_edf, mesh, axes: _Axes) -> None:
@@ -397,6 +475,7 @@ def expert_parallel_dispatch(
     balance: str = "drop",
     spill_slots: int = 2,
     spill_capacity_factor: float = 1.0,
+    llep_threshold: float = 1.3,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Expert-parallel dispatch over the mesh set by ``jax.set_mesh`` (see the module docstring).
 
@@ -410,18 +489,19 @@ def expert_parallel_dispatch(
     weights to the least-loaded devices instead of dropping them: ``capacity_factor`` then sizes
     each device's native buffer (``ceil(factor * q)`` rows, not per pair), ``spill_slots`` is the
     number of extra experts a device may host and ``spill_capacity_factor`` sizes each slot's rows
-    (:func:`moejax.model.llep.buffer_rows`). It moves tokens in the all_gather form only.
+    (:func:`moejax.model.llep.buffer_rows`). It spills only when an expert group's imbalance
+    (largest device load over the mean) reaches ``llep_threshold`` or its standard exchange would
+    drop (:func:`llep_engages`); otherwise the step takes standard EP's exchange in the ``comm``
+    form, with ``llep_threshold`` as its capacity factor. The statistics add ``llep_engaged`` (1.0
+    when it spilled). The spilling exchange moves tokens in the all_gather form whatever ``comm`` is.
     """
     if comm not in COMMS:
         raise ValueError(f"ep_comm must be one of {COMMS}, got {comm!r}")
     if balance not in llep.BALANCES:
         raise ValueError(f"ep_balance must be one of {llep.BALANCES}, got {balance!r}")
     if balance == "llep":
-        if comm != "all_gather":
-            raise ValueError(
-                f"ep_balance='llep' moves tokens in the all_gather form; got ep_comm={comm!r}, "
-                "set ep_comm='all_gather'"
-            )
+        if not (isinstance(llep_threshold, (int, float)) and 0 < llep_threshold < math.inf):
+            raise ValueError(f"ep_llep_threshold must be a finite number > 0, got {llep_threshold!r}")
         if not (isinstance(spill_slots, int) and not isinstance(spill_slots, bool) and spill_slots >= 1):
             raise ValueError(f"ep_spill_slots must be an int >= 1 (experts a device may host), got {spill_slots!r}")
         if not (isinstance(spill_capacity_factor, (int, float)) and 0 < spill_capacity_factor < math.inf):
@@ -435,9 +515,10 @@ def expert_parallel_dispatch(
     w_out = P(or_none(axes.expert), or_none(axes.ffn), or_none(axes.embed))
     if balance == "llep":
         body = functools.partial(
-            _llep_device_dispatch, axes=axes, num_experts=w_gate_edf.shape[0],
+            _llep_device_dispatch, axes=axes, num_experts=w_gate_edf.shape[0], comm=comm,
             capacity_factor=capacity_factor, spill_slots=spill_slots,
-            spill_capacity_factor=spill_capacity_factor, impl=impl, tile_size=tile_size,
+            spill_capacity_factor=spill_capacity_factor, threshold=llep_threshold, impl=impl,
+            tile_size=tile_size,
         )
     else:
         body = functools.partial(

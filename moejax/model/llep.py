@@ -88,8 +88,9 @@ def buffer_rows(assignments_per_device: int, peers: int, factor: float) -> int:
     return min(peers * assignments_per_device, max(1, math.ceil(exact)))
 
 
-def _rank_within(group_w: jax.Array, num_groups: int) -> jax.Array:
-    """Each entry's rank among the entries of its group, in order (0 for the first of a group)."""
+def rank_within(group_w: jax.Array, num_groups: int) -> jax.Array:
+    """Each entry's rank among the earlier entries of its group (0 for the first of a group): one
+    stable sort, O(u log u) whatever ``num_groups`` is (the capacity backend's slots use it too)."""
     u = group_w.shape[0]
     order_w = jnp.argsort(group_w, stable=True)
     count_g = jnp.bincount(group_w, length=num_groups)
@@ -148,11 +149,11 @@ def plan(
     r = n + spill_slots * c  # buffer rows per device; r means "no row"
 
     home_w = expert_w // e
-    native_rank_w = _rank_within(home_w, p)
+    native_rank_w = rank_within(home_w, p)
     native_w = native_rank_w < n
     # Excess assignments, ranked per expert in priority order; native ones go to group E.
     excess_group_w = jnp.where(native_w, num_experts, expert_w)
-    excess_rank_w = _rank_within(excess_group_w, num_experts + 1)
+    excess_rank_w = rank_within(excess_group_w, num_experts + 1)
     excess_x = jnp.bincount(excess_group_w, length=num_experts + 1)[:num_experts].astype(jnp.int32)
     native_load_p = jnp.minimum(jnp.bincount(home_w, length=p), n).astype(jnp.int32)
 

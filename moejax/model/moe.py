@@ -25,7 +25,8 @@ class MoE(nnx.Module):
     With a ``balancer`` and this layer's ``balance_state`` (leaves [E]), the objectives' selection
     bias moves the top-k choice and their losses are returned. Returns the output and float32
     per-layer statistics: ``load_e`` (assignment fractions), ``pbar_e`` (mean routing
-    probabilities), ``drop_rate``, ``entropy`` (mean per-token routing entropy) and ``losses``
+    probabilities), ``drop_rate``, ``llep_engaged`` (with ``ep_balance="llep"`` only: 1.0
+    when the layer spilled, 0.0 when it took standard EP's exchange), ``entropy`` (mean per-token routing entropy) and ``losses``
     (objective name -> weighted loss); per token, ``routing`` (the router's
     :class:`~moejax.model.router.Routing`) and ``router_input`` (what the router multiplies: the
     input in float32), which the Transformer drops unless asked.
@@ -69,6 +70,8 @@ class MoE(nnx.Module):
             "routing": routing,  # per token; the Transformer drops it unless asked (evaluation)
             "router_input": x_btd.astype(jnp.float32),  # per token, dropped unless asked, as routing
         }
+        if "llep_engaged" in stats:
+            aux["llep_engaged"] = stats["llep_engaged"]
         return y_btd, aux
 
     def shared_output(self, x_btd: jax.Array) -> jax.Array:

@@ -142,7 +142,8 @@ class Transformer(nnx.Module):
     ``balancer`` (static) and ``balance_state`` (its state, leaves [L, E]) apply the balancing
     objectives: MoE layer l gets ``balance_state`` sliced at l. Without them, no objective applies.
     Auxiliary outputs (float32): ``load_le`` (assignment fractions), ``pbar_le`` (mean routing
-    probabilities), ``drop_rate_l``, ``entropy_l`` (mean per-token routing entropy),
+    probabilities), ``drop_rate_l``, ``llep_engaged_l`` (with ``ep_balance="llep"`` only),
+    ``entropy_l`` (mean per-token routing entropy),
     ``balance_losses`` (objective -> loss summed over layers) and their sum ``balance_loss``.
 
     L3 layers (:class:`~moejax.model.l3.L3Layer`, parameters under ``l3/<i>/``) follow the
@@ -303,6 +304,8 @@ class Transformer(nnx.Module):
             "balance_losses": balance_losses,
             "balance_loss": sum(balance_losses.values(), jnp.zeros((), jnp.float32)),
         }
+        if auxes and "llep_engaged" in auxes[0]:  # ep_balance="llep": 1.0 where the layer spilled
+            out["llep_engaged_l"] = concat("llep_engaged", ())
         if auxes and "routing" in auxes[0]:
             out["routing"] = jax.tree.map(lambda *leaves: jnp.concatenate(leaves), *[a["routing"] for a in auxes])
             out["router_input_lbtd"] = jnp.concatenate([a["router_input"] for a in auxes])

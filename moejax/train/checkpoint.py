@@ -25,6 +25,7 @@ that every process sees.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -39,7 +40,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from moejax.errors import ConfigError
+from moejax.errors import ConfigError, RunStopped
+from moejax.train.checkpoint_damage import quiet_closed_loop_callbacks, unreadable_reason
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,13 @@ class CheckpointMismatch(ConfigError):
 class ParamsOnlyCheckpoint(CheckpointMismatch):
     """The checkpoint holds parameters but no optimizer state (e.g. a Hugging Face import):
     training starts from it with ``checkpoint.init_from``, it is not resumed."""
+
+
+class SaveFailed(RunStopped):
+    """A checkpoint could not be written (a full disk, a vanished mount): the run stops; the
+    checkpoints written before stay as they were."""
+
+    exit_code = 74  # EX_IOERR
 
 
 @dataclasses.dataclass
@@ -95,13 +104,20 @@ def _handlers() -> dict[str, ocp.CheckpointHandler]:
 class Checkpointer:
     """Saves ``{state, data, meta}`` per step; restores the newest readable checkpoint."""
 
-    def __init__(self, directory: str, *, max_to_keep: int, keep_period: int = 0):
+    def __init__(self, directory: str, *, max_to_keep: int, keep_period: int = 0, owner: bool = False):
+        """``owner``: the training run that holds the workdir (moejax/train/lock.py): it removes the
+        files of saves cut short (a kill, a full disk); a reader (eval) must not, a save may be on."""
         self.directory = os.path.abspath(directory)
         self.corrupt_dir = self.directory.rstrip("/") + "_corrupt"
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, keep_period=keep_period or None, create=True
+            max_to_keep=max_to_keep, keep_period=keep_period or None, create=True,
+            cleanup_tmp_directories=owner,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
+        self._saving: int | None = None  # the step of the save started last
+        absl_logger = logging.getLogger("absl")
+        if _orbax_errors_hidden not in absl_logger.filters:
+            absl_logger.addFilter(_orbax_errors_hidden)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -113,12 +129,17 @@ class Checkpointer:
         """Starts an asynchronous save (a no-op if ``step`` is already saved)."""
         if step in self.manager.all_steps():
             return
+        self.wait()  # the previous save's failure is that step's
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data_state),
             meta=ocp.args.JsonSave(meta),
         )
-        self.manager.save(step, args=args, force=True)
+        self._saving = step
+        try:
+            self.manager.save(step, args=args, force=True)
+        except Exception as error:  # noqa: BLE001 - any write failure stops the run the same way
+            raise self._failed(error) from None
         log.debug(f"moejax: saving checkpoint {step} to {self.directory} (in the background)")
 
     def check_compatible(self, step: int, abstract_state: Any) -> None:
@@ -158,6 +179,7 @@ class Checkpointer:
     def restore_latest(self, abstract_state: Any) -> Restored | None:
         """The newest checkpoint that reads back on every process; unreadable ones are reported
         and set aside."""
+        quiet_closed_loop_callbacks()  # a failed read's late reports would bury the notice
         for step in reversed(self.steps()):
             restored, error = None, None
             try:
@@ -176,25 +198,62 @@ class Checkpointer:
     def _quarantine(self, step: int, error: Exception | None) -> None:
         source = os.path.join(self.directory, str(step))
         target = os.path.join(self.corrupt_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if error is None:
-            reason = "another process could not read it"
-        else:
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+        reason = unreadable_reason(source, error)
         if jax.process_index() == 0:
             os.makedirs(self.corrupt_dir, exist_ok=True)
             shutil.move(source, target)
-            log.warning(f"moejax: checkpoint {source} is unreadable ({reason}); moved it to {target} and "
+            log.warning(f"moejax: checkpoint {source} is unreadable:\n  {reason}\n  moved it to {target} and "
                         "falling back to the previous checkpoint.")
         if jax.process_count() > 1:  # nobody lists the steps again before process 0 has moved it
             multihost_utils.sync_global_devices(f"moejax_quarantine_{step}")
         self.manager.reload()
 
+    def failure(self) -> SaveFailed | None:
+        """What went wrong with a background save that has ended, if anything (no waiting)."""
+        if self._saving is None or self.manager.is_saving_in_progress():
+            return None
+        try:
+            self.wait()  # ended: returns at once, or raises its error
+        except SaveFailed as failed:
+            return failed
+        self._saving = None  # on disk: nothing more to check
+        return None
+
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in progress; ``SaveFailed`` if it failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001
+            raise self._failed(error) from None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
+
+    def _failed(self, error: BaseException) -> SaveFailed:
+        """The one-paragraph ``SaveFailed`` of the save in progress."""
+        step, saved = self._saving, [s for s in ocp.utils.checkpoint_steps(self.directory) if s != self._saving]
+        self._saving = None  # reported once
+        text = str(error)
+        if getattr(error, "errno", None) == errno.ENOSPC or "no space left on device" in text.lower():
+            reason = "no space left on device"
+        else:
+            reason = f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+        last = (f"the last good checkpoint is step {max(saved)}" if saved else "no checkpoint was saved before")
+        rerun = (f"rerun the same command to resume from step {max(saved)}" if saved
+                 else "rerun the same command to start again")
+        return SaveFailed(f"{reason} while saving step {step} in {self.directory}; {last}, and the run stops "
+                          f"here. Make room (or train into another --workdir), then {rerun}.")
+
+
+def _orbax_errors_hidden(record: logging.LogRecord) -> bool:
+    """A filter on the ``absl`` logger: orbax's own error reports (a traceback from each thread of a
+    failed save) are left out, because moejax reports every checkpoint failure itself in one
+    paragraph (``SaveFailed``, an unreadable checkpoint set aside); ``-v`` shows them."""
+    return (record.levelno < logging.ERROR or "orbax" not in record.pathname
+            or logging.getLogger("moejax").isEnabledFor(logging.DEBUG))
 
 
 def any_process(flag: bool) -> bool:
@@ -206,6 +265,14 @@ def any_process(flag: bool) -> bool:
     if jax.process_count() == 1:
         return flag
     return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
+
+
+def any_processes(*flags: bool) -> tuple[bool, ...]:
+    """Each of ``flags`` or'ed over all processes, in one collective."""
+    if jax.process_count() == 1:
+        return flags
+    gathered = multihost_utils.process_allgather(np.asarray(flags, bool))
+    return tuple(bool(v) for v in np.any(np.reshape(gathered, (-1, len(flags))), axis=0))
 
 
 def check_same_on_every_process(items: dict[str, Any]) -> None:

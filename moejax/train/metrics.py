@@ -74,12 +74,14 @@ def routing_summary(metrics: dict[str, Any]) -> dict[str, Any]:
     over layers), ``max_vio_global`` (recent window, max), ``gini`` and ``gini_global`` (mean),
     ``router_entropy`` (mean per-token routing entropy, nats; mean), each objective's metrics
     (e.g. ``loss_free/bias_norm``; max), ``balance_loss/<objective>``; and the lists
-    ``expert_load`` [L][E] and ``drop_rate`` [L].
+    ``expert_load`` [L][E], ``drop_rate`` [L] and, with ``ep_balance="llep"``, ``llep_engaged`` [L].
     """
     if "load_le" not in metrics or np.asarray(metrics["load_le"]).shape[0] == 0:
         return {}
     load_le = np.asarray(metrics["load_le"], np.float64)
     out: dict[str, Any] = {"expert_load": load_le, "drop_rate": np.asarray(metrics["drop_rate_l"])}
+    if "llep_engaged_l" in metrics:  # ep_balance="llep": per layer, 1.0 where it spilled (averaged over micro-batches)
+        out["llep_engaged"] = np.asarray(metrics["llep_engaged_l"])
     per_layer = {"max_vio": (max_vio(load_le), np.max), "gini": (gini(load_le), np.mean)}
     if "load_global_le" in metrics:
         load_global_le = np.asarray(metrics["load_global_le"], np.float64)
@@ -176,3 +178,21 @@ def truncate_metrics(workdir: str, step: int) -> None:
     with open(path + ".tmp", "w") as f:
         f.writelines(lines)
     os.replace(path + ".tmp", path)
+
+
+def eval_losses_from_metrics(workdir: str) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
+    """(step, eval_loss) of the first and of the last evaluation in ``workdir/metrics.jsonl``."""
+    first = last = None
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return None, None
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record.get("eval_loss"), (int, float)):
+                last = (int(record["step"]), float(record["eval_loss"]))
+                first = first or last
+    return first, last

@@ -8,15 +8,19 @@ the data; the first calls then find the executables in JAX's in-memory cache (th
 functions, the same abstract arguments). Nothing about the computation changes. A compile that
 fails here is ignored: the call compiles again and raises as it would have.
 
-The thread is always joined before the main thread goes on, also when loading the data raises
-or is interrupted: a process that exits while XLA is compiling aborts (SIGABRT) instead of
-exiting with its error. So a Ctrl-C during the data load takes effect when the compile ends.
+The thread is joined before the main thread goes on when loading the data raises: a process that
+exits while XLA is compiling aborts (SIGABRT) instead of exiting with its error. A Ctrl-C does not
+wait: the jobs not started yet are dropped, the ``KeyboardInterrupt`` goes on at once, and if the
+compile in progress is still running when the interpreter exits, the process ends with
+``os._exit(130)`` (streams flushed) instead of aborting.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Callable
@@ -35,6 +39,7 @@ class Precompile:
     def __init__(self, mesh: Mesh, jobs: dict[str, Callable[[], jax.stages.Lowered]]):
         self.seconds = 0.0
         self._done = threading.Event()  # not Thread.join: a Ctrl-C inside join marks the thread stopped
+        self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(mesh, jobs), name="moejax-precompile", daemon=True)
 
     def _run(self, mesh: Mesh, jobs) -> None:
@@ -42,6 +47,8 @@ class Precompile:
         try:
             with jax.set_mesh(mesh):
                 for lower in jobs.values():
+                    if self._cancel.is_set():
+                        break
                     try:
                         lower().compile()
                     except Exception:  # noqa: BLE001 - the real call recompiles and raises it
@@ -54,17 +61,35 @@ class Precompile:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        interrupted = None
-        while not self._done.is_set():
-            try:
-                self._done.wait()
-            except KeyboardInterrupt as e:  # exiting under the compile would abort: finish it first
-                if interrupted is None:
-                    log.warning("moejax: interrupted; stopping when the compile in progress ends")
-                interrupted = e
-        if interrupted is not None:
-            raise interrupted
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._abandon()
+            return
+        try:
+            self._done.wait()
+        except KeyboardInterrupt:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """Drops the jobs not started; an exit during the one in progress ends the process cleanly."""
+        self._cancel.set()
+        if not self._done.is_set():
+            atexit.register(_exit_if_compiling, self._done)
+
+
+def _exit_if_compiling(done: threading.Event) -> None:
+    """At interpreter exit, while a compile still runs in the background: end the process now
+    (an interpreter that finalises under XLA's compiler thread aborts with SIGABRT)."""
+    if done.is_set():
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)  # only an interrupt abandons a compile: the status of Ctrl-C
 
 
 def use_persistent_cache() -> str | None:

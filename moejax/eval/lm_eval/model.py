@@ -10,7 +10,7 @@ forward and the KV-cache generator) and answers lm-eval's three request types:
 - ``loglikelihood_rolling``: a document's log-likelihood over rolling windows of the training
   sequence length;
 - ``generate_until``: greedy (or sampled, with ``do_sample``/``temperature``) decoding with the
-  KV cache of :class:`moejax.generate.Generator`, stopping at the ``until`` strings, at the
+  KV cache of :class:`moejax.eval.generator.Generator`, stopping at the ``until`` strings, at the
   end-of-sequence token or after ``max_gen_toks`` tokens.
 
 Requests are batched (rows of equal padded width, ``batch_size`` at a time), so an evaluation
@@ -29,7 +29,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from moejax.eval.lm_eval.rows import Row, continuation_rows, rolling_rows, score_rows
-from moejax.generate import Generator
+from moejax.eval.generator import Generator
 from moejax.trained import load
 
 log = logging.getLogger(__name__)

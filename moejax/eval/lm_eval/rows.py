@@ -28,7 +28,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from moejax.eval.forward import Scorer
 from moejax.eval.harness import pack_rows
 from moejax.eval.restore import Checkpoint
-from moejax.generate import length_bucket
+from moejax.eval.generator import length_bucket
 
 Row = tuple[np.ndarray, int]  # (token ids, number of scored targets at the end)
 SMALLEST_WIDTH = 64

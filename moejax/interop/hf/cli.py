@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="largest safetensors file, e.g. 5GB, 500MB, 2GiB (default: %(default)s); more "
                           "than one file: model-0000i-of-0000n.safetensors + model.safetensors.index.json")
     exp.add_argument("--force", action="store_true",
-                     help="replace an existing non-empty --hf-dir (as a whole), even the run's import source")
+                     help="replace a previous export in --hf-dir (as a whole); a directory holding anything an export did not write (an imported checkpoint, other files) is refused, as is one that is, holds or lies inside --workdir")
     for command in (imp, exp):
         add_verbosity_flags(command)
     return parser

@@ -34,6 +34,9 @@ from moejax.train.checkpoint import Checkpointer, CheckpointMismatch, describe_m
 from moejax.train.state import init_state, setup
 
 HF_CONFIG_COPY = "hf_config.json"  # the imported config.json, kept in the workdir for export
+# Written last into an exported directory: the files the export wrote, so a later export --force
+# replaces that directory only if nothing else was put there.
+EXPORT_MARKER = "moejax_export.json"
 EXPERIMENT_FILE = "experiment.py"
 EXPERIMENT_DOC = """Config of the model imported into this workdir by `python -m moejax.interop.hf import`.
 
@@ -118,14 +121,54 @@ def import_source(workdir: str, cfg: ConfigDict) -> str | None:
 
 
 def check_export_target(workdir: str, cfg: ConfigDict, hf_dir: str, force: bool) -> None:
-    """Refuses to write into the checkpoint the run was imported from, or over any non-empty
-    directory, unless ``force``."""
+    """Refuses an export target that is, holds or lies inside the workdir, and any non-empty
+    directory unless ``force``; with ``force``, any directory but a previous export's own."""
+    check_apart(workdir, hf_dir)
     source = import_source(workdir, cfg)
     is_source = source is not None and os.path.realpath(source) == os.path.realpath(hf_dir)
     what = ("the Hugging Face checkpoint this run was imported from" if is_source
             else "a Hugging Face checkpoint" if os.path.isfile(os.path.join(hf_dir, "config.json"))
             else "files")
     paths.check_new_output(hf_dir, "--hf-dir", force=force, what=what)
+    if force and paths.is_non_empty_dir(hf_dir):
+        check_only_exported_files(hf_dir, what)
+
+
+def check_apart(workdir: str, hf_dir: str) -> None:
+    """The export target and the workdir must not overlap (real paths: links resolved), whatever
+    ``--force`` says: replacing the target would delete the checkpoints being exported."""
+    source, target = os.path.realpath(workdir), os.path.realpath(hf_dir)
+    if source == target:
+        how = "is the workdir itself"
+    elif _inside(target, source):
+        how = f"lies inside the workdir {workdir}"
+    elif _inside(source, target):
+        how = f"contains the workdir {workdir}"
+    else:
+        return
+    raise InteropError(f"--hf-dir {hf_dir} {how}: an export replaces its target directory as a whole, which "
+                       "would delete the checkpoints it reads (--force or not). Choose a directory outside "
+                       f"the workdir, e.g. {os.path.join(os.path.dirname(source.rstrip('/')) or '.', os.path.basename(source.rstrip('/')) + '_hf')}.")
+
+
+def _inside(path: str, directory: str) -> bool:
+    return os.path.commonpath([path, directory]) == directory and path != directory
+
+
+def check_only_exported_files(hf_dir: str, what: str) -> None:
+    """``--force`` replaces a previous export only: a directory whose every file is listed in its
+    ``EXPORT_MARKER``. Anything else (an imported checkpoint, the user's files) is refused."""
+    marker = _read_json(os.path.join(hf_dir, EXPORT_MARKER)) if os.path.isfile(os.path.join(hf_dir, EXPORT_MARKER)) else None
+    listed = set(marker.get("files", ())) | {EXPORT_MARKER} if isinstance(marker, dict) else set()
+    foreign = sorted(name for name in os.listdir(hf_dir) if name not in listed)
+    if not foreign:
+        return
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    why = (f"it is not a moejax export (it holds {what}: {shown})" if marker is None
+           else f"it holds files that export did not write ({shown})")
+    raise InteropError(f"--hf-dir {hf_dir}: --force replaces only a previous export (the files listed in its "
+                       f"{EXPORT_MARKER}), never files it did not write, and {why}. Choose a new or empty "
+                       "directory, or move those files away first.")
 
 
 def export_from_workdir(
@@ -140,9 +183,10 @@ def export_from_workdir(
     ``dtype``: cast every tensor to it (except ``e_score_correction_bias``, float32); None keeps
     each parameter's saved dtype. The balancing objectives' selection bias (loss-free) is folded
     into the router bias. Without ``arch``: the architecture the workdir was imported from, else
-    the first that fits exactly. An existing non-empty ``hf_dir`` is refused unless ``force``;
-    then it is replaced as a whole (written beside it and renamed into place), so no file of the
-    old checkpoint stays beside the new one.
+    the first that fits exactly. A ``hf_dir`` that is, holds or lies inside ``workdir`` is always
+    refused, and an existing non-empty one unless ``force``; with ``force`` only a previous export
+    (every file listed in its ``EXPORT_MARKER``) is replaced, as a whole (written beside it and
+    renamed into place), so no file of the old checkpoint stays beside the new one.
     """
     max_bytes = parse_size(max_shard_size)
     raw = _read_json(os.path.join(workdir, "config.json"))
@@ -196,6 +240,9 @@ def export_from_workdir(
                 hf = {**tokenizer_files.special_token_ids(tmp), **hf}  # the checkpoint's own config wins
             write_config(tmp, hf)
             write_shards(tmp, specs, tensors(), max_bytes)
+            with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
+                json.dump({"workdir": os.path.abspath(workdir), "step": step, "architecture": arch,
+                           "files": sorted(os.listdir(tmp))}, f, indent=2)
     finally:
         saved.close()
     return arch
