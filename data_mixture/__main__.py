@@ -649,7 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "to the runs at it")
     p.add_argument("--tokens", type=float, default=None, help="target tokens (for --fits)")
     p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
-    p.add_argument("--metric", default="loss:mean", help="what the rule compares: loss:mean or loss:<domain>")
+    p.add_argument("--metric", default="loss:mean", help="what the rule compares: loss:mean, loss:<domain>, or a --target text "
+                                                        "(e.g. knowledge=0.6,math=0.2,prose=0.2)")
     p.add_argument("--level", type=float, default=0.95, help="interval mass of the rule (default 0.95)")
     p.add_argument("--out", required=True, help="registration JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)

@@ -3,7 +3,8 @@
 A *registration* (``data_mixture register``, :func:`register`) is a JSON file holding
 
 ``decision_rule``  what decides a comparison (text and the parameters :func:`verify` applies:
-                   ``metric``, ``loss:mean`` or ``loss:<domain>``; ``level``, the interval mass);
+                   ``metric``, ``loss:mean``, ``loss:<domain>`` or any ``--target`` text such as
+                   ``code=0.6,prose=0.4``; ``level``, the interval mass);
 ``candidates``     {name: {training domain: weight}}: the mixtures to be compared at the target;
 ``comparisons``    the registered pairs [a, b] of candidate names (default: every pair);
 ``predictions``    {law: {candidate: predicted value}}: each law's prediction, fixed before the runs;
@@ -42,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from data_mixture import decisions as dec
-from data_mixture.table import RunsTable
+from data_mixture.table import RunsTable, TableError
+from data_mixture.target import parse_target
 from moejax.errors import UserError
 
 STARTED_AT = "started_at"
@@ -159,7 +161,11 @@ def _metric(table: RunsTable, metric: str) -> np.ndarray:
         return table.loss_rv.mean(axis=1)
     if metric.startswith("loss:"):
         return table.loss(metric[5:])
-    raise RegistrationError(f"decision rule metric {metric!r}; allowed: loss:mean or loss:<domain>.")
+    try:  # any other target the tools take: a weighted set (code=0.6,prose=0.4), logprob:<task>, ...
+        return parse_target(metric).values(table)
+    except TableError as e:
+        raise RegistrationError(f"decision rule metric {metric!r}: {e} Allowed: loss:mean, loss:<domain>, or a "
+                                "--target text such as heldout_qa or code=0.6,prose=0.4.") from None
 
 
 def verify(reg: Mapping[str, Any], table: RunsTable) -> dict[str, Any]:

@@ -103,3 +103,14 @@ def test_cli_register_then_evaluate_names_the_early_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["register", "--rule", "r", "--candidates", str(cands), "--out", str(tmp_path / "r2.json")])
     assert e.value.code == 2 and "--candidates" in capsys.readouterr().err
+
+
+def test_a_weighted_target_decides_the_registered_comparisons():
+    rule = {"rule": "paired 95% t-interval over 3 seeds", "metric": "code=0.6,prose=0.4"}
+    reg = register(rule, CANDS, target={"size": 4e5}, code_version={"commit": "abc", "dirty": False}, registered_at=WHEN)
+    comp = verify(reg, _table(AFTER))["comparisons"][0]  # both losses 0.01 lower for code_heavy: so is their blend
+    assert comp["diff"] == pytest.approx(0.01) and comp["verdict"] == "b wins"
+    bad = register({**rule, "metric": "code=0.6,maths=0.4"}, CANDS, target={"size": 4e5},
+                   code_version={"commit": "abc", "dirty": False}, registered_at=WHEN)
+    with pytest.raises(RegistrationError, match="decision rule metric 'code=0.6,maths=0.4'"):
+        verify(bad, _table(AFTER))

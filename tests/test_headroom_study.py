@@ -1,0 +1,93 @@
+"""The headroom study's gate: computed from a runs table, reproduced from the committed attempts."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.studies import does_the_mixture_matter_with_headroom as study
+
+RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "studies" / "results" / "headroom_v1"
+
+
+def write_table(path: Path, plan: dict, loss: dict[str, float]) -> None:
+    """A runs table of ``plan``'s runs, one final checkpoint each, target loss from ``loss`` (run name ->)."""
+    domains = study.DOMAINS
+    cols = ["run", "params_total", "params_active", "tokens", "flops", *[f"mix:{d}" for d in domains],
+            *[f"loss:{d}" for d in domains], f"loss:{study.TARGET_SET}", "seed"]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in plan["runs"]:
+            if r["name"] in loss:
+                w.writerow([r["name"], r["params_total"], r["params_active"], r["tokens"], r["flops"],
+                            *[r["mixture"][d] for d in domains], *[2.0] * len(domains), loss[r["name"]], r["seed"]])
+
+
+def hand_losses(plan: dict, best: dict[str, str], gain: float, noise: float) -> dict[str, float]:
+    """Uniform at 3.0, ``best[size]`` ``gain`` below it, the others 0.5 above; seeds +-``noise``."""
+    out = {}
+    for r in plan["runs"]:
+        size, mix = r["preset"], r["name"][len(r["preset"]) + 1:].rsplit("_s", 1)[0]
+        base = 3.0 - gain if mix == best[size] else 3.0 if mix == "uniform" else 3.5
+        out[r["name"]] = base + (noise if r["seed"] % 2 else -noise)
+    return out
+
+
+def test_gate_passes_only_with_headroom_at_both_sizes_and_a_moving_optimum(tmp_path):
+    plan = study.pilot_plan(1)
+    small, large = plan["gate"]["sizes"]
+    moving = {small: "prose_math", large: "knowledge_heavy"}
+    # seeds at +-0.01: each cell's sd is 0.01 * sqrt(2), so the per-pair sd is 0.0141; a gain of 0.1 is 7.1 sd
+    write_table(tmp_path / "runs.csv", plan, hand_losses(plan, moving, gain=0.1, noise=0.01))
+    g = study.gate(tmp_path / "runs.csv", plan)
+    assert g["passed"] and g["complete"] and g["best_moves"]
+    row = g["sizes"][large]
+    assert row["best"] == "knowledge_heavy" and row["gain"] == pytest.approx(0.1)
+    assert row["sd_pair"] == pytest.approx(0.01 * 2 ** 0.5) and row["gain_in_sd"] == pytest.approx(0.1 / (0.01 * 2 ** 0.5))
+    # the same best mixture at both sizes: no moving optimum, the gate fails
+    write_table(tmp_path / "runs.csv", plan, hand_losses(plan, {small: "prose_math", large: "prose_math"}, 0.1, 0.01))
+    g = study.gate(tmp_path / "runs.csv", plan)
+    assert not g["passed"] and g["headroom_at_every_size"] and not g["best_moves"]
+    # a gain of 0.05 at seed noise 0.01 is 3.5 per-pair sd: below the gate's 4
+    write_table(tmp_path / "runs.csv", plan, hand_losses(plan, moving, gain=0.05, noise=0.01))
+    g = study.gate(tmp_path / "runs.csv", plan)
+    assert g["sizes"][small]["gain_in_sd"] == pytest.approx(3.54, abs=0.01) and not g["headroom_at_every_size"]
+    assert not g["passed"] and "**FAIL**" in study.gate_md(plan, g)
+
+
+def test_gate_with_missing_runs_is_incomplete(tmp_path):
+    plan = study.pilot_plan(1)
+    losses = hand_losses(plan, {s: "prose_math" for s in plan["gate"]["sizes"]}, 0.1, 0.01)
+    losses.pop(next(iter(losses)))  # one seed of one cell never finished
+    write_table(tmp_path / "runs.csv", plan, losses)
+    g = study.gate(tmp_path / "runs.csv", plan)
+    assert not g["complete"] and not g["passed"] and "INCOMPLETE" in study.gate_md(plan, g)
+
+
+def test_committed_plans_are_the_study_s_attempts():
+    for k in study.ATTEMPTS:
+        path = RESULTS / "pilot" / f"attempt{k}" / "plan.json"
+        assert json.loads(path.read_text()) == json.loads(json.dumps(study.pilot_plan(k)))
+
+
+@pytest.mark.parametrize("attempt", sorted(study.ATTEMPTS))
+def test_committed_gate_reproduces_from_the_committed_runs_table(attempt):
+    d = RESULTS / "pilot" / f"attempt{attempt}"
+    if not (d / "gate.json").exists():
+        pytest.skip(f"gate attempt {attempt} has not run yet (no gate.json)")
+    plan = json.loads((d / "plan.json").read_text())
+    g = study.gate(d / "runs.csv", plan)
+    assert json.loads(json.dumps(g)) == json.loads((d / "gate.json").read_text())
+    assert study.gate_md(plan, g) == (d / "gate.md").read_text()
+
+
+def test_committed_report_rebuilds_from_the_committed_results():
+    if not (RESULTS / "report.md").exists():
+        pytest.skip("no report.md committed yet")
+    md = study.report_md(RESULTS)
+    assert md == (RESULTS / "report.md").read_text()
+    assert "## Gate attempts" in md and "## Limits" in md
