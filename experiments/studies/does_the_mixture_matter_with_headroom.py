@@ -55,22 +55,13 @@ import numpy as np
 
 from data_mixture.plan import preset_sizes, proxy_pools
 from moejax.log import add_verbosity_flags, setup_logging
+from experiments.studies.do_laws_pick_midtrain_mixtures import PRESETS
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 TARGET_SET = "heldout_qa"  # the target: loss on the held-out QA set (no run trains on it)
 QA_SKILLS = "knowledge=0.6,math=0.2,prose=0.2"  # a weighted target of what heldout_qa needs (attempt 2)
 SCARCE = "knowledge"
-HEADS = {"model.num_kv_heads": 1}
-PRESETS = {  # the ladder: s0 .. s2 span 10.3x in active parameters; s2 is the target
-    "s0": {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2, **HEADS, "model.mlp_dim": 128,
-           "model.moe.expert_dim": 64, "model.moe.shared_expert_dim": 64},
-    "s1": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2, **HEADS, "model.mlp_dim": 256,
-           "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
-    "s1b": {"model.d_model": 64, "model.num_layers": 3, "model.num_heads": 2, **HEADS, "model.mlp_dim": 256,
-            "model.moe.expert_dim": 128, "model.moe.shared_expert_dim": 128},
-    "s2": {"model.d_model": 96, "model.num_layers": 3, "model.num_heads": 3, **HEADS, "model.mlp_dim": 384,
-           "model.moe.expert_dim": 192, "model.moe.shared_expert_dim": 192},
-}
+# The ladder: the mid-training study's presets (s0 .. s2 span 10.3x in active parameters; s2 is the target).
 TARGET = "s2"
 PROXIES = ("s0", "s1", "s1b")
 CONFIG = "experiments/configs/tiny_moe.py"
