@@ -14,35 +14,18 @@ from data_mixture.optimize import optimize_mixture
 from data_mixture.plan import PlanError, proxy_pools, target_truth
 from data_mixture.table import TableError, read_runs
 from data_mixture.target import parse_target
+from experiments.tools.example_tables import targets_columns
 
 DOMAINS = ("code", "prose", "math")
-W_QA = np.array([0.45, 0.05, 0.25])  # log-loss slope of the held-out target per training domain: prose helps most
 
 
 def _columns(seed=0, bench=False):
-    """3 sizes x 8 mixtures x 2 checkpoints; loss:code/prose/math each best on its own domain and a
-    held-out target loss:heldout_qa (no mix: column) best on prose; a logprob:qa column."""
-    rng = np.random.default_rng(seed)
-    cols = {k: [] for k in ("run", "params_total", "params_active", "tokens", *(f"mix:{d}" for d in DOMAINS),
-                            *(f"loss:{d}" for d in DOMAINS), "loss:heldout_qa", "bench:qa_acc", "logprob:qa")}
-    for n in (1e6, 3e6, 1e7):
-        for k in range(8):
-            mix = rng.dirichlet(np.ones(3))
-            for d in (10 * n, 20 * n):
-                size = 0.3 * np.log(n / 3e6) + 0.2 * np.log(d / 6e7)
-                cols["run"].append(f"n{n:.0e}_m{k}")
-                cols["params_total"].append(n)
-                cols["params_active"].append(n)
-                cols["tokens"].append(d)
-                for j, dom in enumerate(DOMAINS):
-                    cols[f"mix:{dom}"].append(mix[j])
-                    cols[f"loss:{dom}"].append(float(np.exp(0.6 - 0.5 * mix[j] - size + 0.002 * rng.standard_normal())))
-                qa = float(np.exp(0.9 + mix @ W_QA - size + 0.002 * rng.standard_normal()))
-                cols["loss:heldout_qa"].append(qa)
-                cols["bench:qa_acc"].append(0.5)
-                cols["logprob:qa"].append(-8 * qa)
-    if not bench:  # an accuracy column only where the test needs it (a benchmark law takes a while to fit)
-        del cols["bench:qa_acc"]
+    """experiments/tools/example_tables.py's targets table (3 sizes x 8 mixtures x 2 checkpoints;
+    loss:code/prose/math each best on its own domain, loss:heldout_qa best on prose, logprob:qa),
+    with a constant bench:qa_acc column only where a test needs it (a benchmark law takes a while to fit)."""
+    cols = targets_columns(seed)
+    if bench:
+        cols["bench:qa_acc"] = [0.5] * len(cols["run"])
     return cols
 
 
