@@ -48,14 +48,13 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from data_mixture.plan import preset_sizes, proxy_pools
 from moejax.log import add_verbosity_flags, setup_logging
-from experiments.studies.do_laws_pick_midtrain_mixtures import PRESETS
+from experiments.studies.do_laws_pick_midtrain_mixtures import PRESETS, dm
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 TARGET_SET = "heldout_qa"  # the target: loss on the held-out QA set (no run trains on it)
@@ -257,15 +256,6 @@ def gate_md(plan: dict, g: dict) -> str:
               f"- best mixture differs between sizes: **{g['best_moves']}**",
               f"- all runs present: **{g['complete']}**", f"- gate: **{verdict}**"]
     return "\n".join(lines) + "\n"
-
-
-def dm(*args: str) -> None:
-    """``python -m data_mixture ARGS``; a failed command stops the study with its exit status."""
-    cmd = [sys.executable, "-m", "data_mixture", *args]
-    print("+", " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd)
-    if rc != 0:
-        raise SystemExit(f"{' '.join(args[:1])} exited {rc}; fix the cause and rerun the stage")
 
 
 def sweep(plan: Path, root: Path, parallel: int) -> None:
