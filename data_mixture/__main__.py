@@ -734,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")
     p.add_argument("--target", default=None, help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
     p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
-                                                     "(recorded in the plan; with --match-repetition, subsampled per proxy)")
+                                                     "(every run trains on this pool; with --match-repetition, subsampled per proxy)")
     p.add_argument("--match-repetition", action="store_true",
                    help="give every proxy run a pool of unique tokens x its tokens / --target-tokens per scarce domain "
                         "(data.unique_tokens), so proxies repeat a scarce domain as often as the target run will")

@@ -124,9 +124,10 @@ class PlanSpec:
     seed_sizes: Sequence[str] | None = None
     # What the mixture is chosen for (data_mixture.target text; None: every validation domain).
     target: str | None = None
-    # Unique tokens per scarce domain at the target run; with match_repetition every proxy run
-    # gets the pool U x (its tokens / target_tokens) (data.unique_tokens), so that a proxy repeats
-    # each scarce domain as many times as the target run will at the same weight.
+    # Unique tokens per scarce domain (the data's pool, data.unique_tokens). Without
+    # match_repetition every run trains on this same pool (a proxy repeats it fewer times than the
+    # target run will); with it every proxy run gets U x (its tokens / target_tokens), so that a
+    # proxy repeats each scarce domain as many times as the target run will at the same weight.
     unique_tokens: Mapping[str, float] = dataclasses.field(default_factory=dict)
     match_repetition: bool = False
 
@@ -494,6 +495,14 @@ def proxy_pools(run: Mapping[str, Any], unique_tokens: Mapping[str, float], targ
     return {**run, "overrides": {**run["overrides"], "data.unique_tokens": text}, "unique_tokens": pools}
 
 
+def fixed_pools(run: Mapping[str, Any], unique_tokens: Mapping[str, float]) -> dict[str, Any]:
+    """``run`` training on the data's own pools: U_d unique tokens per scarce domain d at every
+    size, written as ``unique_tokens`` and the override ``data.unique_tokens``."""
+    pools = {d: int(u) for d, u in sorted(unique_tokens.items())}
+    text = ",".join(f"{d}={n}" for d, n in pools.items())
+    return {**run, "overrides": {**run["overrides"], "data.unique_tokens": text}, "unique_tokens": pools}
+
+
 def _steps(tokens_goal: float, per_step: int) -> int:
     return max(2, math.floor(tokens_goal / per_step))
 
@@ -660,6 +669,8 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
     if spec.match_repetition:
         runs = [proxy_pools(r, spec.unique_tokens, spec.target_tokens, spec.seq_len) if r["role"] != "base" else r
                 for r in runs]
+    elif spec.unique_tokens:
+        runs = [fixed_pools(r, spec.unique_tokens) for r in runs]
     total = float(sum(r["flops"] for r in runs))
     if total > spec.budget_flops:
         raise PlanError(f"the chosen runs need {total:.4g} FLOPs, over --budget-flops {spec.budget_flops:.4g}: the "

@@ -110,3 +110,13 @@ def test_bad_preset_key_is_named():
 def test_infeasible_bounds_are_reported():
     with pytest.raises(PlanError, match="min weights sum to 1.2"):
         make_plan(spec(min_weight={"code": 0.6, "knowledge": 0.6}))
+
+
+def test_a_pool_without_match_repetition_is_every_runs_own_pool():
+    """The data's pool is the data's: without --match-repetition every run trains on all U tokens
+    (a proxy repeats it fewer times than the target will); with it, each proxy gets its share."""
+    fixed = make_plan(spec(simulations=1, unique_tokens={"code": 2e6}))
+    assert {r["overrides"]["data.unique_tokens"] for r in fixed["runs"]} == {"code=2000000"}
+    assert all(r["unique_tokens"] == {"code": 2000000} for r in fixed["runs"])
+    matched = make_plan(spec(simulations=1, unique_tokens={"code": 2e6}, match_repetition=True))
+    assert all(r["unique_tokens"]["code"] == round(2e6 * r["tokens"] / 4e8) for r in matched["runs"])
