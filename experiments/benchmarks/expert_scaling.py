@@ -1,7 +1,7 @@
 """The train step as experts grow finer, at equal active parameters and FLOPs, against the dense model.
 
     ./launch.sh python -m experiments.benchmarks.expert_scaling [--rounds 3] [--backends dropless,capacity]
-        [--out results/expert_scaling.json] [--plot results/expert_scaling.png]
+        [--grouped-matmul auto] [--out results/expert_scaling.json] [--plot results/expert_scaling.png]
 
 The peer architecture of :mod:`experiments.benchmarks.peer_arch` (d 256, 4 layers, batch 16 x 256,
 float32, one device, random tokens), with its MoE layers set to each of these shapes, every one of
@@ -14,7 +14,8 @@ them 1024 active expert units per token (top_k x expert width, plus the shared e
 - ``128e top-8 + shared``: 128 of width 112, top-8, plus one shared expert of width 128 (DeepSeek-style
   fine-grained experts with an always-on expert; 8 x 112 + 128 = 1024)
 
-each with the dropless and the capacity backend (factor 1.25), and ``dense``: every MoE layer replaced
+each with the dropless (with ``--grouped-matmul hybrid,blocks``: once per implementation, named
+``dropless[hybrid]`` and ``dropless[blocks]``) and the capacity backend (factor 1.25), and ``dense``: every MoE layer replaced
 by a SwiGLU of width 1024 (the same active FLOPs). Routed experts' parameters grow with E (the
 optimizer's work too); the active matmul FLOPs do not.
 
@@ -35,6 +36,7 @@ import numpy as np
 from experiments.benchmarks import peer_arch
 from experiments.benchmarks.peer import moejax_stepper
 from experiments.benchmarks.timing import machine, matmul_peak_flops, write_json
+from moejax.schema import IMPLS
 
 # name -> (routed experts, top-k, routed width, shared width)
 SHAPES = {
@@ -47,8 +49,9 @@ SHAPES = {
 ACTIVE = 1024
 
 
-def shape_config(name: str, backend: str):
-    """The peer architecture with MoE shape ``name`` (:data:`SHAPES`), or the dense model (``"dense"``)."""
+def shape_config(name: str, backend: str, impl: str = "auto"):
+    """The peer architecture with MoE shape ``name`` (:data:`SHAPES`), or the dense model (``"dense"``);
+    ``impl``: its ``model.moe.grouped_matmul``."""
     if name == "dense":
         return peer_arch.moejax_config("dropless", dense=True)
     experts, top_k, width, shared = SHAPES[name]
@@ -57,6 +60,7 @@ def shape_config(name: str, backend: str):
     moe = cfg.model.moe
     moe.num_experts, moe.experts_per_token, moe.expert_dim = experts, top_k, width
     moe.num_shared_experts, moe.shared_expert_dim = (1, shared) if shared else (0, 0)
+    moe.grouped_matmul = impl
     return cfg
 
 
@@ -106,20 +110,30 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per candidate after its compile")
     p.add_argument("--backends", default="dropless,capacity")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of the shapes")
+    p.add_argument("--grouped-matmul", default="auto",
+                   help="comma-separated model.moe.grouped_matmul values for the dropless steps (e.g. hybrid,blocks: "
+                        "the implementations side by side in one run; backend names become dropless[impl])")
     p.add_argument("--out", default="results/expert_scaling.json")
     p.add_argument("--plot", default="results/expert_scaling.png")
     args = p.parse_args()
-    backends = args.backends.split(",")
+    impls = args.grouped_matmul.split(",")
+    bad_impl = [i for i in impls if i not in IMPLS]
+    if bad_impl:
+        p.error(f"--grouped-matmul: {bad_impl[0]!r} is not one of {', '.join(IMPLS)}")
+    # (label, backend, impl): one dropless candidate per implementation when several are given
+    variants = [(f"{b}[{i}]" if b == "dropless" and len(impls) > 1 else b, b, i if b == "dropless" else "auto")
+                for b in args.backends.split(",") for i in (impls if b == "dropless" else ["auto"])]
+    backends = [label for label, _, _ in variants]
     shapes = args.shapes.split(",")
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         p.error(f"--shapes: {unknown[0]!r} is not one of {', '.join(SHAPES)}")
 
-    before = machine()
+    before, uptime_before = machine(), os.popen("uptime").read().strip()
     fns = {"dense": moejax_stepper(shape_config("dense", "dropless"))}
-    for backend in backends:
+    for backend, base, impl in variants:
         for name in shapes:
-            fns[f"{name} | {backend}"] = moejax_stepper(shape_config(name, backend))
+            fns[f"{name} | {backend}"] = moejax_stepper(shape_config(name, base, impl))
             print(f"built {name} | {backend}", flush=True)
     samples = timed(fns, args.rounds, args.warmup)
     peak = matmul_peak_flops()
@@ -139,8 +153,9 @@ def main() -> None:
             r = rows[-1]
             print(f"{name:22s} {backend:9s} {s:7.3f} {r['ratio_to_dense']:8.2f} "
                   f"{r['ratio_to_8e'] if r['ratio_to_8e'] is not None else float('nan'):10.2f}")
-    write_json(args.out, {"rows": rows, "rounds": args.rounds, "matmul_peak_flops": peak,
-                          "machine_before": before, "machine_after": machine()})
+    write_json(args.out, {"rows": rows, "rounds": args.rounds, "matmul_peak_flops": peak, "grouped_matmul": impls,
+                          "machine_before": before, "machine_after": machine(),
+                          "uptime_before": uptime_before, "uptime_after": os.popen("uptime").read().strip()})
     if args.plot and shapes == list(SHAPES):
         plot(rows, backends, args.plot)
 

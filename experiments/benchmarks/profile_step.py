@@ -27,6 +27,7 @@ the matmul peak measured in the same process. Writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 import jax
@@ -41,11 +42,11 @@ from experiments.configs import small_moe
 from moejax import checks, sharding
 from moejax.config import default_config
 from moejax.model import dispatch as dispatch_lib
-from moejax.model.grouped_matmul import grouped_ffn
+from moejax.model.grouped_matmul import grouped_ffn, resolve_impl
 from moejax.model.layers import MLP, Attention, RMSNorm
 from moejax.model.moe import MoE
 from moejax.model.transformer import flops_per_token
-from moejax.schema import MoEConfig
+from moejax.schema import IMPLS, MoEConfig
 from moejax.train.state import init_state, setup
 from moejax.train.step import forward_loss, make_train_step
 
@@ -153,18 +154,44 @@ def part_fns(cfg) -> dict:
         experts = lambda x_md, wg, wu, wd, sizes_e: grouped_ffn(x_md, wg, wu, wd, as_int(sizes_e), impl=impl, tile_size=ts)
         fns["experts/fwd"], fns["experts/fwd_bwd"] = _fwd_and_grad(experts, x_md, *w, sizes_e.astype(jnp.float32))
 
-        # Sort, gather, unsort and combine around an identity "expert": the dispatch's data movement.
+        # Sort, gather, unsort and combine around an identity "expert": the sorted-rows dispatch's
+        # data movement ("blocks" moves rows its own way: the sorted-rows form of the same arithmetic).
+        sorted_impl = "hybrid" if resolve_impl(impl, b * s * m.moe.experts_per_token, m.moe.num_experts) == "blocks" else impl
+
         def sort_unsort(x_btd, w_btk, idx_btk):
             ident = lambda x_md, *_, **__: x_md
             orig, dispatch_lib.grouped_ffn = dispatch_lib.grouped_ffn, ident
             try:
-                return dispatch_lib.dropless_dispatch(x_btd, as_int(idx_btk), w_btk, *w, impl, ts)[0]
+                return dispatch_lib.dropless_dispatch(x_btd, as_int(idx_btk), w_btk, *w, sorted_impl, ts)[0]
             finally:
                 dispatch_lib.grouped_ffn = orig
 
         fns["sort_unsort/fwd"], fns["sort_unsort/fwd_bwd"] = _fwd_and_grad(
             sort_unsort, x_btd, routing.weight_btk, routing.idx_btk.astype(jnp.float32))
     return fns | head_fns(cfg, norm, x_btd)
+
+
+def impl_moe_fns(cfg, impl: str) -> dict:
+    """The ``moe`` part (pre-norm + router + dispatch + experts + combine) with
+    ``model.moe.grouped_matmul = impl``, as ``moe[impl]/fwd`` and ``moe[impl]/fwd_bwd``: the same
+    weights and input as ``moe`` (the same seeds), so implementations compare in one run."""
+    m, t = cfg.model, cfg.train
+    b, s, d = t.global_batch_size, t.seq_len, m.d_model
+    rngs = nnx.Rngs(0)
+    x_btd = jax.random.normal(jax.random.key(1), (b, s, d), jnp.float32)
+    norm = RMSNorm(d, m.norm_eps, jnp.float32)
+    Attention(m, out_std=0.02, rngs=rngs, dtype=jnp.float32, param_dtype=jnp.float32)  # keep the rng stream of part_fns
+    moe_cfg = MoEConfig.from_config(m.moe)
+    moe_cfg = dataclasses.replace(moe_cfg, dispatch=dataclasses.replace(moe_cfg.dispatch, impl=impl))
+    moe = MoE(d, moe_cfg, std=m.init_std, out_std=0.02, rngs=rngs, dtype=jnp.float32, param_dtype=jnp.float32)
+    gdef_moe, params_moe = nnx.split((norm, moe))
+
+    def moe_block(params, x_btd):
+        norm, moe = nnx.merge(gdef_moe, params)
+        return moe(norm(x_btd))[0]
+
+    fwd, fwd_bwd = _fwd_and_grad(moe_block, params_moe, x_btd)
+    return {f"moe[{impl}]/fwd": fwd, f"moe[{impl}]/fwd_bwd": fwd_bwd}
 
 
 def head_fns(cfg, norm, x_btd) -> dict:
@@ -183,10 +210,14 @@ def head_fns(cfg, norm, x_btd) -> dict:
     return fns
 
 
-def profile(cfg, rounds: int, trace: bool = True, parts_only: bool = False) -> dict:
-    """``parts_only``: time only the layer parts (no step, no trace), interleaved in one run."""
+def profile(cfg, rounds: int, trace: bool = True, parts_only: bool = False, impls: tuple[str, ...] = ()) -> dict:
+    """``parts_only``: time only the layer parts (no step, no trace), interleaved in one run; with
+    ``impls``, the MoE layer once more per grouped matmul implementation (``moe[impl]/...``)."""
     if parts_only:
-        secs = interleaved(part_fns(cfg), rounds)
+        fns = part_fns(cfg)
+        for impl in impls:
+            fns |= impl_moe_fns(cfg, impl)
+        secs = interleaved(fns, rounds)
         return {"seconds": secs, "layers": cfg.model.num_layers}
     mesh = sharding.make_mesh(checks.validate(cfg, 1))
     run = setup(cfg, mesh)
@@ -401,14 +432,23 @@ def main() -> None:
     parser.add_argument("--no-trace", action="store_true", help="skip the per-op profiler trace")
     parser.add_argument("--parts-only", action="store_true",
                         help="time only the layer parts (MoE pieces and the equal-FLOP dense SwiGLU) in one interleaved run")
+    parser.add_argument("--grouped-matmul", default="",
+                        help="with --parts-only: comma-separated model.moe.grouped_matmul values (e.g. hybrid,blocks), "
+                             "each timing the MoE layer once more as moe[impl] in the same interleaved run")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    impls = tuple(i for i in args.grouped_matmul.split(",") if i)
+    bad_impl = [i for i in impls if i not in IMPLS]
+    if bad_impl:
+        parser.error(f"--grouped-matmul {args.grouped_matmul!r}: {bad_impl[0]!r} is not one of {', '.join(IMPLS)}")
+    if impls and not args.parts_only:
+        parser.error("--grouped-matmul needs --parts-only (the whole step takes the config's value)")
     backends = args.backend.split(",")
     bad = [b for b in backends if b not in ("dropless", "capacity", "dense")]
     if bad:
         parser.error(f"--backend {args.backend!r}: {bad[0]!r} is not one of dropless, capacity, dense")
     if args.parts_only:
-        result = profile(arch_config(args.arch, backends[0]), args.rounds, parts_only=True)
+        result = profile(arch_config(args.arch, backends[0]), args.rounds, parts_only=True, impls=impls)
         result.update(arch=args.arch, backend=backends[0], machine={**machine(), "uptime": os.popen("uptime").read().strip()})
         dense = result["seconds"].get("dense_mlp/fwd_bwd")
         for name, s in result["seconds"].items():
