@@ -29,32 +29,27 @@ from moejax.model.grouped_matmul import batched_ffn, hybrid_capacity, row_tile_l
 
 
 @jax.custom_vjp
-def gather_rows(x_nd: jax.Array, srcs: tuple, dsts: tuple) -> tuple:
-    """For each index pair, ``y_jd[j] = x_nd[src_j[j]]``, zeros where ``src_j[j] == n`` (out of
-    range), with a gather for its transpose: ``dx_nd[i] = sum over pairs and k of dy_jd[dst_nk[i, k]]``.
+def gather_rows(x_nd: jax.Array, src_j: jax.Array, dst_nk: jax.Array) -> jax.Array:
+    """``y_jd[j] = x_nd[src_j[j]]``, zeros where ``src_j[j] == n`` (out of range), with a gather for
+    its transpose: ``dx_nd[i] = sum_k dy_jd[dst_nk[i, k]]``.
 
-    ``srcs`` and ``dsts`` are tuples of equal length. Each ``dst_nk`` must list, for each row i of
-    x, every j with ``src_j[j] == i`` (padded with ``len(src_j)``, out of range, which reads zero):
-    each row is read at most k times per pair. The transpose XLA would derive is a scatter-add over
-    ``src_j``; this one reads instead of writes. All of x's reads go through one call, so its
-    cotangent is one term of the caller's graph (autodiff then sums a layer input's uses in the
-    same order as when one gather read it). Integer arguments get no cotangent. Reverse mode only.
+    ``dst_nk`` must list, for each row i of x, every j with ``src_j[j] == i`` (padded with
+    ``len(src_j)``, out of range, which reads zero): each row is read at most k times. The
+    transpose XLA would derive is a scatter-add over ``src_j``; this one reads instead of writes.
+    Integer arguments get no cotangent. Reverse mode only.
     """
-    return tuple(jnp.take(x_nd, src_j, axis=0, mode="fill", fill_value=0) for src_j in srcs)
+    return jnp.take(x_nd, src_j, axis=0, mode="fill", fill_value=0)
 
 
-def _gather_rows_fwd(x_nd, srcs, dsts):
-    return gather_rows(x_nd, srcs, dsts), dsts
+def _gather_rows_fwd(x_nd, src_j, dst_nk):
+    return gather_rows(x_nd, src_j, dst_nk), (src_j, dst_nk)
 
 
-def _gather_rows_bwd(dsts, dys):
-    dx_nd = None
-    for dst_nk, dy_jd in zip(dsts, dys, strict=True):
-        n, k = dst_nk.shape
-        dx_nkd = jnp.take(dy_jd, dst_nk.reshape(n * k), axis=0, mode="fill", fill_value=0).reshape(n, k, -1)
-        term = jnp.sum(dx_nkd, axis=1) if k > 1 else dx_nkd[:, 0]
-        dx_nd = term if dx_nd is None else dx_nd + term
-    return dx_nd, None, None
+def _gather_rows_bwd(residuals, dy_jd):
+    src_j, dst_nk = residuals
+    n, k = dst_nk.shape
+    dx_nkd = jnp.take(dy_jd, dst_nk.reshape(n * k), axis=0, mode="fill", fill_value=0).reshape(n, k, -1)
+    return jnp.sum(dx_nkd, axis=1) if k > 1 else dx_nkd[:, 0], None, None
 
 
 gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
@@ -89,14 +84,12 @@ def blocks_ffn(x_sd, idx_sk, w_gate_edf, w_up_edf, w_down_efd, tile_size):
     slot_c = jnp.arange(c, dtype=jnp.int32)
     a_j = jnp.where(slot_c < sizes_e[:, None], order_m[jnp.minimum(start_e[:, None] + slot_c, m - 1)], m).reshape(e * c)
 
-    srcs, dsts = (jnp.where(a_j < m, a_j // k, s),), (row_a.reshape(s, k),)
-    if c < m:  # an expert can get more than c rows: its overflow goes through the loop over sorted rows
-        srcs, dsts = srcs + (order_m // k,), dsts + (rank_a.reshape(s, k),)
-    x_jd, *x_md = gather_rows(x_sd, srcs, dsts)
+    x_jd = gather_rows(x_sd, jnp.where(a_j < m, a_j // k, s), row_a.reshape(s, k))
     y_jd = batched_ffn(x_jd.reshape(e, c, -1), w_gate_edf, w_up_edf, w_down_efd).reshape(e * c, -1)
-    (y_ad,) = gather_rows(y_jd, (row_a,), (a_j[:, None],))
-    if x_md:
+    y_ad = gather_rows(y_jd, row_a, a_j[:, None])
+    if c < m:  # an expert can get more than c rows: the overflow loop over the sorted rows
+        x_md = gather_rows(x_sd, order_m // k, rank_a.reshape(s, k))
         tiles = row_tiles(sizes_e, m, c, tile_size)
-        y_md = row_tile_loop(swiglu, x_md[0], (w_gate_edf, w_up_edf, w_down_efd), tiles, tile_size)
-        y_ad = y_ad + gather_rows(y_md.astype(y_ad.dtype), (rank_a,), (order_m[:, None],))[0]
+        y_md = row_tile_loop(swiglu, x_md, (w_gate_edf, w_up_edf, w_down_efd), tiles, tile_size)
+        y_ad = y_ad + gather_rows(y_md.astype(y_ad.dtype), rank_a, order_m[:, None])
     return y_ad.reshape(s, k, -1), sizes_e
