@@ -183,7 +183,7 @@ def declared_keys(cls: type[TypedConfig], prefix: str) -> Iterator[tuple[str, da
 # The dispatch backends, in the order their error messages list them (the command line lists the
 # default first: see moejax.config).
 BACKENDS = ("capacity", "dropless", "expert_parallel")
-IMPLS = ("auto", "ragged", "tiled", "hybrid", "blocks")  # grouped matmul implementations
+IMPLS = ("auto", "ragged", "tiled", "hybrid")  # grouped matmul implementations
 COMMS = ("all_to_all", "all_gather")  # how tokens travel over the expert axis
 BALANCES = ("drop", "llep")  # what happens to assignments past the expert-parallel buffers
 
@@ -197,12 +197,11 @@ class DispatchConfig(TypedConfig):
     backend: str = hparam("dropless", check=one_of(*BACKENDS),
                           doc="dropless (sort + grouped matmul) | capacity (GShard) | expert_parallel")
     capacity_factor: float = hparam(1.25, check=positive(), doc="capacity: slots per expert = ceil(cf * T * k / E)")
-    # Dropless matmul: auto (ragged on GPU/TPU; on CPU blocks, or tiled under 256 rows per expert) |
+    # Dropless matmul: auto (ragged on GPU/TPU; on CPU hybrid, or tiled under 256 rows per expert) |
     # ragged | tiled | hybrid (each expert's first even-share rows in one batched matmul, the rest
-    # tiled) | blocks (hybrid's computation with every row move a gather, straight from the tokens);
-    # moejax/model/grouped_matmul.py, moejax/model/expert_blocks.py.
+    # tiled); moejax/model/grouped_matmul.py.
     impl: str = hparam("auto", check=one_of(*IMPLS), key="grouped_matmul",
-                       doc="grouped matmul of dropless and expert_parallel: auto | ragged | tiled | hybrid | blocks")
+                       doc="grouped matmul of dropless and expert_parallel: auto | ragged | tiled | hybrid")
     tile_size: int = hparam(64, check=positive(int), doc="tiled grouped matmul (and hybrid's overflow): rows per tile")
     ep_comm: str = hparam("all_to_all", check=one_of(*COMMS), doc="expert_parallel: how tokens travel")
     # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its

@@ -153,9 +153,7 @@ def test_grouped_ffn_ragged_and_tiled_match_per_row_reference():
 # ---------------------------------------------------------------------------------------------
 # dispatch
 
-BACKEND_IMPLS = [
-    ("capacity", "auto"), ("dropless", "ragged"), ("dropless", "tiled"), ("dropless", "hybrid"), ("dropless", "blocks")
-]
+BACKEND_IMPLS = [("capacity", "auto"), ("dropless", "ragged"), ("dropless", "tiled"), ("dropless", "hybrid")]
 GRAD_NAMES = ["dx", "dw_gtk", "dw_gate", "dw_up", "dw_down"]
 
 
@@ -246,16 +244,13 @@ def test_dropless_ragged_and_tiled_agree_on_skewed_routing():
     cotangent_gtd = jax.random.normal(jax.random.key(3), (G, T, D))
 
     results = {}
-    for impl in ("ragged", "tiled", "hybrid", "blocks"):  # hybrid, blocks: 16 rows per expert batched, expert 0's 16 overflow
+    for impl in ("ragged", "tiled", "hybrid"):  # hybrid: 16 rows per expert batched, expert 0's 16 overflow
         run = functools.partial(dispatch, cfg=DispatchConfig(backend="dropless", impl=impl, tile_size=8))
         y_gtd, stats = jax.jit(run)(*args)
         grads = jax.jit(functools.partial(_grads, lambda *a: run(*a)[0]))(cotangent_gtd, *args)
         results[impl] = (y_gtd, stats["tokens_per_expert_e"], *grads)
     _assert_all_close(results["tiled"], results["ragged"], ["y", "tokens_per_expert", *GRAD_NAMES])
     _assert_all_close(results["hybrid"], results["ragged"], ["y", "tokens_per_expert", *GRAD_NAMES])
-    _assert_all_close(results["blocks"], results["ragged"], ["y", "tokens_per_expert", *GRAD_NAMES])
-    # blocks is hybrid's arithmetic with the rows moved differently: the same forward to the bit
-    np.testing.assert_array_equal(results["blocks"][0], results["hybrid"][0])
     np.testing.assert_array_equal(results["tiled"][1], [2 * T, 2 * T - 8, 8, 0])
 
 
@@ -307,10 +302,10 @@ def test_expert_capacity():
     assert expert_capacity(T, E, K, NO_DROPS) == T  # enough for any routing
 
 
-def test_auto_impl_is_blocks_on_cpu_where_ragged_dot_is_dense():
+def test_auto_impl_is_hybrid_on_cpu_where_ragged_dot_is_dense():
     assert jax.default_backend() == "cpu"
-    assert resolve_impl("auto") == "blocks"
-    assert resolve_impl("auto", 8192, 16) == "blocks" and resolve_impl("auto", 8192, 64) == "tiled"
+    assert resolve_impl("auto") == "hybrid"
+    assert resolve_impl("auto", 8192, 16) == "hybrid" and resolve_impl("auto", 8192, 64) == "tiled"
     assert hybrid_capacity(8192, 8) == 1024 and hybrid_capacity(17, 5) == 8 and hybrid_capacity(6, 3) == 6
 
 
@@ -318,17 +313,17 @@ def test_bad_arguments_raise_clear_errors():
     args = (jnp.zeros((G, T, D)), *_routing(0), *_expert_weights(0))
     w_edf, x_md, sizes_e = args[3], jnp.zeros((4, D)), jnp.array([4, 0, 0, 0])
     assert BACKENDS == ("capacity", "dropless", "expert_parallel")
-    assert IMPLS == ("auto", "ragged", "tiled", "hybrid", "blocks")
+    assert IMPLS == ("auto", "ragged", "tiled", "hybrid")
     with pytest.raises(
         ValueError,
         match=r"backend must be one of \('capacity', 'dropless', 'expert_parallel'\), got 'sorted'",
     ):
         dispatch(*args, cfg=DispatchConfig(backend="sorted"))
     with pytest.raises(
-        ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid', 'blocks'\), got 'pallas'"
+        ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\), got 'pallas'"
     ):
         dispatch(*args, cfg=DispatchConfig(backend="dropless", impl="pallas"))
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid', 'blocks'\)"):
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\)"):
         grouped_matmul(x_md, w_edf, sizes_e, impl="dense")
     with pytest.raises(ValueError, match="tile_size must be a positive int, got 0"):
         grouped_matmul(x_md, w_edf, sizes_e, tile_size=0)

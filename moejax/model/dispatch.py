@@ -13,10 +13,8 @@ of three backends:
   static [g, e, c, d] slot buffer and the outputs gathered back; static shapes, cheap to shard over
   experts; wastes compute on empty slots and loses tokens when routing is unbalanced.
 - ``"dropless"``: sort all assignments by expert and run a grouped matmul
-  (:mod:`moejax.model.grouped_matmul`) over the variable-size groups, or, with ``impl="blocks"``
-  (the CPU default), the same computation gathered into per-expert blocks straight from the tokens
-  (:mod:`moejax.model.expert_blocks`). Never drops; compute is proportional to the real
-  assignments (plus tile padding on CPU).
+  (:mod:`moejax.model.grouped_matmul`) over the variable-size groups. Never drops; compute is
+  proportional to the real assignments (plus tile padding on CPU).
 - ``"expert_parallel"``: the experts are split over the mesh's expert axis and each token travels
   (``shard_map`` with all_to_all or all_gather collectives) to the devices that hold its experts,
   into a bounded receive buffer, and back (:mod:`moejax.model.expert_parallel`). Without a mesh,
@@ -38,8 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.model.expert_parallel import expert_parallel_dispatch, splits_experts
-from moejax.model.expert_blocks import blocks_ffn
-from moejax.model.grouped_matmul import batched_ffn, check_tile_size, grouped_ffn, resolve_impl
+from moejax.model.grouped_matmul import batched_ffn, grouped_ffn
 from moejax.model.llep import rank_within
 from moejax.schema import BACKENDS, DispatchConfig  # noqa: F401 (BACKENDS: the backends' names, exported)
 
@@ -123,14 +120,6 @@ def dropless_dispatch(x_gtd, idx_gtk, w_gtk, w_gate_edf, w_up_edf, w_down_efd, i
     e = w_gate_edf.shape[0]
     d = x_gtd.shape[-1]
 
-    if resolve_impl(impl, g * t * k, e) == "blocks":
-        check_tile_size(tile_size)
-        y_skd, group_sizes_e = blocks_ffn(
-            x_gtd.reshape(g * t, d), idx_gtk.reshape(g * t, k), w_gate_edf, w_up_edf, w_down_efd, tile_size
-        )
-        y_gtd = jnp.einsum("gtk,gtkd->gtd", w_gtk.astype(y_skd.dtype), y_skd.reshape(g, t, k, d))
-        return y_gtd, dict(drop_rate=jnp.zeros((), jnp.float32), tokens_per_expert_e=group_sizes_e.astype(jnp.float32))
-
     expert_a = idx_gtk.reshape(g * t * k)
     order_m = jnp.argsort(expert_a, stable=True)
     x_md = x_gtd.reshape(g * t, d)[order_m // k]
@@ -196,10 +185,9 @@ def dispatch(
         - ``capacity_factor``: ``"capacity"`` only; slots per expert and group are
           ``max(1, ceil(capacity_factor * t * k / e))`` (:func:`expert_capacity`);
         - ``impl``: ``"dropless"`` and ``"expert_parallel"``; grouped matmul implementation,
-          ``"auto"``, ``"ragged"``, ``"tiled"``, ``"hybrid"`` or ``"blocks"``
+          ``"auto"``, ``"ragged"``, ``"tiled"`` or ``"hybrid"``
           (:func:`moejax.model.grouped_matmul.grouped_matmul`); config key ``model.moe.grouped_matmul``;
-        - ``tile_size``: with ``"tiled"``, ``"hybrid"`` and ``"blocks"`` (their overflow rows) only;
-          rows per tile;
+        - ``tile_size``: with ``"tiled"`` and ``"hybrid"`` (its overflow rows) only; rows per tile;
         - ``ep_comm``: ``"expert_parallel"`` only; ``"all_to_all"`` or ``"all_gather"``, how tokens
           travel (:mod:`moejax.model.expert_parallel`);
         - ``ep_capacity_factor``: ``"expert_parallel"`` only; each device reserves

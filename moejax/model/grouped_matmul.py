@@ -21,11 +21,7 @@ Three implementations, chosen by ``impl``:
   expert once, so it equals ``"tiled"`` up to float reassociation. Memory: about ``m`` rows of
   expert activations for the batched part (``e * c``) plus the loop's tiles (recomputed in its
   backward pass), like ``"tiled"``.
-- ``"blocks"``: ``"hybrid"``'s computation, for the dropless dispatch, which gathers each
-  expert's block straight from the tokens and moves every row by gathers only
-  (:mod:`moejax.model.expert_blocks`). On rows already sorted by expert (these functions, and the
-  expert-parallel dispatch) it is ``"hybrid"``.
-- ``"auto"``: ``"ragged"`` on GPU/TPU; on CPU ``"blocks"``, or ``"tiled"`` when an even share of
+- ``"auto"``: ``"ragged"`` on GPU/TPU; on CPU ``"hybrid"``, or ``"tiled"`` when an even share of
   rows per expert is under ``HYBRID_MIN_SHARE`` (256) rows, where the batched part no longer
   pays for its gathers (``jax.default_backend()``; :func:`resolve_impl`).
 
@@ -68,7 +64,7 @@ DEFAULT_TILE_SIZE = 64
 
 def resolve_impl(impl: str, num_rows: int | None = None, num_experts: int | None = None) -> str:
     """Map ``impl`` to a concrete implementation. ``"auto"`` is ``"ragged"`` on GPU/TPU; on CPU it
-    is ``"blocks"``, or ``"tiled"`` when given ``num_rows`` sorted rows over ``num_experts``
+    is ``"hybrid"``, or ``"tiled"`` when given ``num_rows`` sorted rows over ``num_experts``
     experts whose even share is under ``HYBRID_MIN_SHARE`` rows."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -78,7 +74,7 @@ def resolve_impl(impl: str, num_rows: int | None = None, num_experts: int | None
         return "ragged"
     if num_rows is not None and num_rows < HYBRID_MIN_SHARE * num_experts:
         return "tiled"
-    return "blocks"
+    return "hybrid"
 
 
 def check_tile_size(tile_size: int) -> None:
@@ -263,8 +259,7 @@ def grouped_matmul(
       w_edf: [e, d, f] one weight matrix per expert.
       group_sizes_e: int [e] consecutive rows per expert; sums to at most m (rows past the sum
         give zeros).
-      impl: ``"auto"``, ``"ragged"``, ``"tiled"``, ``"hybrid"`` or ``"blocks"`` (= ``"hybrid"`` on
-        sorted rows; see the module docstring).
+      impl: ``"auto"``, ``"ragged"``, ``"tiled"`` or ``"hybrid"`` (see the module docstring).
       tile_size: rows per tile for ``"tiled"``.
 
     Returns:
@@ -276,7 +271,7 @@ def grouped_matmul(
     _check_grouped_args(x_md, w_edf, group_sizes_e)
     if impl == "ragged":
         return lax.ragged_dot(x_md, w_edf, group_sizes_e)
-    if impl in ("hybrid", "blocks"):
+    if impl == "hybrid":
         return _hybrid(x_md, group_sizes_e, jnp.matmul, (w_edf,), tile_size)
     return _tiled(x_md, group_sizes_e, jnp.matmul, (w_edf,), tile_size)
 
@@ -324,7 +319,7 @@ def grouped_ffn(
         up_mf = lax.ragged_dot(x_md, w_up_edf, group_sizes_e)
         return lax.ragged_dot(jax.nn.silu(gate_mf) * up_mf, w_down_efd, group_sizes_e)
 
-    if impl in ("hybrid", "blocks"):
+    if impl == "hybrid":
         return _hybrid(x_md, group_sizes_e, swiglu, (w_gate_edf, w_up_edf, w_down_efd), tile_size)
 
     return _tiled(x_md, group_sizes_e, swiglu, (w_gate_edf, w_up_edf, w_down_efd), tile_size)
