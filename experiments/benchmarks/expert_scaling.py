@@ -14,8 +14,8 @@ them 1024 active expert units per token (top_k x expert width, plus the shared e
 - ``128e top-8 + shared``: 128 of width 112, top-8, plus one shared expert of width 128 (DeepSeek-style
   fine-grained experts with an always-on expert; 8 x 112 + 128 = 1024)
 
-each with the dropless (with ``--grouped-matmul hybrid,blocks``: once per implementation, named
-``dropless[hybrid]`` and ``dropless[blocks]``) and the capacity backend (factor 1.25), and ``dense``: every MoE layer replaced
+each with the dropless (with ``--grouped-matmul tiled,hybrid``: once per implementation, named
+``dropless[tiled]`` and ``dropless[hybrid]``) and the capacity backend (factor 1.25), and ``dense``: every MoE layer replaced
 by a SwiGLU of width 1024 (the same active FLOPs). Routed experts' parameters grow with E (the
 optimizer's work too); the active matmul FLOPs do not.
 
@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--backends", default="dropless,capacity")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of the shapes")
     p.add_argument("--grouped-matmul", default="auto",
-                   help="comma-separated model.moe.grouped_matmul values for the dropless steps (e.g. hybrid,blocks: "
+                   help="comma-separated model.moe.grouped_matmul values for the dropless steps (e.g. tiled,hybrid: "
                         "the implementations side by side in one run; backend names become dropless[impl])")
     p.add_argument("--out", default="results/expert_scaling.json")
     p.add_argument("--plot", default="results/expert_scaling.png")

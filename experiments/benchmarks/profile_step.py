@@ -42,7 +42,7 @@ from experiments.configs import small_moe
 from moejax import checks, sharding
 from moejax.config import default_config
 from moejax.model import dispatch as dispatch_lib
-from moejax.model.grouped_matmul import grouped_ffn, resolve_impl
+from moejax.model.grouped_matmul import grouped_ffn
 from moejax.model.layers import MLP, Attention, RMSNorm
 from moejax.model.moe import MoE
 from moejax.model.transformer import flops_per_token
@@ -154,15 +154,12 @@ def part_fns(cfg) -> dict:
         experts = lambda x_md, wg, wu, wd, sizes_e: grouped_ffn(x_md, wg, wu, wd, as_int(sizes_e), impl=impl, tile_size=ts)
         fns["experts/fwd"], fns["experts/fwd_bwd"] = _fwd_and_grad(experts, x_md, *w, sizes_e.astype(jnp.float32))
 
-        # Sort, gather, unsort and combine around an identity "expert": the sorted-rows dispatch's
-        # data movement ("blocks" moves rows its own way: the sorted-rows form of the same arithmetic).
-        sorted_impl = "hybrid" if resolve_impl(impl, b * s * m.moe.experts_per_token, m.moe.num_experts) == "blocks" else impl
-
+        # Sort, gather, unsort and combine around an identity "expert": the dispatch's data movement.
         def sort_unsort(x_btd, w_btk, idx_btk):
             ident = lambda x_md, *_, **__: x_md
             orig, dispatch_lib.grouped_ffn = dispatch_lib.grouped_ffn, ident
             try:
-                return dispatch_lib.dropless_dispatch(x_btd, as_int(idx_btk), w_btk, *w, sorted_impl, ts)[0]
+                return dispatch_lib.dropless_dispatch(x_btd, as_int(idx_btk), w_btk, *w, impl, ts)[0]
             finally:
                 dispatch_lib.grouped_ffn = orig
 
@@ -433,7 +430,7 @@ def main() -> None:
     parser.add_argument("--parts-only", action="store_true",
                         help="time only the layer parts (MoE pieces and the equal-FLOP dense SwiGLU) in one interleaved run")
     parser.add_argument("--grouped-matmul", default="",
-                        help="with --parts-only: comma-separated model.moe.grouped_matmul values (e.g. hybrid,blocks), "
+                        help="with --parts-only: comma-separated model.moe.grouped_matmul values (e.g. tiled,hybrid), "
                              "each timing the MoE layer once more as moe[impl] in the same interleaved run")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
