@@ -80,6 +80,8 @@ from data_mixture.mergemix.objective import check_bench_metric
 
 ROW_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
 MERGES_PER_CALL = 8  # C: merges merged and scored per compiled call (memory: C copies of the parameters)
+
+
 def bench_score(result: dict[str, Any], bench_metric: str) -> float:
     """A task's ``bench:<task>`` from its ``moejax.eval`` result under ``bench_metric``; NaN if no item
     was scored."""

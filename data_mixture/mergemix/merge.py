@@ -75,9 +75,7 @@ from moejax.eval.restore import Checkpoint, EvalRun, open_run
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
 
 from data_mixture.mergemix.arithmetic import ROUTERS, merge_params, set_slot, stacked_sharding
-from data_mixture.mergemix.batched import (
-    MERGES_PER_CALL, BatchedScorer, bench_score, shared_scorer,
-)
+from data_mixture.mergemix.batched import MERGES_PER_CALL, BatchedScorer, bench_score, shared_scorer
 from data_mixture.mergemix.objective import check_bench_metric
 
 # model.* keys that choose how the same parameters are executed or trained, not what they compute
