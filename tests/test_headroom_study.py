@@ -153,3 +153,15 @@ def test_mergemix_searches_the_target_losses_and_the_continuous_benchmark_score(
     assert objectives == {"loss": ["--loss-weights", "knowledge=0.5,prose=0.5"],
                           "benchmark": ["--bench-metric", "gold_logprob"]}
     assert study.target_score({"loss:knowledge": 1.0, "loss:prose": 3.0, "loss:code": 9.0}, study.ENCYCLOPEDIA) == 2.0
+
+
+def test_a_size_can_train_longer_than_the_study_s_budget(monkeypatch):
+    """``tokens_per_param_at`` trains the named sizes for their own tokens per parameter (the gate's
+    runs and the epochs of the fixed pool follow); the others keep the study's."""
+    a = {**study.ATTEMPTS[3], "tokens_per_param_at": {"s0": 40.0}}
+    monkeypatch.setitem(study.ATTEMPTS, 99, a)
+    plan = study.pilot_plan(99)
+    steps = {r["preset"]: r["steps"] for r in plan["runs"]}
+    assert steps == {"s0": study.tokens_of("s0", 40.0)[0], "s1b": study.tokens_of("s1b", 20.0)[0]}
+    assert plan["epochs_by_size"]["s0"]["uniform"] == pytest.approx(0.25 * study.tokens_of("s0", 40.0)[1] / 250_000)
+    assert study.target_point(a)[1] == study.tokens_of(study.TARGET, 20.0)[1]

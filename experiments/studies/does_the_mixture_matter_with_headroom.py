@@ -148,6 +148,12 @@ def sizes() -> dict[str, dict[str, float]]:
     return preset_sizes(PRESETS)
 
 
+def tpp_of(a: dict, preset: str) -> float:
+    """Tokens per active parameter of ``preset`` in the setting ``a`` (``tokens_per_param_at``
+    overrides the study's budget for named sizes)."""
+    return float(a.get("tokens_per_param_at", {}).get(preset, a["tokens_per_param"]))
+
+
 def tokens_of(preset: str, tokens_per_param: float) -> tuple[int, float]:
     """(steps, tokens) of a from-scratch run of ``preset`` at ``tokens_per_param``."""
     steps = max(2, int(tokens_per_param * sizes()[preset]["params_active"] // (BATCH * SEQ_LEN)))
@@ -184,7 +190,7 @@ def pilot_plan(attempt: int) -> dict:
     fixed = a.get("fixed_pool", False)
     runs = []
     for preset in a["sizes"]:
-        steps, _ = tokens_of(preset, a["tokens_per_param"])
+        steps, _ = tokens_of(preset, tpp_of(a, preset))
         for name, w in a["mixtures"].items():
             for seed in a["seeds"]:
                 run = scratch_run(f"{preset}_{name}_s{seed}", preset, steps, seed, dict(zip(DOMAINS, map(float, w))))
@@ -192,7 +198,7 @@ def pilot_plan(attempt: int) -> dict:
                             else proxy_pools(run, a["target_unique"], target_tokens, SEQ_LEN))
     share = {name: w[DOMAINS.index(SCARCE)] for name, w in a["mixtures"].items()}
     epochs = {name: {SCARCE: share[name] * target_tokens / a["target_unique"][SCARCE]} for name in share}
-    by_size = {"epochs_by_size": {p: {name: share[name] * tokens_of(p, a["tokens_per_param"])[1]
+    by_size = {"epochs_by_size": {p: {name: share[name] * tokens_of(p, tpp_of(a, p))[1]
                                       / a["target_unique"][SCARCE] for name in share} for p in a["sizes"]}} if fixed else {}
     return {
         "version": 1, "study": "headroom", "attempt": attempt, "setting": "from scratch",
@@ -413,7 +419,7 @@ def passed_attempt(out: Path, attempt: int) -> dict:
 
 def target_point(a: dict) -> tuple[float, float]:
     """(active parameters, tokens) of a target run in the setting ``a``."""
-    return sizes()[TARGET]["params_active"], tokens_of(TARGET, a["tokens_per_param"])[1]
+    return sizes()[TARGET]["params_active"], tokens_of(TARGET, tpp_of(a, TARGET))[1]
 
 
 def ladder_plan(a: dict) -> dict:
@@ -423,7 +429,7 @@ def ladder_plan(a: dict) -> dict:
 
     n = {p: sizes()[p]["params_active"] for p in PRESETS}
     tpp = a["tokens_per_param"]
-    per_mixture = sum(6 * n[p] * tpp * n[p] * (LADDER_SEEDS if p == PROXIES[-1] else 1) for p in PROXIES)
+    per_mixture = sum(6 * n[p] * tpp_of(a, p) * n[p] * (LADDER_SEEDS if p == PROXIES[-1] else 1) for p in PROXIES)
     size, tokens = target_point(a)
     spec = PlanSpec(budget_flops=per_mixture * (MIXTURES + 0.5), target_size=size, target_tokens=tokens,
                     presets=PRESETS, law="camel", domains=",".join(DOMAINS), tokens_per_param=(tpp,),
@@ -433,10 +439,21 @@ def ladder_plan(a: dict) -> dict:
     plan = make_plan(spec)
     if plan["chosen"]["runs_per_size"] != MIXTURES or plan["chosen"]["sizes"] != list(PROXIES):
         raise SystemExit(f"the planner chose {plan['chosen']}, not {MIXTURES} mixtures at {list(PROXIES)}")
+    longer = a.get("tokens_per_param_at", {})
+    if longer and not a.get("fixed_pool"):
+        raise SystemExit("tokens_per_param_at needs fixed_pool: a matched pool is scaled to the run's tokens")
+    for i, run in enumerate(plan["runs"]):  # sizes trained longer than the study's budget (the planner sees one)
+        if run["preset"] in longer:
+            plan["runs"][i] = {**scratch_run(run["name"], run["preset"], tokens_of(run["preset"], longer[run["preset"]])[0],
+                                             run["seed"], run["mixture"]),
+                               **{k: run[k] for k in ("unique_tokens",) if k in run}}
+            plan["runs"][i]["overrides"].update({k: v for k, v in run["overrides"].items() if k == "data.unique_tokens"})
+    plan["total_flops"] = float(sum(r["flops"] for r in plan["runs"]))
     plan["target"]["set"] = a.get("target", TARGET_SET)
     plan["gate_attempt"] = next(k for k, v in ATTEMPTS.items() if v is a)
     plan["decision_rule"] = decision_rule(plan["target"]["set"])
-    plan["notes"] = (f"Ladder of the headroom study, from scratch at {tpp:g} tokens per active parameter: proxies "
+    plan["notes"] = (f"Ladder of the headroom study, from scratch at {tpp:g} tokens per active parameter"
+                     + "".join(f" ({p} at {t:g})" for p, t in longer.items()) + ": proxies "
                      f"{', '.join(PROXIES)}, target {TARGET} ({n[TARGET] / n[PROXIES[0]]:.1f}x the smallest); "
                      f"{MIXTURES} space-filling mixtures, {LADDER_SEEDS} seeds at {PROXIES[-1]}; "
                      + (f"every run trains on the same {SCARCE} pool as the target (a larger run repeats it more)."
@@ -731,7 +748,7 @@ def target_plan(out: Path, a: dict) -> dict:
     """Each registered candidate from scratch at the target with the target's pool, TARGET_SEEDS each
     (a candidate equal to an earlier one within 1e-6 is trained once)."""
     reg = json.loads((out / "registration.json").read_text())
-    steps, _ = tokens_of(TARGET, a["tokens_per_param"])
+    steps, _ = tokens_of(TARGET, tpp_of(a, TARGET))
     runs, seen = [], {}
     for name, w in reg["candidates"].items():
         same = [m for m, v in seen.items() if max(abs(v[d] - w.get(d, 0.0)) for d in DOMAINS) < 1e-6]
