@@ -173,9 +173,11 @@ if [[ "${1:-}" == "test" ]]; then
   # Two pytest-xdist workers by default (XLA compiles are mostly single-threaded, so one process
   # leaves a core idle); whole files go to one worker, so module fixtures are built once.
   # MOEJAX_TEST_WORKERS=0 runs everything in this process (e.g. for --pdb); -n N overrides.
+  # A crashed worker is not replaced (--max-worker-restart=0): its tests fail and the run ends
+  # instead of the controller waiting on a replacement.
   workers=()
   if [[ " $* " != *" -n "* && " $* " != *" --numprocesses"* && " $* " != *" -n"[0-9a]* ]]; then
-    workers=(-n "${MOEJAX_TEST_WORKERS:-2}" --dist loadfile)
+    workers=(-n "${MOEJAX_TEST_WORKERS:-2}" --dist loadfile --max-worker-restart=0)
   fi
   exec "$PY" -m pytest -q ${workers[@]+"${workers[@]}"} "$@"
 fi

@@ -532,7 +532,7 @@ def cmd_mergemix(args) -> None:
         expert_tokens=args.expert_tokens, out=args.out, fractions=floats(args.fractions, "--fractions"),
         expert_fraction=args.expert_fraction, router=args.router, search=args.search, budget=args.budget,
         n_seeds=args.seeds, task_weights=_parse_weights(args.task_weights, "--task-weights") or None,
-        loss_weights=_parse_weights(args.loss_weights, "--loss-weights") or None,
+        loss_weights=_parse_weights(args.loss_weights, "--loss-weights") or None, bench_metric=args.bench_metric,
         min_weight=_parse_weights(args.min_weight, "--min-weight"), seed=args.seed, backend=args.backend,
         parallel=args.parallel, max_items=args.max_items, loss_batches=args.loss_batches,
         calib_batches=args.calib_batches, damping=args.damping, experts_dir=args.experts_dir, cache=args.cache,
@@ -788,6 +788,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-weights", nargs="*", action="extend", help="objective: benchmark weights, e.g. know_type=2,math_copy=1 "
                                                       "(default: macro-average of every benchmark)")
     p.add_argument("--loss-weights", nargs="*", action="extend", help="objective: held-out loss weights (count negatively), e.g. code=1")
+    p.add_argument("--bench-metric", default="accuracy",
+                   help="what each benchmark term is: accuracy (default; exact match for generation tasks) | "
+                        "gold_logprob (mean log-probability of the gold answer: continuous, no extra forward)")
     p.add_argument("--min-weight", nargs="*", action="extend", help="per-domain floors of the merge weights, e.g. code=0.05,math=0.05")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="local", help="experts' training: local | ray")

@@ -42,7 +42,7 @@ import dataclasses
 
 import numpy as np
 
-from data_mixture.table import RunsTable
+from data_mixture.table import RunsTable, TableError
 
 DECIMALS = 6  # mixtures equal to this many decimals are the same mixture (as RunsTable.mixture_keys)
 
@@ -108,6 +108,25 @@ def build_cells(table: RunsTable, size_column: str) -> Cells:
     unique_rm = unique_tokens(table)
     return Cells(size_c, tokens_c, tokens_c / final, mix_cm, obs_cv, np.array([len(r) for r in runs]), runs, reps,
                  None if unique_rm is None else unique_rm[first])
+
+
+def cell_pools(table: RunsTable, size_column: str) -> np.ndarray:
+    """(C, M) each cell's pool of unique tokens per training domain, cells as :func:`build_cells`
+    makes them from the same arguments (``RunsTable.unique_rm``: ``inf`` where a row has no pool,
+    an unlimited domain). A cell's replicates differ only in seed, so a cell whose rows differ in a
+    pool is a TableError naming its runs."""
+    key_r = table.mixture_keys(size_column)
+    u_rm = table.unique_rm()
+    out = np.empty((int(key_r.max()) + 1 if len(key_r) else 0, u_rm.shape[1]))
+    for c in range(len(out)):
+        u_nm = u_rm[key_r == c]
+        if not (u_nm == u_nm[0]).all():
+            runs = ", ".join(dict.fromkeys(table.run[key_r == c].tolist()))
+            raise TableError(f"runs {runs} are replicates of one cell (same size, mixture and tokens) but differ in a "
+                             f"unique:<domain> pool ({u_nm.tolist()}); replicates must share their pools: fix the "
+                             "table's unique: cells, or keep one pool per cell.")
+        out[c] = u_nm[0]
+    return out
 
 
 UNIQUE = "unique:"

@@ -34,14 +34,15 @@ pair counts as decided (and the report says so). A 95% percentile bootstrap over
 (``resamples`` resamples) gives the interval; all methods share the resamples.
 
 Per method (laws and the baselines of :mod:`data_mixture.baselines`) and validation domain, over
-the held-out cells: ``mae`` = mean |pred - obs| (nats), ``mre`` = mean |pred - obs| / obs (None for
+the held-out cells (a repetition-aware law predicts each cell at its own ``unique:<domain>`` pools,
+:func:`data_mixture.baselines.cell_pools`): ``mae`` = mean |pred - obs| (nats), ``mre`` = mean |pred - obs| / obs (None for
 rankers without a loss prediction), ``spearman`` = rank correlation across the mixtures of one
 (size, tokens) group (>= 3 cells), averaged over groups; ``decision`` = the decision accuracy of
 that domain's loss. On the mean loss over domains: ``decision`` (the headline), ``pick_regret``
 = observed mean loss of the method's pick among the K mixtures minus the best observed, with a
 t-interval over seeds (paired when the two cells share seeds; none with one seed). Laws also get
 the ``optimal_mixture`` over the simplex at the held-out size and largest token count
-(:mod:`data_mixture.optimize`), ``fit_seconds`` and the parameters at their bounds
+(:mod:`data_mixture.optimize`; a repetition-aware law at the held-out decision cells' pools), ``fit_seconds`` and the parameters at their bounds
 (``LawFit.info["at_bounds"]``, when the fit records them).
 
 **Verdict** (one line): a law *beats* a baseline when the paired bootstrap interval of the
@@ -66,7 +67,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from data_mixture import decisions as dec
-from data_mixture.baselines import BASELINES, Cells, build_cells, compute_baselines
+from data_mixture.baselines import BASELINES, Cells, build_cells, cell_pools, compute_baselines
 from data_mixture.laws.base import SizeExtrapolationWarning
 from data_mixture.table import RunsTable, TableError
 from moejax.errors import UserError
@@ -80,15 +81,17 @@ class EvaluateError(UserError):
 
 
 class _PointFit:
-    """The Fit-like view of per-domain LawFits that :func:`data_mixture.optimize.optimize_mixture` needs."""
+    """The Fit-like view of per-domain LawFits that :func:`data_mixture.optimize.optimize_mixture` needs,
+    predicting at the pools ``unique_m`` ((M,), ``inf``: unlimited; None: each fit's recorded ones)."""
 
-    def __init__(self, law: str, size_column: str, mix_domains, fits: dict):
+    def __init__(self, law: str, size_column: str, mix_domains, fits: dict, unique_m: np.ndarray | None = None):
         self.law, self.size_column, self.mix_domains = law, size_column, tuple(mix_domains)
         self.loss_domains = tuple(fits)
-        self.fits, self.bench, self.bootstrap = fits, {}, []
+        self.fits, self.bench, self.bootstrap, self.unique_m = fits, {}, [], unique_m
 
     def predict_losses(self, size_r, tokens_r, mix_rm, *, member=None):
-        return np.stack([self.fits[d].predict(size_r, tokens_r, mix_rm) for d in self.loss_domains], axis=1)
+        return np.stack([self.fits[d].predict(size_r, tokens_r, mix_rm, unique_rm=self.unique_m)
+                         for d in self.loss_domains], axis=1)
 
     def predict_bench(self, loss_rv, *, member=None):
         return np.zeros((np.asarray(loss_rv).shape[0], 0))
@@ -438,7 +441,7 @@ def _evaluate_one(train_t: RunsTable, test_t: RunsTable, what: str, *, laws, siz
     }
     law_boots, base_boots, skipped = {}, {}, {}
     for name in laws:
-        entry, boots = _evaluate_law(name, train_t, held, decision, domains, mix_domains, size_column=size_column,
+        entry, boots = _evaluate_law(name, train_t, test_t, held, decision, domains, mix_domains, size_column=size_column,
                                      seed=seed, starts=starts, optimum=optimum)
         report["laws"][name], law_boots[name] = entry, boots
     for name, got in compute_baselines(train, held, domains, mix_domains).items():
@@ -457,13 +460,13 @@ def _evaluate_one(train_t: RunsTable, test_t: RunsTable, what: str, *, laws, siz
     return _jsonable(report)
 
 
-def _evaluate_law(name, train_t, held: Cells, decision: _Decision, domains, mix_domains, *, size_column, seed, starts,
-                  optimum) -> tuple[dict, dict]:
+def _evaluate_law(name, train_t, test_t, held: Cells, decision: _Decision, domains, mix_domains, *, size_column, seed,
+                  starts, optimum) -> tuple[dict, dict]:
     """Fit one law on the training rows, predict the held-out cells, score; the law's warnings
     (e.g. predicting outside the fitted token range) are kept in ``entry["warnings"]``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        entry, boots = _fit_and_score(name, train_t, held, decision, domains, mix_domains, size_column=size_column,
+        entry, boots = _fit_and_score(name, train_t, test_t, held, decision, domains, mix_domains, size_column=size_column,
                                       seed=seed, starts=starts, optimum=optimum)
     # predicting the held-out size is extrapolation in size by design: that warning is no news here
     entry["warnings"] = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)
@@ -471,8 +474,8 @@ def _evaluate_law(name, train_t, held: Cells, decision: _Decision, domains, mix_
     return entry, boots
 
 
-def _fit_and_score(name, train_t, held: Cells, decision: _Decision, domains, mix_domains, *, size_column, seed, starts,
-                   optimum) -> tuple[dict, dict]:
+def _fit_and_score(name, train_t, test_t, held: Cells, decision: _Decision, domains, mix_domains, *, size_column, seed,
+                   starts, optimum) -> tuple[dict, dict]:
     from data_mixture.laws import get_law
     from data_mixture.optimize import optimize_mixture
 
@@ -485,16 +488,22 @@ def _fit_and_score(name, train_t, held: Cells, decision: _Decision, domains, mix
         entry["skipped"] = str(e)
         return entry, {}
     entry["fit_seconds"] = time.perf_counter() - t0
-    pred_cv = np.stack([fits[d].predict(held.size_c, held.tokens_c, held.mix_cm) for d in domains], axis=1)
+    # repetition-aware laws predict each held-out cell at its own pools (the others ignore them)
+    pools_cm = cell_pools(test_t, size_column) if any("unique_tokens" in f.info for f in fits.values()) else None
+    pred_cv = np.stack([fits[d].predict(held.size_c, held.tokens_c, held.mix_cm, unique_rm=pools_cm)
+                        for d in domains], axis=1)
     scored, boots = score_method(held, decision, domains, pred_cv, pred_cv, pred_cv.mean(axis=1))
     entry.update(scored)
     for d in domains:
         entry["domains"][d]["num_params"] = int(fits[d].num_params)
     entry["at_bounds"] = {d: fits[d].info.get("at_bounds") for d in domains if fits[d].info.get("at_bounds")}
     if optimum:
-        tokens = float(held.tokens_c[decision.idx_k].max()) if decision.k else float(held.tokens_c.max())
-        opt = optimize_mixture(_PointFit(name, size_column, mix_domains, fits), size=decision.size, tokens=tokens,
-                               starts=4, seed=seed, bootstrap=False)
+        at_k = decision.idx_k if decision.k else np.arange(len(held))
+        tokens = float(held.tokens_c[at_k].max())
+        # at the held-out decision cells' pools (the largest of each domain's, should they differ)
+        unique_m = None if pools_cm is None else pools_cm[at_k].max(axis=0)
+        opt = optimize_mixture(_PointFit(name, size_column, mix_domains, fits, unique_m), size=decision.size,
+                               tokens=tokens, starts=4, seed=seed, bootstrap=False)
         entry["optimal_mixture"] = opt["weights"]
         entry["optimal_predicted_mean_loss"] = opt["objective"]["value"]
     entry["predictions"] = _predictions(held, pred_cv)

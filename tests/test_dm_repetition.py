@@ -103,3 +103,35 @@ def test_repetition_variant_errors_name_the_fix():
     with pytest.raises(TableError, match="no unique:<domain> column"):
         get_law("additive+rep").check(plain, "v", "params_total")
     assert "unique:code" in cols
+
+
+@pytest.mark.filterwarnings("ignore::data_mixture.laws.base.SizeExtrapolationWarning")  # the held-out size, by design
+def test_evaluate_predicts_held_out_cells_at_their_own_pools():
+    """``evaluate`` passes each held-out cell's unique:<domain> pools to a +rep law: here the held-out
+    size has 4x the fit rows' code pool, and one of its mixtures no pool at all (unlimited)."""
+    from data_mixture.baselines import build_cells
+    from data_mixture.evaluate import evaluate_laws
+
+    cols = repeated_columns()
+    largest = max(cols["params_total"])
+    cols["unique:code"] = ["" if run.endswith("_m0") and n == largest else (4 * POOL if n == largest else POOL)
+                           for run, n in zip(cols["run"], cols["params_total"])]
+    table = from_columns(cols)
+    entry = evaluate_laws(table, ["additive+rep"], starts=4, resamples=100)["laws"]["additive+rep"]
+    # the same fit by hand (the rows below the largest size), predicted at each held-out cell's pools
+    rows = table.law_rows()
+    size = rows.size("params_total")
+    fit = get_law("additive+rep").fit_domains(rows.take(size < largest), ["valid"], size_column="params_total",
+                                              seed=0, starts=4)["valid"]
+    assert fit.info["unique_tokens"] == [POOL, None, None]
+    held = build_cells(rows.take(size == largest), "params_total")
+    pools_cm = np.array([[np.inf if runs[0].endswith("_m0") else 4 * POOL, np.inf, np.inf] for runs in held.runs])
+    want = fit.predict(held.size_c, held.tokens_c, held.mix_cm, unique_rm=pools_cm)
+    np.testing.assert_array_equal(np.array(entry["predictions"]["predicted"])[:, 0], want)
+    at_fit_pools = fit.predict(held.size_c, held.tokens_c, held.mix_cm)  # what evaluate predicted before
+    assert (want <= at_fit_pools).all() and (want < at_fit_pools - 1e-4).sum() >= 3  # bigger pools: less repetition
+    # the optimum at the held-out size uses the decision cells' pools (code: one of them unlimited)
+    w = np.array([[entry["optimal_mixture"][d] for d in ("code", "prose", "math")]])
+    q = (np.array([largest]), np.array([max(held.tokens_c)]), w)
+    assert entry["optimal_predicted_mean_loss"] == pytest.approx(fit.predict(*q, unique_rm=np.full(3, np.inf))[0], rel=1e-9)
+    assert entry["optimal_predicted_mean_loss"] != pytest.approx(fit.predict(*q)[0], rel=1e-6)

@@ -91,3 +91,77 @@ def test_committed_report_rebuilds_from_the_committed_results():
     md = study.report_md(RESULTS)
     assert md == (RESULTS / "report.md").read_text()
     assert "## Gate attempts" in md and "## Limits" in md
+
+
+def test_sweeps_run_in_committed_chunks_and_skip_the_chunks_already_there(tmp_path, monkeypatch):
+    """Each chunk's runs table (and its part of the sweep log) lands in out/<name>/ as it finishes;
+    a rerun, even on another machine (no run directories), sweeps only the missing chunks."""
+    plan = {"version": 1, "runs": [{"name": f"r{i}", "x": i} for i in range(5)]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    swept = []
+
+    def fake_sweep(sub: Path, root: Path, parallel: int) -> None:
+        runs = json.loads(sub.read_text())["runs"]
+        swept.append([r["name"] for r in runs])
+        root.mkdir(parents=True, exist_ok=True)
+        extra = ["epochs:knowledge"] if runs[0]["x"] >= 4 else []  # a later chunk with one more column
+        with (root / "runs.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["run", "loss:code", *extra])
+            w.writerows([[r["name"], r["x"] / 10, *[1.5] * len(extra)] for r in runs])
+        with (root / "sweep.log").open("a") as f:
+            f.writelines(f"sweep: {r['name']}: done in 7 s\n" for r in runs)
+
+    monkeypatch.setattr(study, "sweep", fake_sweep)
+    out, root = tmp_path / "out", tmp_path / "runs"
+    merged = study.sweep_in_chunks(tmp_path / "plan.json", root, out, "ladder", 2, chunk=2)
+    assert swept == [["r0", "r1"], ["r2", "r3"], ["r4"]]
+    assert sorted(p.name for p in (out / "ladder").iterdir()) == ["00.csv", "00.log", "01.csv", "01.log", "02.csv", "02.log"]
+    assert (out / "ladder" / "01.log").read_text() == "sweep: r2: done in 7 s\nsweep: r3: done in 7 s\n"
+    with merged.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == ["r0", "r1", "r2", "r3", "r4"]
+    assert rows[0]["epochs:knowledge"] == "" and rows[4]["epochs:knowledge"] == "1.5"
+    (out / "ladder" / "01.csv").unlink()
+    import shutil
+
+    shutil.rmtree(root)  # another machine: no run directories, the committed chunks only
+    study.sweep_in_chunks(tmp_path / "plan.json", root, out, "ladder", 2, chunk=2)
+    assert swept[3:] == [["r2", "r3"]]
+
+
+def test_smallest_detectable_difference_is_the_paired_half_width(tmp_path):
+    from scipy import stats
+
+    from data_mixture.table import read_runs
+
+    plan = study.pilot_plan(3)
+    loss = {r["name"]: 3.0 + {"uniform": 0.0, "even": -0.1, "knowledge_heavy": 0.2, "prose_heavy": 0.3}[
+        r["name"].split("_", 1)[1].rsplit("_s", 1)[0]] + [0.0, 0.01, 0.03][r["seed"]] * (r["name"].count("even") + 1)
+            for r in plan["runs"] if r["preset"] == "s1b"}
+    write_table(tmp_path / "runs.csv", plan, loss)
+    h = study.paired_half_widths(read_runs(str(tmp_path / "runs.csv")), study.sizes()["s1b"]["params_active"],
+                                 study.TARGET_SET)
+    assert len(h) == 6  # every pair of the 4 mixtures
+    d = [0.0, 0.01, 0.03]  # even's seeds move twice as much: its pairs' differences have these deviations
+    expected = stats.t.ppf(0.975, 2) * float(__import__("numpy").std(d, ddof=1)) / 3 ** 0.5
+    assert sorted(h)[-1] == pytest.approx(expected) and sorted(h)[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_mergemix_searches_the_target_losses_and_the_continuous_benchmark_score():
+    objectives = study.mergemix_objectives(study.ENCYCLOPEDIA)
+    assert objectives == {"loss": ["--loss-weights", "knowledge=0.5,prose=0.5"],
+                          "benchmark": ["--bench-metric", "gold_logprob"]}
+    assert study.target_score({"loss:knowledge": 1.0, "loss:prose": 3.0, "loss:code": 9.0}, study.ENCYCLOPEDIA) == 2.0
+
+
+def test_a_size_can_train_longer_than_the_study_s_budget(monkeypatch):
+    """``tokens_per_param_at`` trains the named sizes for their own tokens per parameter (the gate's
+    runs and the epochs of the fixed pool follow); the others keep the study's."""
+    a = {**study.ATTEMPTS[3], "tokens_per_param_at": {"s0": 40.0}}
+    monkeypatch.setitem(study.ATTEMPTS, 99, a)
+    plan = study.pilot_plan(99)
+    steps = {r["preset"]: r["steps"] for r in plan["runs"]}
+    assert steps == {"s0": study.tokens_of("s0", 40.0)[0], "s1b": study.tokens_of("s1b", 20.0)[0]}
+    assert plan["epochs_by_size"]["s0"]["uniform"] == pytest.approx(0.25 * study.tokens_of("s0", 40.0)[1] / 250_000)
+    assert study.target_point(a)[1] == study.tokens_of(study.TARGET, 20.0)[1]

@@ -163,3 +163,33 @@ def test_exact_match_tasks_are_decoded_as_moejax_eval_does(merge_set, task_files
         _assert_same_scores(got, want)
         assert "bench:sums" in got
         assert got["eval_tokens"] <= want["eval_tokens"]  # moejax.eval may also score the answers (gold_logprob)
+
+
+def test_gold_logprob_equals_one_at_a_time_and_decodes_nothing(merge_set, task_files, monkeypatch):
+    """``bench_metric="gold_logprob"``: every bench:<task> (multiple choice, and exact match by its
+    teacher-forced answer) is moejax.eval's gold_logprob, both ways, and the batched path decodes nothing."""
+    from data_mixture.mergemix import batched as batched_lib
+
+    settings = make_settings(merge_set.erun, max_items=2, loss_batches=1, tasks=["know_chars", *task_files])
+    evaluator = Evaluator(merge_set.erun, settings, progress=False)
+    one = MergeEvaluator(merge_set, settings, evaluator=evaluator, merges_per_call=0, bench_metric="gold_logprob")
+    want = [one.evaluate(a) for a in ALPHAS[:2]]
+    # merge by merge: exactly the Evaluator's own gold_logprob of each task (exact match: its answers)
+    result = evaluator.evaluate(Checkpoint(BASE_STEP, merge_set.merge(ALPHAS[0]), merge_set.base.balance))
+    assert {t: want[0][f"bench:{t}"] for t in ("know_chars", "long", "sums")} == {
+        t: result["benchmarks"][t]["gold_logprob"] for t in ("know_chars", "long", "sums")}
+    assert all(v < 0 for k, v in want[0].items() if k.startswith("bench:"))  # log-probabilities, not accuracies
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the gold_logprob path decoded an exact-match task")
+
+    monkeypatch.setattr(batched_lib, "score_exact_match", no_decoding)
+    batched = MergeEvaluator(merge_set, settings, evaluator=evaluator, merges_per_call=2, bench_metric="gold_logprob")
+    got = batched.evaluate_many(ALPHAS[:2])
+    for g, w in zip(got, want):
+        assert set(g) == set(w)
+        for key in w:
+            if key.startswith(("loss:", "bench:")):
+                assert g[key] == pytest.approx(w[key], rel=LOSS_RTOL, abs=1e-4), key
+        assert 0 < g["eval_tokens"] < w["eval_tokens"]
+    assert got[0]["bench:know_chars"] != got[1]["bench:know_chars"]  # the merges differ

@@ -26,6 +26,7 @@ def _args(base, out, *extra):
 @pytest.mark.parametrize("extra, message", [
     (["--budget", "3", "--seeds", "4"], "--budget 3 is smaller than the seed design"),
     (["--router", "oracle"], "--router 'oracle' is unknown"),
+    (["--bench-metric", "bpb"], "--bench-metric 'bpb' is unknown; allowed: accuracy, gold_logprob"),
     (["--expert-fraction", "0.3"], "--expert-fraction 0.3 is not one of the kept checkpoints"),
     (["--min-weight", "code=0.6,math=0.5"], "floors must be >= 0 and sum below 1"),
     (["--min-weight", "web=0.1"], "--min-weight names ['web']"),
@@ -95,3 +96,19 @@ def test_harc_proxy_is_cached_with_its_calibration(mergemix_runs, mergemix_exper
     _, reopened = open_merge(base, None, mergemix_experts, ("code", "math"), 1.0, **kw)
     assert MergeProxy(merge_set, reopened, "harc", calib_batches=None)(np.array([0.3, 0.7])) == first
     assert reopened.merges_evaluated == 0
+
+
+def test_bench_metric_gold_logprob_end_to_end(mergemix_runs, mergemix_experts, tmp_path, capsys):
+    """``--bench-metric gold_logprob``: the benchmark objective on the continuous score; the mixture
+    records the metric, and the same --out is refused for the other metric (its cache holds log-probs)."""
+    out = tmp_path / "out"
+    shutil.copytree(mergemix_experts, out / "experts")
+    argv = _args(os.path.join(mergemix_runs, "base"), out, "--budget", "4", "--seeds", "4")
+    main([*argv, "--bench-metric", "gold_logprob"])
+    mixture = json.loads((out / "mixture.json").read_text())
+    assert mixture["bench_metric"] == "gold_logprob" and mixture["objective"]["weights"]
+    trace = json.loads((out / "search_mergemix.json").read_text())["trace"]
+    bench = [v for t in trace for k, v in t["metrics"].items() if k.startswith("bench:")]
+    assert len(bench) >= 4 and all(v < 0 for v in bench)  # log-probabilities, not accuracies
+    code, err = _run(argv, capsys)
+    assert code == 2 and "as gold_logprob, but this evaluator scores them as accuracy" in err

@@ -16,6 +16,7 @@ from data_mixture.mergemix.arithmetic import is_router_path
 from data_mixture.mergemix.merge import (
     MergeEvaluator, MergeMismatch, MergeSet, check_alpha, compatibility_problems, flat_metrics,
 )
+from data_mixture.mergemix.objective import SearchError
 from moejax.errors import ConfigError
 from moejax.eval.evaluate import Evaluator, make_settings
 from moejax.eval.restore import EvalRun, open_run
@@ -166,11 +167,18 @@ def test_merged_evaluation_equals_evaluating_a_saved_merged_checkpoint(merge_set
     target = str(tmp_path / "merged_run")
     _save_as_checkpoint(merge_set.erun.workdir, BASE_STEP, merge_set.merge(alpha), target)
     saved = open_run(target)
-    want = flat_metrics(Evaluator(saved, make_settings(saved, max_items=4, loss_batches=1, tasks=TASKS),
-                                  progress=False).evaluate(saved.load(BASE_STEP)))
+    result = Evaluator(saved, make_settings(saved, max_items=4, loss_batches=1, tasks=TASKS),
+                       progress=False).evaluate(saved.load(BASE_STEP))
+    want = flat_metrics(result)
     assert set(want) == ({f"loss:{d}" for d in merge_set.erun.dataset.domains} | {f"bench:{t}" for t in TASKS}
                          | {"eval_tokens"})
     assert {k: got[k] for k in want} == want
+    # The continuous benchmark metric: each bench:<task> is the saved checkpoint's gold_logprob, exactly.
+    gold = MergeEvaluator(merge_set, settings, evaluator=evaluator, merges_per_call=0,
+                          bench_metric="gold_logprob").evaluate(alpha)
+    assert {t: gold[f"bench:{t}"] for t in TASKS} == {t: result["benchmarks"][t]["gold_logprob"] for t in TASKS}
+    assert {k: gold[k] for k in want if not k.startswith("bench:")} == {k: v for k, v in want.items()
+                                                                       if not k.startswith("bench:")}
     # And the merge differs from the base (the comparison is not between two copies of the base).
     base = flat_metrics(evaluator.evaluate(merge_set.base))
     assert any(base[k] != want[k] for k in want if k.startswith("loss:"))
@@ -219,6 +227,29 @@ def test_cache_never_recomputes_in_memory_or_from_the_file(merge_set, settings, 
     other = dataclasses.replace(settings, max_items=2)
     with pytest.raises(ConfigError, match="settings.max_items: file 4 vs this evaluator 2"):
         MergeEvaluator(merge_set, other, cache_path=path)
+
+
+def test_cache_never_mixes_benchmark_metrics(merge_set, settings, evaluator, tmp_path):
+    path = str(tmp_path / "cache.jsonl")
+    accuracy = MergeEvaluator(merge_set, settings, cache_path=path, evaluator=evaluator)
+    accuracy.evaluate([0.25, 0.75])
+    # The default metric keeps the cache identity of files written before the choice existed.
+    assert "bench_metric" not in accuracy.context and json.loads(open(path).readline())["context_id"] == (
+        MergeEvaluator(merge_set, settings, evaluator=evaluator, bench_metric="accuracy")._context_id)
+    with pytest.raises(ConfigError, match="holds benchmark scores .* as accuracy, but this evaluator scores them as "
+                                          "gold_logprob .* --bench-metric accuracy to reuse this one"):
+        MergeEvaluator(merge_set, settings, cache_path=path, evaluator=evaluator, bench_metric="gold_logprob")
+    gold_path = str(tmp_path / "gold.jsonl")
+    MergeEvaluator(merge_set, settings, cache_path=gold_path, evaluator=evaluator, merges_per_call=0,
+                   bench_metric="gold_logprob").evaluate([0.25, 0.75])
+    with pytest.raises(ConfigError, match="as gold_logprob, but this evaluator scores them as accuracy"):
+        MergeEvaluator(merge_set, settings, cache_path=gold_path, evaluator=evaluator)
+    # Held-out losses alone do not depend on the metric: one cache serves both.
+    losses_only = dataclasses.replace(settings, tasks=())
+    assert (MergeEvaluator(merge_set, losses_only, bench_metric="gold_logprob")._context_id
+            == MergeEvaluator(merge_set, losses_only)._context_id)
+    with pytest.raises(SearchError, match="bench_metric='bpb' is unknown; allowed: accuracy, gold_logprob"):
+        MergeEvaluator(merge_set, settings, evaluator=evaluator, bench_metric="bpb")
 
 
 def test_merge_and_evaluate_seconds(merge_set, settings, evaluator):

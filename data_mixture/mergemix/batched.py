@@ -36,13 +36,17 @@ Multiple choice with each context run once
     continuations are padded to buckets of 8, 12, 16, 24, 32, ... tokens (few compiles), in chunks
     of ``settings.batch_size`` contexts with the contexts of all tasks sorted by length (full
     chunks). Per item that is ``context + sum(choice)`` tokens instead of ``choices x (context +
-    choice)`` padded. The accuracy is then computed from the log-likelihoods as
-    :mod:`moejax.eval.harness` does (items grouped by number of choices,
-    :func:`~moejax.eval.harness.multiple_choice_metrics`).
+    choice)`` padded. The task's score (``bench_metric``: the accuracy, or the mean log-probability
+    of the gold choice) is then computed from the log-likelihoods as :mod:`moejax.eval.harness`
+    does (items grouped by number of choices, :func:`~moejax.eval.harness.multiple_choice_metrics`).
 
 Exact match
-    Greedy decoding stays ``moejax.eval``'s (:func:`~moejax.eval.harness.score_exact_match`, the
-    evaluator's ``Generator``), merge by merge: the same predictions, no speed-up.
+    Scored by exact match (``bench_metric="accuracy"``), greedy decoding stays ``moejax.eval``'s
+    (:func:`~moejax.eval.harness.score_exact_match`, the evaluator's ``Generator``), merge by merge:
+    the same predictions, no speed-up. Scored by ``gold_logprob``, an exact-match task is the
+    answer's log-probability after its prompt by teacher forcing, as ``moejax.eval`` computes it
+    (:func:`~moejax.eval.harness.answers_as_choices`): its items join the multiple-choice chunks as
+    one-choice items, and nothing is decoded.
 
 Same numbers, up to float rounding. The losses and log-likelihoods come from other programs than
 ``moejax.eval``'s (another grouping of rows, the cache forward's attention), so they agree to
@@ -65,16 +69,26 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from moejax.eval.evaluate import Evaluator, benchmark_score
-from moejax.eval.harness import choice_rows, multiple_choice_metrics, score_exact_match
+from moejax.eval.harness import answers_as_choices, choice_rows, multiple_choice_metrics, score_exact_match
 from moejax.eval.restore import Checkpoint
 from moejax.eval.tasks import EXACT_MATCH, Task
 from moejax.model.decode import KVCache, init_cache
 from moejax.model.transformer import DTYPES
 
 from data_mixture.mergemix.arithmetic import ROUTERS, merge_params, set_slot, stacked_sharding
+from data_mixture.mergemix.objective import check_bench_metric
 
 ROW_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
 MERGES_PER_CALL = 8  # C: merges merged and scored per compiled call (memory: C copies of the parameters)
+
+
+def bench_score(result: dict[str, Any], bench_metric: str) -> float:
+    """A task's ``bench:<task>`` from its ``moejax.eval`` result under ``bench_metric``; NaN if no item
+    was scored."""
+    if check_bench_metric(bench_metric) == "accuracy":
+        return benchmark_score(result)
+    value = result.get("gold_logprob")
+    return float("nan") if value is None else float(value)
 
 
 def width_bucket(n: int) -> int:
@@ -203,9 +217,10 @@ def _chunk(group, batch_size: int, per_chunk: int) -> tuple[dict[str, np.ndarray
     return out, keys
 
 
-def choice_accuracy(task: Task, loglik: dict[tuple[int, int], float]) -> float:
-    """The task's accuracy from its choices' log-likelihoods, as
-    :func:`moejax.eval.harness.score_multiple_choice` computes it (NaN if no item was scored)."""
+def choice_score(task: Task, loglik: dict[tuple[int, int], float], metric: str = "accuracy") -> float:
+    """The task's ``metric`` (a key of :func:`~moejax.eval.harness.multiple_choice_metrics` that does
+    not read token or byte counts: ``accuracy``, ``gold_logprob``) from its choices' log-likelihoods,
+    as :func:`moejax.eval.harness.score_multiple_choice` computes it (NaN if no item was scored)."""
     scored = sorted({i for i, _ in loglik})
     if not scored:
         return float("nan")
@@ -215,7 +230,7 @@ def choice_accuracy(task: Task, loglik: dict[tuple[int, int], float]) -> float:
         loglik_nc = np.array([[loglik[i, c] for c in range(num_choices)] for i in index])
         ones_nc = np.ones_like(loglik_nc)  # per-token and per-byte variants are not read here
         gold_n = np.array([task.items[i]["gold"] for i in index])
-        results.append(multiple_choice_metrics(loglik_nc, ones_nc, ones_nc, gold_n)["accuracy"])
+        results.append(multiple_choice_metrics(loglik_nc, ones_nc, ones_nc, gold_n)[metric])
         weights.append(len(index))
     return float(np.average(results, weights=weights))
 
@@ -227,13 +242,16 @@ class BatchedScorer:
     """Flat metrics of up to ``capacity`` merges of ``merge_set`` per compiled call (module docstring).
 
     ``evaluator``: a ``moejax.eval`` :class:`Evaluator` of the base run; its tasks, held-out batches
-    and settings are what is scored (and its generator decodes exact-match tasks).
+    and settings are what is scored (and its generator decodes exact-match tasks scored by
+    accuracy). ``bench_metric``: what ``bench:<task>`` is, one of :data:`.objective.BENCH_METRICS`.
     """
 
-    def __init__(self, merge_set, evaluator: Evaluator, capacity: int = MERGES_PER_CALL):
+    def __init__(self, merge_set, evaluator: Evaluator, capacity: int = MERGES_PER_CALL,
+                 bench_metric: str = "accuracy"):
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: at least one merge per call")
         self.merge_set, self.evaluator, self.capacity = merge_set, evaluator, int(capacity)
+        self.bench_metric = check_bench_metric(bench_metric)
         erun, s = merge_set.erun, evaluator.settings
         run = erun.run
         self.mesh = run.mesh
@@ -261,6 +279,9 @@ class BatchedScorer:
                         for domain, batches in evaluator.eval_batches.items() for batch in batches]
         self.choice_tasks = [t for t in evaluator.tasks if t.kind != EXACT_MATCH]
         self.exact_tasks = [t for t in evaluator.tasks if t.kind == EXACT_MATCH]
+        if self.bench_metric == "gold_logprob":  # the answers by teacher forcing, with the choices
+            self.choice_tasks += [answers_as_choices(t) for t in self.exact_tasks]
+            self.exact_tasks = []
         plan = plan_choices(self.choice_tasks, erun.tokenizer, max_len=s.max_len, batch_size=s.batch_size)
         self.choice_chunks = [(self._put(arrays), keys) for arrays, keys in plan.chunks]
         self.choice_tokens = plan.tokens
@@ -298,10 +319,11 @@ class BatchedScorer:
         slots of ``stack_c``, as :func:`.merge.flat_metrics` gives them for one merge."""
         out = self.losses(stack_c, count)
         for m, loglik in enumerate(self.choice_logliks(stack_c, count)):
-            out[m].update({f"bench:{t.name}": choice_accuracy(t, loglik[t.name]) for t in self.choice_tasks})
+            out[m].update({f"bench:{t.name}": choice_score(t, loglik[t.name], self.bench_metric)
+                           for t in self.choice_tasks})
             out[m]["eval_tokens"] = float(sum(real for *_, real in self.heldout) + self.choice_tokens)
         s, balance = self.evaluator.settings, self.merge_set.base.balance
-        for task in self.exact_tasks:  # moejax.eval's greedy decoding, merge by merge
+        for task in self.exact_tasks:  # scored by exact match: moejax.eval's greedy decoding, merge by merge
             for m in range(count):
                 ckpt = Checkpoint(self.merge_set.base.step, jax.tree.map(lambda x: x[m], stack_c), balance)
                 result, tokens = score_exact_match(self.evaluator.generator, ckpt, task, self.merge_set.erun.tokenizer,
@@ -337,8 +359,9 @@ class BatchedScorer:
 
 
 @functools.lru_cache(maxsize=1)
-def shared_scorer(merge_set, evaluator: Evaluator, capacity: int = MERGES_PER_CALL) -> BatchedScorer:
-    """The :class:`BatchedScorer` of (merge set, evaluator, capacity), built on first use: the merge
-    evaluators of the same merges share its compiled functions. Only the latest is kept, so an
-    earlier merge set's device memory is freed once another one is scored."""
-    return BatchedScorer(merge_set, evaluator, capacity)
+def shared_scorer(merge_set, evaluator: Evaluator, capacity: int = MERGES_PER_CALL,
+                  bench_metric: str = "accuracy") -> BatchedScorer:
+    """The :class:`BatchedScorer` of (merge set, evaluator, capacity, bench metric), built on first
+    use: the merge evaluators of the same merges share its compiled functions. Only the latest is
+    kept, so an earlier merge set's device memory is freed once another one is scored."""
+    return BatchedScorer(merge_set, evaluator, capacity, bench_metric)

@@ -31,8 +31,9 @@ that only choose how the same function is executed or trained, :data:`EXECUTION_
 parameter tree and shapes; the error names every differing key and parameter of every expert.
 
 Evaluation. :class:`MergeEvaluator` evaluates merges under one set of :class:`Settings` and
-returns flat metrics ``loss:<domain>`` (held-out loss, nats/token), ``bench:<task>`` (the task's
-headline score, :func:`moejax.eval.evaluate.benchmark_score`), ``eval_tokens`` and ``seconds``
+returns flat metrics ``loss:<domain>`` (held-out loss, nats/token), ``bench:<task>`` (by default the
+task's headline score, :func:`moejax.eval.evaluate.benchmark_score`; with ``bench_metric="gold_logprob"``
+the mean log-probability of the gold answer, :data:`.objective.BENCH_METRICS`), ``eval_tokens`` and ``seconds``
 (merge + evaluation wall time of the computation that produced the entry; a merge scored with
 others gets its share). By default (``merges_per_call`` >= 1) several merges are merged and scored
 per compiled call by :mod:`.batched`, which computes the same numbers with fewer tokens (equal up
@@ -46,6 +47,8 @@ JSONL file, one line per evaluation, so the same key is never computed twice, al
 processes; each line records the merge set and settings it belongs to, and a file written for
 another merge set or other settings is refused. The two ways of scoring share one cache file (the
 same context): their entries agree up to float rounding, and a file written by either serves both.
+The benchmark metric is part of the context (when benchmarks are scored and it is not the default
+accuracy, so accuracy caches keep their identity): a file of the other metric is refused, never mixed.
 """
 
 from __future__ import annotations
@@ -67,12 +70,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from moejax.errors import ConfigError
 from moejax.errors import DataError
 from moejax.data.tokenizer import check_tokenizer_matches
-from moejax.eval.evaluate import Evaluator, Settings, benchmark_score
+from moejax.eval.evaluate import Evaluator, Settings
 from moejax.eval.restore import Checkpoint, EvalRun, open_run
 from moejax.train.checkpoint import CheckpointMismatch, describe_mismatch, flat_shapes
 
 from data_mixture.mergemix.arithmetic import ROUTERS, merge_params, set_slot, stacked_sharding
-from data_mixture.mergemix.batched import MERGES_PER_CALL, BatchedScorer, shared_scorer
+from data_mixture.mergemix.batched import MERGES_PER_CALL, BatchedScorer, bench_score, shared_scorer
+from data_mixture.mergemix.objective import check_bench_metric
 
 # model.* keys that choose how the same parameters are executed or trained, not what they compute
 # at evaluation time (dispatch backend and its tuning, training losses, initialisation); experts may
@@ -321,11 +325,12 @@ class MergeSet:
         }
 
 
-def flat_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """``loss:<domain>`` and ``bench:<task>`` from an Evaluator result (a step_N.json dict), and
-    ``eval_tokens``: the tokens the evaluation ran (for FLOP accounting)."""
+def flat_metrics(result: dict[str, Any], bench_metric: str = "accuracy") -> dict[str, float]:
+    """``loss:<domain>`` and ``bench:<task>`` (the task's ``bench_metric``, :data:`.objective.BENCH_METRICS`)
+    from an Evaluator result (a step_N.json dict), and ``eval_tokens``: the tokens the evaluation
+    ran (for FLOP accounting)."""
     out = {f"loss:{d}": float(v["loss"]) for d, v in result["losses"]["domains"].items()}
-    out.update({f"bench:{t}": benchmark_score(b) for t, b in result["benchmarks"].items()})
+    out.update({f"bench:{t}": bench_score(b, bench_metric) for t, b in result["benchmarks"].items()})
     out["eval_tokens"] = float(result["throughput"]["total"]["tokens"])
     return out
 
@@ -340,12 +345,15 @@ class MergeEvaluator:
     as ``python -m moejax.eval`` scores a saved checkpoint (the reference the batched scores equal
     up to float rounding, :mod:`.batched`). ``cache_path``: a JSONL file read at start (entries of
     this merge set and settings, whichever way they were scored) and appended to after each new
-    evaluation. Counters: ``merges_evaluated`` (computed here), ``cache_hits`` (answered from the
-    cache, file entries included).
+    evaluation. ``bench_metric``: what ``bench:<task>`` is (:data:`.objective.BENCH_METRICS`; higher is
+    better either way): ``"accuracy"`` (default) or ``"gold_logprob"``, computed from the same
+    log-likelihoods by both ways of scoring. Counters: ``merges_evaluated`` (computed here),
+    ``cache_hits`` (answered from the cache, file entries included).
     """
 
     def __init__(self, merge_set: MergeSet, settings: Settings, *, cache_path: str | None = None,
-                 evaluator: Evaluator | None = None, progress: bool = False, merges_per_call: int = MERGES_PER_CALL):
+                 evaluator: Evaluator | None = None, progress: bool = False, merges_per_call: int = MERGES_PER_CALL,
+                 bench_metric: str = "accuracy"):
         self.merge_set, self.settings, self.cache_path = merge_set, settings, cache_path
         if evaluator is not None and (evaluator.erun is not merge_set.erun or evaluator.settings != settings):
             raise ConfigError("evaluator= must be an Evaluator of merge_set.erun with the same settings")
@@ -353,10 +361,13 @@ class MergeEvaluator:
             raise ConfigError(f"merges_per_call={merges_per_call!r}: a number of merges >= 1, or 0 for one at a time")
         self.evaluator = evaluator or Evaluator(merge_set.erun, settings, progress=progress)
         self.merges_per_call = merges_per_call
+        self.bench_metric = check_bench_metric(bench_metric)
         self.merges_evaluated, self.cache_hits = 0, 0
         self.context = json.loads(json.dumps({  # as a file holds it (tuples as lists)
             "merge_set": merge_set.fingerprint(), "settings": dataclasses.asdict(settings),
             "domains": list(merge_set.domains),
+            # the default (accuracy) and a losses-only evaluation leave it out: their files keep their ids
+            **({"bench_metric": bench_metric} if bench_metric != "accuracy" and settings.tasks else {}),
         }))
         self._context_id = hashlib.sha256(json.dumps(self.context, sort_keys=True).encode()).hexdigest()[:16]
         self._cache: dict[tuple, dict[str, float]] = {}
@@ -367,8 +378,9 @@ class MergeEvaluator:
     @property
     def scorer(self) -> BatchedScorer:
         """The batched scorer (built on first use and shared by the MergeEvaluators of one merge set,
-        Evaluator and ``merges_per_call``, so they compile once; needs ``merges_per_call`` >= 1)."""
-        return shared_scorer(self.merge_set, self.evaluator, self.merges_per_call)
+        Evaluator, ``merges_per_call`` and ``bench_metric``, so they compile once; needs
+        ``merges_per_call`` >= 1)."""
+        return shared_scorer(self.merge_set, self.evaluator, self.merges_per_call, self.bench_metric)
 
     def key(self, alpha: Sequence[float] | np.ndarray, router: str = "linear", key_extra: str = "") -> tuple:
         """The cache key: (alpha rounded to 1e-9, router, key_extra)."""
@@ -432,7 +444,7 @@ class MergeEvaluator:
     def _reference(self, params: Any) -> dict[str, float]:
         """One merge scored by the moejax.eval Evaluator (``merges_per_call=0``)."""
         return flat_metrics(self.evaluator.evaluate(Checkpoint(self.merge_set.base.step, params,
-                                                               self.merge_set.base.balance)))
+                                                               self.merge_set.base.balance)), self.bench_metric)
 
     def _check_router(self, router: str) -> None:
         if router not in ROUTERS:
@@ -485,11 +497,19 @@ class MergeEvaluator:
                     if context_id != self._context_id:
                         saved = _flat_config(line.get("context", {}), "")
                         mine = _flat_config(self.context, "")
-                        differs = [f"{k}: file {saved.get(k)!r} vs this evaluator {mine.get(k)!r}"
-                                   for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+                        differs = [k for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+                        if differs == ["bench_metric"]:
+                            theirs = saved.get("bench_metric") or "accuracy"
+                            raise ConfigError(
+                                f"merge cache {path} line {number} holds benchmark scores (bench:<task>) as "
+                                f"{theirs}, but this evaluator scores them as {self.bench_metric} (bench_metric, "
+                                "--bench-metric); one cache never mixes the two. Pass another cache path "
+                                f"(--cache, or another --out) for {self.bench_metric}, or --bench-metric {theirs} "
+                                "to reuse this one.")
+                        described = [f"{k}: file {saved.get(k)!r} vs this evaluator {mine.get(k)!r}" for k in differs]
                         raise ConfigError(
                             f"merge cache {path} line {number} was written for another merge set or settings ("
-                            + ("; ".join(differs[:10]) or "another context id") + "). Pass another cache path."
+                            + ("; ".join(described[:10]) or "another context id") + "). Pass another cache path."
                         )
                     self._cache[self.key(alpha, router, extra)] = metrics
                 offset += len(raw)

@@ -1,7 +1,8 @@
 """The objective of the MergeMix alpha search (:class:`Objective`): one score per evaluation.
 
-A weighted mean of *terms*: benchmark scores ``bench:<task>`` count positively, held-out losses
-``loss:<domain>`` negatively. Default (no weights given): the macro-average over every
+A weighted mean of *terms*: benchmark scores ``bench:<task>`` count positively (the evaluator's
+``bench_metric``, :data:`BENCH_METRICS`: accuracies or mean gold log-probabilities, higher is better
+for both), held-out losses ``loss:<domain>`` negatively. Default (no weights given): the macro-average over every
 ``bench:*`` key the evaluator returns, as in the paper. Each term is normalised before
 averaging (``normalise=``):
 
@@ -35,11 +36,28 @@ from typing import Any
 import numpy as np
 from moejax.errors import UserError
 
+from data_mixture.collect import BENCH_METRICS
+
 NORMALISATIONS = ("seed_z", "seed_minmax", "none")
+# BENCH_METRICS (the runs table's bench: columns take the same choice): what a merge's bench:<task> is
+# (the evaluator's choice, merge.MergeEvaluator; higher is better for both): "accuracy", the task's
+# headline score (accuracy for multiple choice, exact match for generation,
+# moejax.eval.evaluate.benchmark_score), or "gold_logprob", the mean over items of the gold answer's
+# log-probability (nats, moejax.eval's continuous score; for generation tasks the answer's by
+# teacher forcing), computed from the same log-likelihoods as the accuracy, so no extra forward.
 
 
 class SearchError(UserError):
     """A bad search input (budget, domains, objective weights, metrics); names the value and what is allowed."""
+
+
+def check_bench_metric(bench_metric: str) -> str:
+    """``bench_metric`` if it is one of :data:`BENCH_METRICS`, else a SearchError naming the choices."""
+    if bench_metric not in BENCH_METRICS:
+        raise SearchError(f"bench_metric={bench_metric!r} is unknown; allowed: {', '.join(BENCH_METRICS)} "
+                          "(accuracy: each task's accuracy or exact match; gold_logprob: the mean log-probability "
+                          "of the gold answer, a continuous score).")
+    return bench_metric
 
 
 def _term_key(name: str, kind: str, arg: str) -> str:

@@ -10,7 +10,8 @@ already holds something other than a mergemix output is refused, before any trai
    the base, merged on device; every evaluation cached in ``OUT/cache.jsonl`` (a rerun never
    recomputes one).
 3. **search** (:mod:`.search`) of the objective (default: the macro-average of normalised
-   benchmark scores; with only ``loss_weights`` the benchmarks are not run at all, so a merge
+   benchmark scores, each the task's accuracy or, with ``bench_metric="gold_logprob"``, its mean
+   gold log-probability; with only ``loss_weights`` the benchmarks are not run at all, so a merge
    costs only its held-out losses): ``mergemix`` (the paper's seed design -> per-task regressors ->
    fine simplex search -> verification merges), ``cmaes`` (direct search), or ``both`` (same
    budget each, compared per merge evaluated); the router treatment of every merge is ``router``
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from data_mixture.mergemix.experts import MergeMixError
+from data_mixture.mergemix.objective import BENCH_METRICS
 from data_mixture.user_files import check_resumable_dir
 
 
@@ -55,6 +57,7 @@ class Options:
     task_weights: dict[str, float] | None = None
     min_weight: dict[str, float] = dataclasses.field(default_factory=dict)  # per-domain floors of alpha
     loss_weights: dict[str, float] | None = None
+    bench_metric: str = "accuracy"  # what bench:<task> is: accuracy | gold_logprob (objective.BENCH_METRICS)
     seed: int = 0
     backend: str = "local"
     parallel: int = 1
@@ -80,6 +83,10 @@ def check_options(o: Options) -> None:
     modules check theirs)."""
     if o.router not in ROUTERS:
         raise MergeMixError(f"--router {o.router!r} is unknown; allowed: {', '.join(ROUTERS)}")
+    if o.bench_metric not in BENCH_METRICS:
+        raise MergeMixError(f"--bench-metric {o.bench_metric!r} is unknown; allowed: {', '.join(BENCH_METRICS)} "
+                            "(accuracy: each task's accuracy or exact match; gold_logprob: the mean "
+                            "log-probability of the gold answer, a continuous score)")
     if o.search not in SEARCHES:
         raise MergeMixError(f"--search {o.search!r} is unknown; allowed: {', '.join(SEARCHES)}")
     if o.expert_fraction not in o.fractions:
@@ -155,9 +162,10 @@ class Floored:
 
 def open_merge(base: str, step: int | None, experts_dir: str, domains, fraction: float, *, max_items: int,
                loss_batches: int, cache_path: str | None = None, tasks: list[str] | None = None,
-               merges_per_call: int = 8):
+               merges_per_call: int = 8, bench_metric: str = "accuracy"):
     """(merge set, cached evaluator) of the experts' checkpoint at ``fraction`` of their budget;
-    ``tasks``: the benchmarks evaluated (default: the base run's built-in ones; [] for losses only)."""
+    ``tasks``: the benchmarks evaluated (default: the base run's built-in ones; [] for losses only);
+    ``bench_metric``: what each ``bench:<task>`` is (:data:`.objective.BENCH_METRICS`)."""
     from data_mixture.mergemix import experts as experts_lib
     from data_mixture.mergemix.merge import MergeEvaluator, MergeSet
     from moejax.eval.evaluate import make_settings
@@ -166,7 +174,8 @@ def open_merge(base: str, step: int | None, experts_dir: str, domains, fraction:
     steps = {e["domain"]: fraction_step(e, fraction) for e in plan["runs"]}
     merge_set = MergeSet.open(base, step, {d: (experts_lib.expert_dir(experts_dir, d), steps[d]) for d in domains})
     settings = make_settings(merge_set.erun, tasks=tasks, max_items=max_items, loss_batches=loss_batches)
-    return merge_set, MergeEvaluator(merge_set, settings, cache_path=cache_path, merges_per_call=merges_per_call)
+    return merge_set, MergeEvaluator(merge_set, settings, cache_path=cache_path, merges_per_call=merges_per_call,
+                                     bench_metric=bench_metric)
 
 
 def fraction_step(entry: dict[str, Any], fraction: float) -> int:
@@ -202,7 +211,7 @@ def run(o: Options) -> dict[str, Any]:
                                       max_items=o.max_items, loss_batches=o.loss_batches,
                                       cache_path=o.cache or str(out / "cache.jsonl"),
                                       tasks=[] if o.loss_weights and not o.task_weights else None,
-                                      merges_per_call=o.merges_per_call)
+                                      merges_per_call=o.merges_per_call, bench_metric=o.bench_metric)
     calib = (calibration_batches(merge_set.erun, list(o.domains), batches_per_domain=o.calib_batches)
              if o.router == "harc" else None)
     proxy = MergeProxy(merge_set, evaluator, o.router, calib_batches=calib, damping=o.damping)
@@ -230,7 +239,7 @@ def run(o: Options) -> dict[str, Any]:
     alpha_k = lo_k + free * best.best_alpha
     mixture = {d: float(a) for d, a in zip(o.domains, alpha_k)}
     write_mixture({"weights": mixture, "method": f"mergemix:{best_method}", "router": o.router,
-                   "objective": best.objective.to_dict(), "score": best.best_score, "metrics": best.best_metrics,
+                   "objective": best.objective.to_dict(), "bench_metric": o.bench_metric, "score": best.best_score, "metrics": best.best_metrics,
                    "base": os.path.abspath(o.base), "base_step": base_step, "expert_fraction": o.expert_fraction,
                    "min_weight": dict(zip(o.domains, lo_k.tolist()))}, out / "mixture.json")
     erun = merge_set.erun

@@ -148,6 +148,12 @@ def sizes() -> dict[str, dict[str, float]]:
     return preset_sizes(PRESETS)
 
 
+def tpp_of(a: dict, preset: str) -> float:
+    """Tokens per active parameter of ``preset`` in the setting ``a`` (``tokens_per_param_at``
+    overrides the study's budget for named sizes)."""
+    return float(a.get("tokens_per_param_at", {}).get(preset, a["tokens_per_param"]))
+
+
 def tokens_of(preset: str, tokens_per_param: float) -> tuple[int, float]:
     """(steps, tokens) of a from-scratch run of ``preset`` at ``tokens_per_param``."""
     steps = max(2, int(tokens_per_param * sizes()[preset]["params_active"] // (BATCH * SEQ_LEN)))
@@ -184,7 +190,7 @@ def pilot_plan(attempt: int) -> dict:
     fixed = a.get("fixed_pool", False)
     runs = []
     for preset in a["sizes"]:
-        steps, _ = tokens_of(preset, a["tokens_per_param"])
+        steps, _ = tokens_of(preset, tpp_of(a, preset))
         for name, w in a["mixtures"].items():
             for seed in a["seeds"]:
                 run = scratch_run(f"{preset}_{name}_s{seed}", preset, steps, seed, dict(zip(DOMAINS, map(float, w))))
@@ -192,7 +198,7 @@ def pilot_plan(attempt: int) -> dict:
                             else proxy_pools(run, a["target_unique"], target_tokens, SEQ_LEN))
     share = {name: w[DOMAINS.index(SCARCE)] for name, w in a["mixtures"].items()}
     epochs = {name: {SCARCE: share[name] * target_tokens / a["target_unique"][SCARCE]} for name in share}
-    by_size = {"epochs_by_size": {p: {name: share[name] * tokens_of(p, a["tokens_per_param"])[1]
+    by_size = {"epochs_by_size": {p: {name: share[name] * tokens_of(p, tpp_of(a, p))[1]
                                       / a["target_unique"][SCARCE] for name in share} for p in a["sizes"]}} if fixed else {}
     return {
         "version": 1, "study": "headroom", "attempt": attempt, "setting": "from scratch",
@@ -299,6 +305,46 @@ def sweep(plan: Path, root: Path, parallel: int) -> None:
     dm("sweep", "--plan", str(plan), "--root", str(root), "--parallel", str(parallel), "--eval-args", EVAL_ARGS)
 
 
+def sweep_in_chunks(plan_path: Path, root: Path, out: Path, name: str, parallel: int, chunk: int) -> Path:
+    """``sweep`` of the plan ``chunk`` runs at a time, each chunk's runs table kept as
+    ``out/<name>/<k>.csv`` (commit them as they land: a later session, on another machine, skips
+    every chunk whose table exists) with its part of the sweep's log as ``<k>.log``; returns
+    ``out/<name>_runs.csv``, all chunks' rows."""
+    import csv
+
+    plan = json.loads(plan_path.read_text())
+    parts_dir = out / name
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for k in range(0, len(plan["runs"]), chunk):
+        part = parts_dir / f"{k // chunk:02d}.csv"
+        if not part.exists():
+            sub = root / "chunks" / f"{name}_{k // chunk:02d}.json"
+            sub.parent.mkdir(parents=True, exist_ok=True)
+            sub.write_text(json.dumps({**plan, "runs": plan["runs"][k:k + chunk]}, indent=1))
+            log = root / name / "sweep.log"
+            start = log.stat().st_size if log.exists() else 0
+            sweep(sub, root / name, parallel)
+            shutil.copyfile(root / name / "runs.csv", part)
+            with log.open("rb") as f:  # this chunk's part of the sweep's log
+                f.seek(start)
+                part.with_suffix(".log").write_bytes(f.read())
+            print(f"{name}: chunk {k // chunk} done ({part}); commit it", flush=True)
+        parts.append(part)
+    rows, fields = [], []
+    for part in parts:
+        with part.open(newline="") as f:
+            reader = csv.DictReader(f)
+            fields += [c for c in reader.fieldnames or () if c not in fields]
+            rows += list(reader)
+    merged = out / f"{name}_runs.csv"
+    with merged.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return merged
+
+
 def attempt_dir(out: Path, attempt: int) -> Path:
     return out / "pilot" / f"attempt{attempt}"
 
@@ -346,6 +392,9 @@ REP_LAW = "camel+repfit"  # the repetition-aware law whose optimum is a candidat
 SIZE_COLUMN = "params_active"
 FIT_BOOTSTRAP = 20
 TARGET_SEEDS = (0, 1, 2)
+LADDER_CHUNK, TARGET_CHUNK = 4, 2  # runs per committed chunk (2 at a time: 2 rounds of s1b, 1 of s2)
+
+
 def decision_rule(target: str) -> str:
     return (f"mixture X beats mixture Y at the target when the mean of X's {metric_name(target)} at the final "
             "checkpoint over the 3 seeds is lower and the 95% t-interval of the paired difference X - Y (paired by "
@@ -370,7 +419,7 @@ def passed_attempt(out: Path, attempt: int) -> dict:
 
 def target_point(a: dict) -> tuple[float, float]:
     """(active parameters, tokens) of a target run in the setting ``a``."""
-    return sizes()[TARGET]["params_active"], tokens_of(TARGET, a["tokens_per_param"])[1]
+    return sizes()[TARGET]["params_active"], tokens_of(TARGET, tpp_of(a, TARGET))[1]
 
 
 def ladder_plan(a: dict) -> dict:
@@ -380,7 +429,7 @@ def ladder_plan(a: dict) -> dict:
 
     n = {p: sizes()[p]["params_active"] for p in PRESETS}
     tpp = a["tokens_per_param"]
-    per_mixture = sum(6 * n[p] * tpp * n[p] * (LADDER_SEEDS if p == PROXIES[-1] else 1) for p in PROXIES)
+    per_mixture = sum(6 * n[p] * tpp_of(a, p) * n[p] * (LADDER_SEEDS if p == PROXIES[-1] else 1) for p in PROXIES)
     size, tokens = target_point(a)
     spec = PlanSpec(budget_flops=per_mixture * (MIXTURES + 0.5), target_size=size, target_tokens=tokens,
                     presets=PRESETS, law="camel", domains=",".join(DOMAINS), tokens_per_param=(tpp,),
@@ -390,9 +439,21 @@ def ladder_plan(a: dict) -> dict:
     plan = make_plan(spec)
     if plan["chosen"]["runs_per_size"] != MIXTURES or plan["chosen"]["sizes"] != list(PROXIES):
         raise SystemExit(f"the planner chose {plan['chosen']}, not {MIXTURES} mixtures at {list(PROXIES)}")
+    longer = a.get("tokens_per_param_at", {})
+    if longer and not a.get("fixed_pool"):
+        raise SystemExit("tokens_per_param_at needs fixed_pool: a matched pool is scaled to the run's tokens")
+    for i, run in enumerate(plan["runs"]):  # sizes trained longer than the study's budget (the planner sees one)
+        if run["preset"] in longer:
+            plan["runs"][i] = {**scratch_run(run["name"], run["preset"], tokens_of(run["preset"], longer[run["preset"]])[0],
+                                             run["seed"], run["mixture"]),
+                               **{k: run[k] for k in ("unique_tokens",) if k in run}}
+            plan["runs"][i]["overrides"].update({k: v for k, v in run["overrides"].items() if k == "data.unique_tokens"})
+    plan["total_flops"] = float(sum(r["flops"] for r in plan["runs"]))
     plan["target"]["set"] = a.get("target", TARGET_SET)
+    plan["gate_attempt"] = next(k for k, v in ATTEMPTS.items() if v is a)
     plan["decision_rule"] = decision_rule(plan["target"]["set"])
-    plan["notes"] = (f"Ladder of the headroom study, from scratch at {tpp:g} tokens per active parameter: proxies "
+    plan["notes"] = (f"Ladder of the headroom study, from scratch at {tpp:g} tokens per active parameter"
+                     + "".join(f" ({p} at {t:g})" for p, t in longer.items()) + ": proxies "
                      f"{', '.join(PROXIES)}, target {TARGET} ({n[TARGET] / n[PROXIES[0]]:.1f}x the smallest); "
                      f"{MIXTURES} space-filling mixtures, {LADDER_SEEDS} seeds at {PROXIES[-1]}; "
                      + (f"every run trains on the same {SCARCE} pool as the target (a larger run repeats it more)."
@@ -407,9 +468,8 @@ def stage_ladder(out: Path, root: Path, parallel: int, attempt: int) -> None:
         path.write_text(json.dumps(ladder_plan(a), indent=1))
         print(f"ladder: wrote {path}")
     if not (out / "runs.csv").exists():
-        sweep(path, root / "ladder", parallel)
-        shutil.copyfile(root / "ladder" / "runs.csv", out / "runs.csv")
-        shutil.copyfile(root / "ladder" / "sweep.log", out / "sweep_ladder.log")
+        merged = sweep_in_chunks(path, root, out, "ladder", parallel, LADDER_CHUNK)
+        shutil.move(merged, out / "runs.csv")
 
 
 def stage_fit(out: Path, root: Path, parallel: int, attempt: int) -> None:
@@ -432,6 +492,143 @@ def stage_fit(out: Path, root: Path, parallel: int, attempt: int) -> None:
         if not opt.exists():
             dm("optimize", "--fit", str(fit), "--size", repr(size), "--tokens", repr(tokens), "--unique-tokens", *pools,
                "--out", str(opt))
+
+
+# ---- MergeMix from scratch: experts continued from a uniform base at the largest proxy ----
+
+MERGE_SHARE = 0.1  # experts train for 10% of the base's tokens (docs/mergemix.md: the recommended budget)
+
+
+def mergemix_base(out: Path, root: Path, parallel: int, attempt: int) -> tuple[Path, dict]:
+    """The shared base: the gate's ``<largest proxy>_uniform_s0`` run (from scratch, the study's
+    budget and pool), reused from the gate's run directory when it is there, else trained."""
+    plan = json.loads((attempt_dir(out, attempt) / "plan.json").read_text())
+    run = next(r for r in plan["runs"] if r["name"] == f"{PROXIES[-1]}_uniform_s0")
+    sub = root / "chunks" / "mergemix_base.json"
+    sub.parent.mkdir(parents=True, exist_ok=True)
+    sub.write_text(json.dumps({**plan, "runs": [run]}, indent=1))
+    sweep(sub, root / f"pilot{attempt}", parallel)
+    return root / f"pilot{attempt}" / run["name"], run
+
+
+def mergemix_objectives(target: str) -> dict[str, list[str]]:
+    """The searches' objectives as ``mergemix`` flags: the target's held-out losses, and the
+    benchmarks' continuous score (the gold answer's log-probability, macro over tasks)."""
+    from data_mixture.target import parse_target
+
+    losses = parse_target(target).loss_domains()
+    return {"loss": ["--loss-weights", ",".join(f"{d}={w:g}" for d, w in losses.items())],
+            "benchmark": ["--bench-metric", "gold_logprob"]}
+
+
+def target_score(metrics: dict[str, float], target: str) -> float:
+    """The target (lower is better) from a merge's ``loss:<domain>`` metrics."""
+    from data_mixture.target import parse_target
+
+    return float(sum(w * metrics[f"loss:{d}"] for d, w in parse_target(target).loss_domains().items()))
+
+
+def stage_mergemix(out: Path, root: Path, parallel: int, attempt: int) -> None:
+    """MergeMix's two searches (``mergemix/search_<objective>/``) and its ranking of the ladder's
+    mixtures at the largest proxy against the trivial rankers (``mergemix/rank.json``)."""
+    from experiments.studies.do_laws_pick_midtrain_mixtures import (MERGE_LOSS_BATCHES, MERGE_MAX_ITEMS,
+                                                                    SEARCH_BUDGET, SEARCH_SEEDS)
+
+    a = passed_attempt(out, attempt)
+    target = a.get("target", TARGET_SET)
+    base, run = mergemix_base(out, root, parallel, attempt)
+    expert_tokens = MERGE_SHARE * run["tokens"]
+    (out / "mergemix").mkdir(exist_ok=True)
+    for name, extra in mergemix_objectives(target).items():
+        dest = out / "mergemix" / f"search_{name}"
+        if not (dest / "summary.json").exists():
+            dm("mergemix", "--base", str(base), "--domains", ",".join(DOMAINS), "--expert-tokens", repr(expert_tokens),
+               "--fractions", "1", "--experts-dir", str(root / "experts"), "--search", "mergemix",
+               "--budget", str(SEARCH_BUDGET), "--seeds", str(SEARCH_SEEDS), "--max-items", str(MERGE_MAX_ITEMS),
+               "--loss-batches", str(MERGE_LOSS_BATCHES), "--cache", str(root / f"cache_search_{name}.jsonl"),
+               "--out", str(dest), "--no-progress", *extra)
+    experts_log = root / "experts" / "sweep.log"
+    if experts_log.exists() and not (out / "mergemix" / "sweep_experts.log").exists():
+        shutil.copyfile(experts_log, out / "mergemix" / "sweep_experts.log")
+    path = out / "mergemix" / "rank.json"
+    if not path.exists():
+        path.write_text(json.dumps(mergemix_rank(out, root, base, target), indent=1, default=float))
+
+
+def mergemix_rank(out: Path, root: Path, base: Path, target: str) -> dict:
+    """The merges of the ladder's mixtures at the largest proxy (linear router, held-out losses)
+    ranked against those mixtures' runs there, beside the rankers that need no experts."""
+    from data_mixture.baselines import uniform_score
+    from data_mixture.mergemix.pipeline import MergeProxy, open_merge
+    from data_mixture.mergemix.rank import spearman
+    from data_mixture.table import read_runs
+    from data_mixture.target import parse_target
+    from experiments.studies.do_laws_pick_midtrain_mixtures import (MERGE_LOSS_BATCHES, MERGE_MAX_ITEMS,
+                                                                    decision_gap, decision_scores)
+
+    table = read_runs(str(out / "runs.csv"))
+    weights, values = final_means(table, sizes()[PROXIES[-1]]["params_active"], target)
+    names = sorted(weights)
+    mix_nm = np.array([[weights[n][d] for d in DOMAINS] for n in names])
+    merge_set, evaluator = open_merge(str(base), None, str(root / "experts"), DOMAINS, 1.0, max_items=MERGE_MAX_ITEMS,
+                                      loss_batches=MERGE_LOSS_BATCHES, cache_path=str(root / "cache_rank.jsonl"),
+                                      tasks=[])
+    metrics = MergeProxy(merge_set, evaluator, "linear").evaluate_many(list(mix_nm))
+    like = np.array([sum(w * weights[n][d] for d, w in parse_target(target).loss_domains().items()) for n in names])
+    _, smaller = final_means(table, sizes()[PROXIES[-2]]["params_active"], target)
+    rankers = {"mergemix": np.array([target_score(m, target) for m in metrics]),
+               "closeness_to_uniform": uniform_score(mix_nm),
+               "rank_by_target_weight": -like,  # the mixture's share of the target's domains
+               f"smaller_proxy_{PROXIES[-2]}": np.array([np.mean(smaller[n]) for n in names])}
+    obs = [values[n] for n in names]
+    truth = np.array([np.mean(v) for v in obs])
+    got = {"mixtures": names, "metric": metric_name(target), "truth_seed_mean": truth.tolist(),
+           "merge_metrics": dict(zip(names, metrics)),
+           "rankers": {k: {"needs": need, "spearman": spearman(p, truth), "decision": decision_scores(p, obs),
+                           "prediction": p.tolist()}
+                       for (k, p), need in zip(rankers.items(), ("experts", "nothing", "nothing", "a ladder"))}}
+    got["mergemix_minus"] = {k: decision_gap(rankers["mergemix"], p, obs) for k, p in rankers.items() if k != "mergemix"}
+    return got
+
+
+def costs(out: Path, attempt: int) -> dict:
+    """Training FLOPs (6 N_active D, the plans' ``flops``) and the runs' own wall seconds (the sweep
+    logs; 2 runs at a time on 2 cores) of each part, and the cost at which each candidate's pick was
+    made (``picked_with``)."""
+    from experiments.studies.do_laws_pick_midtrain_mixtures import run_seconds
+
+    def part(plan_path: Path, logs: list[Path]) -> dict | None:
+        if not plan_path.exists():
+            return None
+        runs = json.loads(plan_path.read_text())["runs"]
+        secs = run_seconds(*logs)
+        done = [r for r in runs if r["name"] in secs]
+        return {"runs": len(runs), "flops": float(sum(r["flops"] for r in runs)),
+                "run_s": float(sum(secs[r["name"]] for r in done)), "runs_timed": len(done)}
+
+    got: dict = {"gate": {}, "note": ("Training FLOPs 6 x N_active x tokens (evaluations not counted, except MergeMix's "
+                                      "merges: its search is evaluation). run_s: the runs' own wall seconds, 2 at a time "
+                                      "on 2 cores under the load of the day.")}
+    for k in sorted(ATTEMPTS):
+        d = attempt_dir(out, k)
+        got["gate"][k] = part(d / "plan.json", [d / "sweep.log"])
+    got["ladder"] = part(out / "plan.json", sorted((out / "ladder").glob("*.log")))
+    got["target"] = part(out / "target_plan.json", sorted((out / "target").glob("*.log")))
+    for name in ("loss", "benchmark"):
+        summary = out / "mergemix" / f"search_{name}" / "summary.json"
+        if summary.exists():
+            sm = json.loads(summary.read_text())
+            got[f"mergemix_{name}"] = {**sm.get("flops", {}), "search_s": sm.get("seconds", {}).get("search_mergemix")}
+    if got["target"]:
+        per_run = got["target"]["flops"] / got["target"]["runs"]
+        got["brute_force_target"] = {"mixtures": MIXTURES, "flops": MIXTURES * per_run * len(TARGET_SEEDS),
+                                     "what": f"the ladder's {MIXTURES} mixtures at the target, {len(TARGET_SEEDS)} seeds"}
+    ladder = (got["ladder"] or {}).get("flops")
+    got["picked_with"] = {"uniform": 0.0, "proportional": 0.0, "unimax": 0.0, "best_at_proxy": ladder,
+                          "rank_by_weight": ladder, "camel": ladder, "best_other_law": ladder,
+                          "repetition_law": ladder,
+                          **{f"mergemix_{n}": (got.get(f"mergemix_{n}") or {}).get("total") for n in ("loss", "benchmark")}}
+    return got
 
 
 def final_means(table, preset_size: float, target: str) -> tuple[dict, dict]:
@@ -457,7 +654,7 @@ def capped_weights(favour: str, cap_share: float) -> dict[str, float]:
 
 def candidates(out: Path, a: dict) -> dict[str, dict]:
     """The target's candidates {name: {"weights", "why"}}: laws' optima, uniform, proportional, UniMax,
-    best-at-proxy and rank-by-weight (MergeMix is a mid-training method and is not run from scratch)."""
+    best-at-proxy, rank-by-weight and MergeMix's two optima."""
     from data_mixture.baselines import UNIMAX_MAX_EPOCHS, unimax_weights
     from data_mixture.optimize import available_tokens
     from data_mixture.table import read_runs
@@ -494,6 +691,11 @@ def candidates(out: Path, a: dict) -> dict[str, dict]:
                                     f"({scored[other]['decision']['accuracy']:.3f})"}
     got["repetition_law"] = {"weights": json.loads((out / "optima" / f"{REP_LAW}.json").read_text())["weights"],
                              "why": f"{REP_LAW}'s optimum (R* fitted) for the target"}
+    for name in ("loss", "benchmark"):
+        summary = out / "mergemix" / f"search_{name}" / "summary.json"
+        got[f"mergemix_{name}"] = {"weights": json.loads(summary.read_text())["mixture"],
+                                   "why": f"MergeMix's optimum, {name} objective (experts from the {PROXIES[-1]} "
+                                          "uniform base)"}
     return got
 
 
@@ -546,7 +748,7 @@ def target_plan(out: Path, a: dict) -> dict:
     """Each registered candidate from scratch at the target with the target's pool, TARGET_SEEDS each
     (a candidate equal to an earlier one within 1e-6 is trained once)."""
     reg = json.loads((out / "registration.json").read_text())
-    steps, _ = tokens_of(TARGET, a["tokens_per_param"])
+    steps, _ = tokens_of(TARGET, tpp_of(a, TARGET))
     runs, seen = [], {}
     for name, w in reg["candidates"].items():
         same = [m for m, v in seen.items() if max(abs(v[d] - w.get(d, 0.0)) for d in DOMAINS) < 1e-6]
@@ -568,9 +770,8 @@ def stage_target(out: Path, root: Path, parallel: int, attempt: int) -> None:
     path = out / "target_plan.json"
     if not path.exists():
         path.write_text(json.dumps(target_plan(out, a), indent=1))
-    sweep(path, root / "target", parallel)
-    shutil.copyfile(root / "target" / "runs.csv", out / "target_runs.csv")
-    shutil.copyfile(root / "target" / "sweep.log", out / "sweep_target.log")
+    merged = sweep_in_chunks(path, root, out, "target", parallel, TARGET_CHUNK)
+    shutil.move(merged, out / "target_runs.csv")
 
 
 def stage_report(out: Path, root: Path, parallel: int, attempt: int) -> None:
@@ -622,19 +823,103 @@ def report_md(out: Path) -> str:
                   "|---|" + "---|" * len(names),
                   "| observed (seed mean) | " + " | ".join(f"{np.mean(values[f'{TARGET}_{n}']):.4f}" for n in names) + " |"]
         lines += [f"| {law} | " + " | ".join(f"{p[n]:.4f}" for n in names) + " |" for law, p in reg["predictions"].items()]
+    lines += detectable_md(out)
+    lines += mergemix_md(out)
+    lines += costs_md(out)
     for name, title in (("evaluate_ladder", f"{PROXIES[-1]} held out"), ("evaluate_target", "the target held out")):
         path = out / name / "evaluation.json"
         if path.exists():
             lines += ["", f"## Evaluate, {title}", "", f"**{json.loads(path.read_text())['verdict']}** "
                       f"(tables: {name}/evaluation.md)"]
     lines += ["", "## Limits", "", "- One synthetic corpus (four generated domains and one held-out target set), "
-              "tiny models on CPU; MergeMix is not compared (a mid-training method; this study trains from scratch)."]
+              "tiny models on CPU (58k to 600k active parameters).",
+              "- MergeMix is a mid-training method; here its experts continue a from-scratch uniform base at the "
+              f"largest proxy ({PROXIES[-1]}) for {MERGE_SHARE:.0%} of the base's tokens, one expert seed."]
     return "\n".join(lines) + "\n"
 
 
-STAGES = ("pilot", "ladder", "fit", "register", "target", "report")
-STAGE_FNS = {"ladder": stage_ladder, "fit": stage_fit, "register": stage_register, "target": stage_target,
-             "report": stage_report}
+def paired_half_widths(table, preset_size: float, target: str) -> list[float]:
+    """The 95% paired-t half-width of every pair of mixtures with the same >= 2 seeds at one size:
+    the smallest difference of seed means that pair's interval could exclude zero at."""
+    from data_mixture.decisions import seed_difference
+    from data_mixture.target import parse_target
+
+    loss_r = parse_target(target).values(table)
+    cells: dict[str, list[tuple[int, float]]] = {}
+    for run in sorted(set(table.run[table.params_active == preset_size].tolist())):
+        rows = np.flatnonzero(table.run == run)
+        i = rows[np.argmax(table.tokens[rows])]
+        key, seed = run.rsplit("_s", 1)
+        cells.setdefault(key, []).append((int(seed), float(loss_r[i])))
+    keys = sorted(cells)
+    got = []
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            d = seed_difference(cells[a], cells[b])
+            if d["method"].startswith("paired"):
+                got.append((d["hi"] - d["lo"]) / 2)
+    return got
+
+
+def detectable_md(out: Path) -> list[str]:
+    """The smallest difference the design could detect: the paired half-widths at the target (once
+    its runs exist), else at the largest proxy's seeded runs."""
+    from data_mixture.table import read_runs
+
+    for csv, preset in ((out / "target_runs.csv", TARGET), (out / "runs.csv", PROXIES[-1])):
+        if csv.exists():
+            reg = out / "registration.json"
+            metric = (json.loads(reg.read_text())["decision_rule"].get("metric", "") if reg.exists() else "")
+            attempt = json.loads((out / "plan.json").read_text())["target"]["set"] if (out / "plan.json").exists() \
+                else metric.removeprefix("loss:")
+            h = paired_half_widths(read_runs(str(csv)), sizes()[preset]["params_active"], attempt)
+            if h:
+                return ["", "## The smallest difference this design can detect", "",
+                        f"At {preset}, over {len(h)} pairs of mixtures with the same seeds, a difference of seed means "
+                        f"is decided when it exceeds its pair's 95% paired-t half-width: median {np.median(h):.4f} "
+                        f"nats, smallest {min(h):.4f}, largest {max(h):.4f}."]
+    return []
+
+
+def mergemix_md(out: Path) -> list[str]:
+    path = out / "mergemix" / "rank.json"
+    if not path.exists():
+        return []
+    r = json.loads(path.read_text())
+    lines = ["", f"## MergeMix's ranking of the ladder's mixtures at {PROXIES[-1]}", "",
+             f"Truth: the {len(r['mixtures'])} ladder mixtures' {r['metric']} at {PROXIES[-1]} (seed means); merges "
+             "of the same mixtures, linear router, held-out losses.", "",
+             "| ranker | needs | Spearman | decision accuracy [95%] | MergeMix minus it [95%] |", "|---|---|---|---|---|"]
+    for name, k in r["rankers"].items():
+        gap = r["mergemix_minus"].get(name)
+        d = k["decision"]
+        vs = "" if gap is None else f"{gap['diff']:+.2f} [{gap['lo']:+.2f}, {gap['hi']:+.2f}]"
+        lines.append(f"| {name} | {k['needs']} | {k['spearman']:.2f} | {d['accuracy']:.2f} [{d['lo']:.2f}, "
+                     f"{d['hi']:.2f}] | {vs} |")
+    return lines
+
+
+def costs_md(out: Path) -> list[str]:
+    if not (out / "plan.json").exists():
+        return []
+    attempt = json.loads((out / "plan.json").read_text()).get("gate_attempt", max(ATTEMPTS))
+    c = costs(out, attempt)
+    rows = [(f"gate attempt {k}", v) for k, v in c["gate"].items() if v] + [
+        (name, c[name]) for name in ("ladder", "target") if c.get(name)]
+    lines = ["", "## Cost", "", c["note"], "", "| part | runs | training FLOPs | run minutes |", "|---|---|---|---|"]
+    lines += [f"| {name} | {v['runs']} | {v['flops']:.3g} | {v['run_s'] / 60:.0f} ({v['runs_timed']} timed) |"
+              for name, v in rows]
+    for name in ("mergemix_loss", "mergemix_benchmark"):
+        if c.get(name):
+            m = c[name]
+            lines.append(f"| {name} (experts + merges; base not counted) | {m.get('merges_evaluated', '')} merges | "
+                         f"{m.get('total', float('nan')):.3g} | search {(m.get('search_s') or 0) / 60:.0f} |")
+    return lines
+
+
+STAGES = ("pilot", "ladder", "fit", "mergemix", "register", "target", "report")
+STAGE_FNS = {"ladder": stage_ladder, "fit": stage_fit, "mergemix": stage_mergemix, "register": stage_register,
+             "target": stage_target, "report": stage_report}
 
 
 def main(argv=None) -> None:

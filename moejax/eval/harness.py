@@ -162,14 +162,19 @@ def score_exact_match(
             "examples": examples}, tokens_run
 
 
+def answers_as_choices(task: Task) -> Task:
+    """An exact-match task as multiple-choice items whose only choice (the gold) is the answer after
+    the prompt: the rows that score its answers by teacher forcing (:func:`answer_logprob`)."""
+    return Task(task.name, task.kind, tuple({"context": it["prompt"], "choices": [it["answer"]], "gold": 0}
+                                            for it in task.items), task.source)
+
+
 def answer_logprob(
     scorer: Scorer, ckpt: Checkpoint, task: Task, tokenizer: Tokenizer, *, max_len: int, batch_size: int,
     progress: bool = True,
 ) -> tuple[float | None, int]:
     """(mean log-probability of an exact-match task's answers after their prompts, tokens run); None
     when no answer fits ``max_len``."""
-    as_choices = Task(task.name, task.kind, tuple({"context": it["prompt"], "choices": [it["answer"]], "gold": 0}
-                                                  for it in task.items), task.source)
-    loglik, _, tokens_run = choice_logliks(scorer, ckpt, as_choices, tokenizer, max_len=max_len,
+    loglik, _, tokens_run = choice_logliks(scorer, ckpt, answers_as_choices(task), tokenizer, max_len=max_len,
                                            batch_size=batch_size, progress=progress)
     return (float(np.mean(list(loglik.values()))) if loglik else None), tokens_run
