@@ -899,13 +899,12 @@ def detectable_md(out: Path) -> list[str]:
     its runs exist), else at the largest proxy's seeded runs."""
     from data_mixture.table import read_runs
 
+    if not (out / "plan.json").exists():
+        return []
+    target = json.loads((out / "plan.json").read_text())["target"]["set"]
     for csv, preset in ((out / "target_runs.csv", TARGET), (out / "runs.csv", PROXIES[-1])):
         if csv.exists():
-            reg = out / "registration.json"
-            metric = (json.loads(reg.read_text())["decision_rule"].get("metric", "") if reg.exists() else "")
-            attempt = json.loads((out / "plan.json").read_text())["target"]["set"] if (out / "plan.json").exists() \
-                else metric.removeprefix("loss:")
-            h = paired_half_widths(read_runs(str(csv)), sizes()[preset]["params_active"], attempt)
+            h = paired_half_widths(read_runs(str(csv)), sizes()[preset]["params_active"], target)
             if h:
                 return ["", "## The smallest difference this design can detect", "",
                         f"At {preset}, over {len(h)} pairs of mixtures with the same seeds, a difference of seed means "
