@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from data_mixture.mergemix.batched import plan_choices, width_bucket
+from data_mixture.mergemix.batched import BatchedScorer, plan_choices, width_bucket
 from data_mixture.mergemix.merge import MergeEvaluator, MergeSet
 from data_mixture.mergemix.search import mergemix_search
 from moejax.eval.evaluate import Evaluator, make_settings
@@ -108,6 +108,31 @@ def test_each_context_runs_once_and_is_cut_like_moejax_eval_rows(merge_set, eval
     assert plan.tokens == (len("one two") + len("three") + 2 * s.max_len - 4
                            + sum(len(c) - 1 for it in items + long for c in it["choices"]))
     assert [width_bucket(n) for n in (1, 8, 9, 13, 17, 25, 33, 49, 65, 200)] == [8, 8, 12, 16, 24, 32, 48, 64, 96, 256]
+
+
+def test_heldout_sums_are_per_batch_and_a_prefix_is_fewer_loss_batches(merge_set):
+    """Per-batch held-out sums add up to the losses, and the first k batches of a scorer of more
+    batches give exactly the losses of a scorer built with loss_batches=k."""
+    def scorer(loss_batches):
+        settings = make_settings(merge_set.erun, tasks=[], loss_batches=loss_batches)
+        return BatchedScorer(merge_set, Evaluator(merge_set.erun, settings, progress=False), capacity=2)
+
+    two, one = scorer(2), scorer(1)
+    stack = two.merge(ALPHAS[:2])
+    sums = two.heldout_sums(stack, 2)
+    assert set(sums) == set(merge_set.erun.dataset.domains)
+    assert all(s.shape == (2, 2, 2) and np.all(s[..., 1] > 0) for s in sums.values())
+    losses = two.losses(stack, 2)
+    for m in range(2):
+        for d, s in sums.items():
+            assert losses[m][f"loss:{d}"] == pytest.approx(s[m, :, 0].sum() / s[m, :, 1].sum(), rel=1e-12)
+    first = two.heldout_sums(stack, 2, batches=1)
+    assert all(np.array_equal(first[d], s[:, :1]) for d, s in sums.items())
+    got = one.losses(one.merge(ALPHAS[:2]), 2)
+    want = [{f"loss:{d}": s[m, 0, 0] / s[m, 0, 1] for d, s in sums.items()} for m in range(2)]
+    assert got == want
+    with pytest.raises(ValueError, match="batches=0"):
+        two.heldout_sums(stack, 2, batches=0)
 
 
 class _Requests:

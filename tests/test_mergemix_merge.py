@@ -227,6 +227,9 @@ def test_cache_never_recomputes_in_memory_or_from_the_file(merge_set, settings, 
     other = dataclasses.replace(settings, max_items=2)
     with pytest.raises(ConfigError, match="settings.max_items: file 4 vs this evaluator 2"):
         MergeEvaluator(merge_set, other, cache_path=path)
+    # Another number of held-out batches (--loss-batches) too: its losses are other numbers.
+    with pytest.raises(ConfigError, match="settings.loss_batches: file 1 vs this evaluator 2"):
+        MergeEvaluator(merge_set, dataclasses.replace(settings, loss_batches=2), cache_path=path)
 
 
 def test_cache_never_mixes_benchmark_metrics(merge_set, settings, evaluator, tmp_path):

@@ -336,14 +336,33 @@ class BatchedScorer:
     def losses(self, stack_c: Any, count: int) -> list[dict[str, float]]:
         """``loss:<domain>`` of each merge: nats per scored token over the domain's held-out
         batches, summed as :func:`moejax.eval.losses.heldout_losses` sums them."""
-        totals = {d: np.zeros((count, 2)) for d in self.evaluator.eval_batches}  # nats, scored tokens
+        sums = self.heldout_sums(stack_c, count)
+        out: list[dict[str, float]] = [{} for _ in range(count)]
+        for domain, sums_mb2 in sums.items():
+            for m in range(count):
+                nats = tokens = 0.0  # batch by batch, in order
+                for batch_nats, batch_tokens in sums_mb2[m]:
+                    nats, tokens = nats + float(batch_nats), tokens + float(batch_tokens)
+                out[m][f"loss:{domain}"] = nats / max(tokens, 1.0)
+        return out
+
+    def heldout_sums(self, stack_c: Any, count: int, batches: int | None = None) -> dict[str, np.ndarray]:
+        """Per domain, ``[count, b, 2]`` (float64): each merge's summed nats and scored tokens on
+        each of the domain's first ``b`` held-out batches (``batches``, default all of them: the
+        evaluator's ``loss_batches``, fewer if the domain has fewer). A domain's loss over its first
+        ``k`` batches is what ``loss_batches=k`` gives (the batches are a fixed prefix)."""
+        if batches is not None and batches < 1:
+            raise ValueError(f"batches={batches}: at least one held-out batch per domain")
+        rows: dict[str, list[np.ndarray]] = {d: [] for d in self.evaluator.eval_batches}
         count_ = jax.device_put(np.int32(count), self._replicated)
         with jax.set_mesh(self.mesh):
             for domain, batch, _ in self.heldout:
+                if batches is not None and len(rows[domain]) == batches:
+                    continue
                 got = jax.device_get(self._rows(stack_c, count_, self.merge_set.base.balance, batch))
-                for m in range(count):
-                    totals[domain][m] += (-float(got["logprob_b"][m].sum()), float(got["tokens_b"][m].sum()))
-        return [{f"loss:{d}": t[m, 0] / max(t[m, 1], 1.0) for d, t in totals.items()} for m in range(count)]
+                rows[domain].append(np.array([(-float(got["logprob_b"][m].sum()), float(got["tokens_b"][m].sum()))
+                                              for m in range(count)], np.float64).reshape(count, 2))
+        return {d: np.stack(r, axis=1) for d, r in rows.items()}
 
     def choice_logliks(self, stack_c: Any, count: int) -> list[dict[str, dict[tuple[int, int], float]]]:
         """Per merge, per multiple-choice task, the log-likelihood of each (item, choice) scored."""
