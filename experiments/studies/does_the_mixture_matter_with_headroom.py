@@ -645,6 +645,8 @@ def costs(out: Path, attempt: int) -> dict:
     for k in sorted(ATTEMPTS):
         d = attempt_dir(out, k)
         got["gate"][k] = part(d / "plan.json", [d / "sweep.log"])
+    explore = out / "pilot" / "explore"
+    got["exploration"] = [part(plan, [explore / "sweep.log"]) for plan in sorted(explore.glob("plan_*.json"))]
     got["ladder"] = part(out / "plan.json", sorted((out / "ladder").glob("*.log")))
     got["target"] = part(out / "target_plan.json", sorted((out / "target").glob("*.log")))
     for name in ("loss", "benchmark"):
@@ -937,6 +939,7 @@ def costs_md(out: Path) -> list[str]:
     attempt = json.loads((out / "plan.json").read_text()).get("gate_attempt", max(ATTEMPTS))
     c = costs(out, attempt)
     rows = [(f"gate attempt {k}", v) for k, v in c["gate"].items() if v] + [
+        (f"exploration at s0 ({i + 1})", v) for i, v in enumerate(c["exploration"]) if v] + [
         (name, c[name]) for name in ("ladder", "target") if c.get(name)]
     lines = ["", "## Cost", "", c["note"], "", "| part | runs | training FLOPs | run minutes |", "|---|---|---|---|"]
     lines += [f"| {name} | {v['runs']} | {v['flops']:.3g} | {v['run_s'] / 60:.0f} ({v['runs_timed']} timed) |"
