@@ -220,7 +220,12 @@ def test_ctrl_c_during_the_first_compile_exits_at_once_leaving_no_directory(tmp_
                       f"    return small_run_cfg({cache_dir!r})\n")
     workdir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR="")  # compile for real
-    proc = subprocess.Popen([sys.executable, "-m", "moejax.main", "--config", str(config), "--workdir", str(workdir)],
+    # The child starts as from a terminal: Ctrl-C raises KeyboardInterrupt and is not blocked, whatever
+    # an earlier test in this worker left behind (an ignored or blocked SIGINT is inherited across exec).
+    as_from_a_terminal = ("import runpy, signal, sys; signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+                          "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                          "sys.argv[0] = 'moejax.main'; runpy.run_module('moejax.main', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, "--config", str(config), "--workdir", str(workdir)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         while not (workdir / "checkpoints").is_dir():  # the Checkpointer is made just before compiling
