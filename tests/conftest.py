@@ -36,7 +36,9 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
+import warnings
 from typing import Callable, Iterator
 
 import pytest
@@ -125,3 +127,16 @@ def _command_line_logging() -> None:
     from moejax.log import setup_logging
 
     setup_logging()
+
+
+@pytest.fixture(autouse=True)
+def _signal_state_restored(request) -> Iterator[None]:
+    """Each test starts with the signal mask and SIGINT handler the previous one found: a library
+    that blocks or ignores SIGINT in a test would otherwise leave it so for every later test in the
+    worker and for the processes they start (which then cannot be interrupted). Names the test."""
+    mask, handler = signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.getsignal(signal.SIGINT)
+    yield
+    if signal.pthread_sigmask(signal.SIG_SETMASK, mask) != mask or signal.getsignal(signal.SIGINT) is not handler:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        warnings.warn(f"{request.node.nodeid} changed the signal mask or the SIGINT handler; restored", stacklevel=1)

@@ -7,15 +7,16 @@ The setting (chosen so that uniform is not the answer by construction):
 
 - **Target**: not the training mix. Attempt 1 scored ``heldout_qa`` (the built-in held-out target
   set: questions about the knowledge domain's facts in forms no run trains on); attempt 2 the
-  weighted set ``knowledge=0.6,math=0.2,prose=0.2``; attempt 3 ``knowledge=0.5,prose=0.5``
-  (``ATTEMPTS`` says why each changed).
+  weighted set ``knowledge=0.6,math=0.2,prose=0.2``; attempt 3 ``knowledge=0.5,prose=0.5``;
+  attempt 4 (the one that passed) ``knowledge=0.75,prose=0.25`` (``ATTEMPTS`` says why each changed).
 - **A data-constrained domain**: ``knowledge`` has a pool of unique tokens; a mixture that upweights
   it repeats the pool. Attempts 1-2 gave every run the target run's repetition rate (``plan
   --match-repetition``: U x its tokens / the target's tokens); from attempt 3 every run trains on
   the data's own pool (``plan --unique-tokens`` alone), so a larger run repeats it more, as a real
   scarce source is repeated.
 - **Sources compete for capacity**: four domains, one fixed token budget per run (20 tokens per
-  active parameter), from scratch.
+  active parameter; from attempt 4 the smallest size trains for 40, ``tokens_per_param_at``), from
+  scratch.
 - **From scratch, not mid-training.** The mid-training study continued a uniform base for 4
   tokens/param; its whole mid-training phase bought 0.0085 nats, so any mixture effect there is
   bounded by a small continuation. From scratch the mixture decides every token the model sees and
@@ -29,20 +30,21 @@ Stages (``--stage NAME`` runs one; results in ``--out``, run directories under `
                 mixtures x seeds; go on only if the best mixture beats uniform by at least
                 ``GATE_SD`` per-pair seed sd at both sizes AND the best mixture differs between
                 them. Writes ``runs.csv``, ``gate.json``, ``gate.md`` per attempt.
-2. ``ladder``   (only after a passing gate) the ladder plan (``make_plan`` with the target and the
-                pool, ``--match-repetition``): 12 space-filling mixtures at 3 proxy sizes, 2 seeds at
-                the largest; ``data_mixture sweep``; runs table copied to ``--out``.
-3. ``fit``      ``data_mixture evaluate --target heldout_qa`` (largest proxy held out, laws and
+2. ``ladder``   (only after a passing gate) the ladder plan: 12 space-filling mixtures at 3 proxy
+                sizes, 2 seeds at the largest, every run on the data's own pool; ``data_mixture sweep``
+                in committed chunks (``ladder/<k>.csv|log``); the merged runs table in ``--out``.
+3. ``fit``      ``data_mixture evaluate`` for the target (largest proxy held out, laws and
                 baselines incl. proportional and UniMax), each law fitted on the whole ladder for the
-                target and its optimum at the target size under the epoch cap.
-4. ``register`` ``data_mixture register``: the decision rule, the candidates (laws' optima,
-                uniform, proportional, UniMax, best-at-proxy, rank-by-weight) and every law's
-                predictions, before any target run.
-5. ``target``   the candidates at the target size, 3 seeds each (``data_mixture sweep``).
-6. ``report``   ``data_mixture evaluate --registration`` on ladder + target runs, ``report.md``.
-
-MergeMix's candidates (a mid-training method: experts continued from one base) are not part of
-this from-scratch study's code yet; the report says so.
+                target and its optimum at the target point with the target's pool.
+4. ``mergemix`` experts continued from the gate's uniform run at the largest proxy (10% of its
+                tokens), two searches (the target's losses; the benchmarks' gold log-probability),
+                and the merges' ranking of the ladder's mixtures against the trivial rankers.
+5. ``register`` ``data_mixture register``: the decision rule, the candidates (laws' optima,
+                uniform, proportional, UniMax, best-at-proxy, rank-by-weight, MergeMix's two optima)
+                and every law's predictions, before any target run; commit it.
+6. ``target``   the candidates at the target size, 3 seeds each, in committed chunks
+                (``target/<k>.csv|log``); refuses a registration that is not committed.
+7. ``report``   ``data_mixture evaluate --registration`` on ladder + target runs, ``report.md``.
 """
 
 from __future__ import annotations
