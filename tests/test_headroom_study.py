@@ -96,7 +96,8 @@ def test_committed_report_rebuilds_from_the_committed_results():
 def test_sweeps_run_in_committed_chunks_and_skip_the_chunks_already_there(tmp_path, monkeypatch):
     """Each chunk's runs table (and its part of the sweep log) lands in out/<name>/ as it finishes;
     a rerun, even on another machine (no run directories), sweeps only the missing chunks."""
-    plan = {"version": 1, "runs": [{"name": f"r{i}", "x": i} for i in range(5)]}
+    plan = {"version": 1, "runs": [{"name": f"r{i}", "x": i, "seed": i % 2} for i in range(5)]}
+    plan["runs"][4]["seed"] = 0
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     swept = []
 
@@ -105,10 +106,11 @@ def test_sweeps_run_in_committed_chunks_and_skip_the_chunks_already_there(tmp_pa
         swept.append([r["name"] for r in runs])
         root.mkdir(parents=True, exist_ok=True)
         extra = ["epochs:knowledge"] if runs[0]["x"] >= 4 else []  # a later chunk with one more column
+        seeded = len({r["seed"] for r in runs}) > 1  # collect writes a seed column only when seeds differ
         with (root / "runs.csv").open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["run", "loss:code", *extra])
-            w.writerows([[r["name"], r["x"] / 10, *[1.5] * len(extra)] for r in runs])
+            w.writerow(["run", "loss:code", *extra, *["seed"] * seeded])
+            w.writerows([[r["name"], r["x"] / 10, *[1.5] * len(extra), *[r["seed"]] * seeded] for r in runs])
         with (root / "sweep.log").open("a") as f:
             f.writelines(f"sweep: {r['name']}: done in 7 s\n" for r in runs)
 
@@ -122,6 +124,7 @@ def test_sweeps_run_in_committed_chunks_and_skip_the_chunks_already_there(tmp_pa
         rows = list(csv.DictReader(f))
     assert [r["run"] for r in rows] == ["r0", "r1", "r2", "r3", "r4"]
     assert rows[0]["epochs:knowledge"] == "" and rows[4]["epochs:knowledge"] == "1.5"
+    assert [r["seed"] for r in rows] == ["0", "1", "0", "1", "0"]  # the last chunk's seed is the plan's
     (out / "ladder" / "01.csv").unlink()
     import shutil
 
@@ -146,6 +149,22 @@ def test_smallest_detectable_difference_is_the_paired_half_width(tmp_path):
     d = [0.0, 0.01, 0.03]  # even's seeds move twice as much: its pairs' differences have these deviations
     expected = stats.t.ppf(0.975, 2) * float(__import__("numpy").std(d, ddof=1)) / 3 ** 0.5
     assert sorted(h)[-1] == pytest.approx(expected) and sorted(h)[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ladder_replicates_are_one_mixture_with_the_table_s_seeds(tmp_path):
+    """The ladder names its second seed ``s1b_m0_s1`` beside ``s1b_m0`` (seed 0): one mixture, two
+    seeds, paired by the table's seed column."""
+    from data_mixture.table import read_runs
+
+    plan = json.loads((RESULTS / "plan.json").read_text())
+    loss = {r["name"]: 3.0 + 0.01 * int(r["name"].split("_m")[1].split("_")[0]) + 0.02 * r["seed"]
+            for r in plan["runs"] if r["preset"] == "s1b"}
+    write_table(tmp_path / "runs.csv", plan, loss)
+    table = read_runs(str(tmp_path / "runs.csv"))
+    weights, cells = study.final_cells(table, study.sizes()["s1b"]["params_active"], study.TARGET_SET)
+    assert len(cells) == study.MIXTURES and cells["s1b_m3"] == [(0, pytest.approx(3.03)), (1, pytest.approx(3.05))]
+    h = study.paired_half_widths(table, study.sizes()["s1b"]["params_active"], study.TARGET_SET)
+    assert len(h) == study.MIXTURES * (study.MIXTURES - 1) // 2 and max(h) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_mergemix_searches_the_target_losses_and_the_continuous_benchmark_score():

@@ -372,6 +372,10 @@ def sweep_in_chunks(plan_path: Path, root: Path, out: Path, name: str, parallel:
             reader = csv.DictReader(f)
             fields += [c for c in reader.fieldnames or () if c not in fields]
             rows += list(reader)
+    if "seed" in fields:  # a chunk whose runs share one seed has no seed column: its runs' seeds are the plan's
+        seed_of = {r["name"]: r.get("seed", 0) for r in plan["runs"]}
+        for row in rows:
+            row["seed"] = row.get("seed") or seed_of[row["run"]]
     merged = out / f"{name}_runs.csv"
     with merged.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
@@ -459,7 +463,7 @@ def target_point(a: dict) -> tuple[float, float]:
 
 def ladder_plan(a: dict) -> dict:
     """``make_plan`` from scratch at PROXIES with the budget that affords exactly MIXTURES mixtures,
-    pools matched to the target's repetition (``--match-repetition``)."""
+    every run on the data's own pool (``fixed_pool``) or on a pool matched to the target's repetition."""
     from data_mixture.plan import PlanSpec, make_plan
 
     n = {p: sizes()[p]["params_active"] for p in PRESETS}
@@ -668,19 +672,28 @@ def costs(out: Path, attempt: int) -> dict:
     return got
 
 
-def final_means(table, preset_size: float, target: str) -> tuple[dict, dict]:
-    """At one size: ({mixture key: weights}, {mixture key: [target per seed]}) over runs' final checkpoints."""
+def final_cells(table, preset_size: float, target: str) -> tuple[dict, dict]:
+    """At one size, over runs' final checkpoints: ({mixture key: weights}, {mixture key: [(seed,
+    target)]}). A run's key is its name without a trailing ``_s<seed>`` (``s1b_m0`` and
+    ``s1b_m0_s1`` are one mixture); its seed is the table's ``seed`` column."""
     from data_mixture.target import parse_target
 
-    loss_r = parse_target(target).values(table)
-    weights, values = {}, {}
+    loss_r, seed_r = parse_target(target).values(table), table.seeds()
+    weights, cells = {}, {}
     for run in sorted(set(table.run[table.params_active == preset_size].tolist())):
         rows = np.flatnonzero(table.run == run)
         i = rows[np.argmax(table.tokens[rows])]
-        key = run.rsplit("_s", 1)[0] if run.rsplit("_s", 1)[-1].isdigit() else run
+        stem, _, tail = run.rpartition("_s")
+        key = stem if stem and tail.isdigit() else run
         weights[key] = {d: float(table.mix_rm[i, j]) for j, d in enumerate(table.mix_domains)}
-        values.setdefault(key, []).append(float(loss_r[i]))
-    return weights, values
+        cells.setdefault(key, []).append((int(seed_r[i]), float(loss_r[i])))
+    return weights, cells
+
+
+def final_means(table, preset_size: float, target: str) -> tuple[dict, dict]:
+    """At one size: ({mixture key: weights}, {mixture key: [target per seed]})."""
+    weights, cells = final_cells(table, preset_size, target)
+    return weights, {k: [v for _, v in c] for k, c in cells.items()}
 
 
 def capped_weights(favour: str, cap_share: float) -> dict[str, float]:
@@ -879,15 +892,8 @@ def paired_half_widths(table, preset_size: float, target: str) -> list[float]:
     """The 95% paired-t half-width of every pair of mixtures with the same >= 2 seeds at one size:
     the smallest difference of seed means that pair's interval could exclude zero at."""
     from data_mixture.decisions import seed_difference
-    from data_mixture.target import parse_target
 
-    loss_r = parse_target(target).values(table)
-    cells: dict[str, list[tuple[int, float]]] = {}
-    for run in sorted(set(table.run[table.params_active == preset_size].tolist())):
-        rows = np.flatnonzero(table.run == run)
-        i = rows[np.argmax(table.tokens[rows])]
-        key, seed = run.rsplit("_s", 1)
-        cells.setdefault(key, []).append((int(seed), float(loss_r[i])))
+    _, cells = final_cells(table, preset_size, target)
     keys = sorted(cells)
     got = []
     for i, a in enumerate(keys):
