@@ -184,3 +184,39 @@ def test_a_size_can_train_longer_than_the_study_s_budget(monkeypatch):
     assert steps == {"s0": study.tokens_of("s0", 40.0)[0], "s1b": study.tokens_of("s1b", 20.0)[0]}
     assert plan["epochs_by_size"]["s0"]["uniform"] == pytest.approx(0.25 * study.tokens_of("s0", 40.0)[1] / 250_000)
     assert study.target_point(a)[1] == study.tokens_of(study.TARGET, 20.0)[1]
+
+
+def test_answers_table_orients_every_registered_comparison_as_method_minus_baseline(tmp_path):
+    """A method that is lower than every baseline by more than its seeds move beats them all; a
+    registered pair written either way round reads as method minus baseline."""
+    from data_mixture.register import register, verify
+    from data_mixture.table import read_runs
+
+    domains = study.DOMAINS
+    cands = {"uniform": [0.25] * 4, "proportional": [0.1, 0.4, 0.4, 0.1], "best_at_proxy": [0.0, 0.5, 0.0, 0.5],
+             "rank_by_weight": [0.1, 0.1, 0.1, 0.7], "camel": [0.0, 0.3, 0.0, 0.7], "mergemix_loss": [0.2, 0.2, 0.2, 0.4]}
+    level = {"uniform": 3.0, "proportional": 3.1, "best_at_proxy": 2.9, "rank_by_weight": 2.95, "camel": 2.8,
+             "mergemix_loss": 2.85}
+    comparisons = [["uniform", "camel"]] + [[m, b] for m in ("camel", "mergemix_loss") for b in study.BASELINES
+                                            if (m, b) != ("camel", "uniform")] + [["camel", "mergemix_loss"]]
+    reg = register({"rule": "paired t", "metric": "knowledge=0.75,prose=0.25"},
+                   {n: dict(zip(domains, w)) for n, w in cands.items()}, comparisons=comparisons,
+                   code_version={"commit": "x"}, registered_at="2026-12-01T00:00:00+00:00")
+    size = study.sizes()["s2"]
+    with (tmp_path / "t.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "params_total", "params_active", "tokens", *[f"mix:{d}" for d in domains],
+                    *[f"loss:{d}" for d in domains], "seed", "started_at"])
+        for n, mix in cands.items():
+            for seed, jitter in enumerate((0.0, 0.01, -0.005)):
+                v = level[n] + jitter + (0.002 * seed if n == "camel" else 0.0)
+                w.writerow([f"s2_{n}_s{seed}", size["params_total"], size["params_active"], 1e7, *mix, 1, v, 1, v,
+                            seed, "2026-12-02T00:00:00+00:00"])
+    check = verify(reg, read_runs(str(tmp_path / "t.csv")))
+    assert check["pre_registered"]
+    text = "\n".join(study.answers_md(check))
+    camel = next(line for line in text.splitlines() if line.startswith("| camel |"))
+    assert camel.startswith("| camel | -0.1980 [") and camel.count("**beats**") == 4  # uniform came as (uniform, camel)
+    assert "-0.1000" in next(line for line in text.splitlines() if line.startswith("| mergemix_loss |"))
+    assert "beat every one of uniform, proportional, best_at_proxy, rank_by_weight: **camel, mergemix_loss**" in text
+    assert "CAMEL's pick" not in text  # no other law registered

@@ -864,6 +864,7 @@ def report_md(out: Path) -> str:
     if reg_path.exists() and target_csv.exists():
         reg = load(reg_path)
         check = verify(reg, read_runs(str(target_csv)))
+        lines += answers_md(check)
         lines += ["", "## Target comparisons (registration check)", "", *format_check(check)]
         table = read_runs(str(target_csv))
         metric = reg["decision_rule"].get("metric", f"loss:{TARGET_SET}")
@@ -886,6 +887,51 @@ def report_md(out: Path) -> str:
               "- MergeMix is a mid-training method; here its experts continue a from-scratch uniform base at the "
               f"largest proxy ({PROXIES[-1]}) for {MERGE_SHARE:.0%} of the base's tokens, one expert seed."]
     return "\n".join(lines) + "\n"
+
+
+BASELINES = ("uniform", "proportional", "best_at_proxy", "rank_by_weight")  # the bars every method's pick must clear
+
+
+def versus(check: dict, a: str, b: str) -> dict | None:
+    """The registered comparison of ``a`` with ``b`` oriented as a - b (None when not registered)."""
+    for c in check["comparisons"]:
+        if (c["a"], c["b"]) == (a, b):
+            return c
+        if (c["a"], c["b"]) == (b, a):
+            flip = {"a wins": "b wins", "b wins": "a wins"}
+            return {**c, "a": a, "b": b, "verdict": flip.get(c["verdict"], c["verdict"]),
+                    **({"diff": -c["diff"]} if "diff" in c else {}),
+                    **({"lo": -c["hi"], "hi": -c["lo"]} if c.get("lo") is not None else {})}
+    return None
+
+
+def answers_md(check: dict) -> list[str]:
+    """Each method's pick against the trivial choices at the target, by the registered rule: a cell
+    is the method minus the baseline (negative: the method's loss is lower) with its 95% interval."""
+    names = list(dict.fromkeys(n for c in check["comparisons"] for n in (c["a"], c["b"])))
+    methods = [n for n in names if n not in BASELINES]
+    cols = [b for b in BASELINES if b in names]
+    word = {"a wins": "**beats**", "b wins": "loses", "tie": "tie", "not run": "not run"}
+    lines = ["", "## Does a method's pick beat the trivial choices at the target?", "",
+             "Each cell: the method's target loss minus the baseline's (seed means; negative is better), 95% paired "
+             "interval over the seeds, and the registered rule's verdict.", "",
+             "| method | " + " | ".join(f"vs {b}" for b in cols) + " |", "|---|" + "---|" * len(cols)]
+    for m in methods:
+        cells = []
+        for b in cols:
+            c = versus(check, m, b)
+            cells.append("" if c is None else f"{c['diff']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}] {word[c['verdict']]}"
+                         if c.get("lo") is not None else word.get(c["verdict"], c["verdict"]))
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    wins = [m for m in methods if all((versus(check, m, b) or {}).get("verdict") == "a wins" for b in cols)]
+    lines += ["", f"Methods that beat every one of {', '.join(cols)}: **{', '.join(wins) or 'none'}**."]
+    laws = [n for n in ("best_other_law", "repetition_law") if n in names]
+    if "camel" in names and laws:
+        lines += ["", "CAMEL's pick against the other laws' picks: " + "; ".join(
+            f"vs {n}: {c['diff']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}], {word[c['verdict']]}"
+            if (c := versus(check, "camel", n)).get("lo") is not None else f"vs {n}: {word.get(c['verdict'])}"
+            for n in laws) + "."]
+    return lines
 
 
 def paired_half_widths(table, preset_size: float, target: str) -> list[float]:
