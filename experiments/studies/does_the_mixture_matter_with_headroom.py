@@ -53,6 +53,7 @@ import argparse
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -612,7 +613,9 @@ def mergemix_rank(out: Path, root: Path, base: Path, target: str) -> dict:
     merge_set, evaluator = open_merge(str(base), None, str(root / "experts"), DOMAINS, 1.0, max_items=MERGE_MAX_ITEMS,
                                       loss_batches=MERGE_LOSS_BATCHES, cache_path=str(root / "cache_rank.jsonl"),
                                       tasks=[])
+    start = time.perf_counter()
     metrics = MergeProxy(merge_set, evaluator, "linear").evaluate_many(list(mix_nm))
+    merge_s = time.perf_counter() - start
     like = np.array([sum(w * weights[n][d] for d, w in parse_target(target).loss_domains().items()) for n in names])
     _, smaller = final_means(table, sizes()[PROXIES[-2]]["params_active"], target)
     rankers = {"mergemix": np.array([target_score(m, target) for m in metrics]),
@@ -621,7 +624,7 @@ def mergemix_rank(out: Path, root: Path, base: Path, target: str) -> dict:
                f"smaller_proxy_{PROXIES[-2]}": np.array([np.mean(smaller[n]) for n in names])}
     obs = [values[n] for n in names]
     truth = np.array([np.mean(v) for v in obs])
-    got = {"mixtures": names, "metric": metric_name(target), "truth_seed_mean": truth.tolist(),
+    got = {"mixtures": names, "metric": metric_name(target), "truth_seed_mean": truth.tolist(), "merge_s": merge_s,
            "merge_metrics": dict(zip(names, metrics)),
            "rankers": {k: {"needs": need, "spearman": spearman(p, truth), "decision": decision_scores(p, obs),
                            "prediction": p.tolist()}
@@ -976,7 +979,9 @@ def mergemix_md(out: Path) -> list[str]:
     r = json.loads(path.read_text())
     lines = ["", f"## MergeMix's ranking of the ladder's mixtures at {PROXIES[-1]}", "",
              f"Truth: the {len(r['mixtures'])} ladder mixtures' {r['metric']} at {PROXIES[-1]} (seed means); merges "
-             "of the same mixtures, linear router, held-out losses.", "",
+             "of the same mixtures, linear router, held-out losses"
+             + (f" ({len(r['mixtures'])} merges evaluated in {r['merge_s'] / 60:.1f} min, on top of the experts' "
+                "training in the cost table)." if "merge_s" in r else "."), "",
              "| ranker | needs | Spearman | decision accuracy [95%] | MergeMix minus it [95%] |", "|---|---|---|---|---|"]
     for name, k in r["rankers"].items():
         gap = r["mergemix_minus"].get(name)
@@ -1003,6 +1008,13 @@ def costs_md(out: Path) -> list[str]:
             m = c[name]
             lines.append(f"| {name} (experts + merges; base not counted) | {m.get('merges_evaluated', '')} merges | "
                          f"{m.get('total', float('nan')):.3g} | search {(m.get('search_s') or 0) / 60:.0f} |")
+    if c.get("brute_force_target"):
+        b = c["brute_force_target"]
+        lines.append(f"| brute force at the target ({b['what']}; not run) | {b['mixtures'] * len(TARGET_SEEDS)} | "
+                     f"{b['flops']:.3g} | |")
+    picked = [f"{k} {v:.3g}" for k, v in c["picked_with"].items() if v is not None]
+    lines += ["", "Training FLOPs spent before each candidate could be named (the gate not counted): "
+              + ", ".join(picked) + "."]
     return lines
 
 
