@@ -220,3 +220,31 @@ def test_answers_table_orients_every_registered_comparison_as_method_minus_basel
     assert "-0.1000" in next(line for line in text.splitlines() if line.startswith("| mergemix_loss |"))
     assert "beat every one of uniform, proportional, best_at_proxy, rank_by_weight: **camel, mergemix_loss**" in text
     assert "CAMEL's pick" not in text  # no other law registered
+
+
+def test_candidates_name_each_pick_from_the_ladder_s_files(tmp_path):
+    """The trivial picks from the ladder's s1b runs, the laws' from their optima; the best other law
+    is the best non-CAMEL law by decision accuracy, and rank-by-weight is not UniMax in disguise."""
+    plan = json.loads((RESULTS / "plan.json").read_text())
+    knowledge = {r["name"]: r["mixture"]["knowledge"] for r in plan["runs"]}
+    write_table(tmp_path / "runs.csv", plan, {n: 3.0 - k + 0.01 * ("_s1" in n) for n, k in knowledge.items()
+                                              if n.startswith("s1b")})
+    laws = {"camel": 0.9, "camel+repfit": 0.95, "additive": 0.8, "regmix": 0.85, "mixing_law": 0.7}
+    (tmp_path / "evaluate_ladder").mkdir()
+    (tmp_path / "evaluate_ladder" / "evaluation.json").write_text(json.dumps(
+        {"laws": {k: {"decision": {"accuracy": v}, "mean": {"mae": 0.01}} for k, v in laws.items()}}))
+    (tmp_path / "optima").mkdir()
+    for i, law in enumerate(laws):
+        w = dict(zip(study.DOMAINS, [0.1, 0.2, 0.1, 0.6] if i % 2 else [0.2, 0.2, 0.2, 0.4]))
+        (tmp_path / "optima" / f"{law}.json").write_text(json.dumps({"weights": w}))
+    for name in ("loss", "benchmark"):
+        (tmp_path / "mergemix" / f"search_{name}").mkdir(parents=True)
+        (tmp_path / "mergemix" / f"search_{name}" / "summary.json").write_text(json.dumps({"mixture": {"prose": 1.0}}))
+    got = study.candidates(tmp_path, {**study.ATTEMPTS[4], "target": study.TARGET_SET})  # the table's target column
+    assert list(got) == ["uniform", "proportional", "unimax", "best_at_proxy", "rank_by_weight", "camel",
+                         "best_other_law", "repetition_law", "mergemix_loss", "mergemix_benchmark"]
+    best = max(knowledge[n] for n in knowledge if n.startswith("s1b"))
+    assert got["best_at_proxy"]["weights"]["knowledge"] == pytest.approx(best)
+    assert got["rank_by_weight"]["weights"]["knowledge"] == pytest.approx(study.RANK_BY_WEIGHT_CAP)
+    assert got["unimax"]["weights"]["knowledge"] < 0.1  # 4 epochs of a 250k pool in 12M tokens
+    assert got["best_other_law"]["law"] == "regmix"  # camel+repfit scored higher but is CAMEL's variant

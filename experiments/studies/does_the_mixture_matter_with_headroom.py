@@ -699,6 +699,9 @@ def final_means(table, preset_size: float, target: str) -> tuple[dict, dict]:
     return weights, {k: [v for _, v in c] for k, c in cells.items()}
 
 
+RANK_BY_WEIGHT_CAP = 0.7  # rank-by-weight's share of the most target-like domain (the rest split equally)
+
+
 def capped_weights(favour: str, cap_share: float) -> dict[str, float]:
     """As much of ``favour`` as ``cap_share`` allows, the rest split equally over the other domains."""
     w = min(1.0, cap_share)
@@ -729,18 +732,18 @@ def candidates(out: Path, a: dict) -> dict[str, dict]:
 
     rho = {d: spearmanr([weights[k][d] for k in names], [np.mean(values[k]) for k in names]).statistic for d in DOMAINS}
     like = min(rho, key=rho.get)  # the domain whose weight lowers the target loss most consistently
-    cap = (UNIMAX_MAX_EPOCHS * pool[like] / tokens) if like in a["target_unique"] else 1.0
-    limit = f"a {UNIMAX_MAX_EPOCHS:g}-epoch cap on its pool (at most 0.7)" if like in a["target_unique"] else "0.7"
-    got["rank_by_weight"] = {"weights": capped_weights(like, min(cap, 0.7)),
-                             "why": f"as much {like} as {limit} allows, the rest equal: its weight has the most negative "
-                                    f"Spearman with the target loss at {PROXIES[-1]} ({rho[like]:.2f})"}
+    got["rank_by_weight"] = {"weights": capped_weights(like, RANK_BY_WEIGHT_CAP),
+                             "why": f"as much {like} as the cap of {RANK_BY_WEIGHT_CAP:g} per domain allows, the rest "
+                                    f"equal: its weight has the most negative Spearman with the target loss at "
+                                    f"{PROXIES[-1]} ({rho[like]:.2f}); no epoch cap, as for the laws' optima (UniMax "
+                                    "is the epoch-capped choice)"}
     laws = json.loads((out / "evaluate_ladder" / "evaluation.json").read_text())["laws"]
     got["camel"] = {"weights": json.loads((out / "optima" / "camel.json").read_text())["weights"],
                     "why": "CAMEL's optimum for the target"}
-    scored = {k: v for k, v in laws.items() if k != "camel" and "decision" in v}
+    scored = {k: v for k, v in laws.items() if not k.startswith("camel") and "decision" in v}  # CAMEL's variants excluded
     other = max(scored, key=lambda k: (scored[k]["decision"]["accuracy"], -scored[k]["mean"]["mae"]))
     got["best_other_law"] = {"weights": json.loads((out / "optima" / f"{other}.json").read_text())["weights"], "law": other,
-                             "why": f"{other}: the best decision accuracy with {PROXIES[-1]} held out after CAMEL's "
+                             "why": f"{other}: the best decision accuracy with {PROXIES[-1]} held out among the laws other than CAMEL "
                                     f"({scored[other]['decision']['accuracy']:.3f})"}
     got["repetition_law"] = {"weights": json.loads((out / "optima" / f"{REP_LAW}.json").read_text())["weights"],
                              "why": f"{REP_LAW}'s optimum (R* fitted) for the target"}
