@@ -54,6 +54,11 @@ checkpoint when -1). ``bases="none"`` collects such runs as ordinary runs (Merge
 warm-started from a base outside the table); a mapping {workdir: base workdir} names the bases
 explicitly (the sweep runner's, from the plan).
 
+**Scheduled checkpoints only.** A run saves a checkpoint every ``checkpoint.every_steps`` steps,
+at its last step, and when it is stopped (Ctrl-C, a sweep's stop, preemption) so that it can
+resume. Only the scheduled ones make rows (and are evaluated): a run interrupted and resumed gives
+the table an uninterrupted run gives. The others are named in :attr:`Collected.skipped`.
+
 A checkpoint without an evaluation is **reported, not guessed**: by default it is left out and
 named in :attr:`Collected.unevaluated` (the CLI prints it with the command that evaluates it);
 with ``evaluate=True`` collect first runs ``python -m moejax.eval --workdir W --step N`` for each
@@ -145,6 +150,14 @@ def stage_average(stages: Sequence[tuple[int, dict[str, float]]], step: int) -> 
     if norm <= 0:  # step 0: the first stage's weights
         return dict(stages[0][1])
     return {d: w / norm for d, w in total.items()}
+
+
+def on_schedule(cfg, step: int) -> bool:
+    """Whether ``step`` is one of the run's scheduled checkpoints (every ``checkpoint.every_steps``
+    and the last, ``train.steps``); a checkpoint off the schedule was saved when the run was
+    stopped, so that it can resume, and makes no row."""
+    every = int(cfg.checkpoint.every_steps)
+    return step == int(cfg.train.steps) or (every > 0 and step % every == 0)
 
 
 def _read_json(path: Path) -> Any:
@@ -301,7 +314,8 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
         raise ValueError(f"bench_metric {bench_metric!r}: allowed: {', '.join(BENCH_METRICS)}.")
     dirs = expand_workdirs(workdirs)
     if evaluate:
-        missing = [(str(w), s) for w in dirs for s in checkpoint_steps(w) if s > 0 and s not in eval_steps(w)]
+        missing = [(str(w), s) for w in dirs for s in checkpoint_steps(w)
+                   if s > 0 and s not in eval_steps(w) and on_schedule(_run_config(w), s)]
         evaluate_checkpoints(missing, eval_args)
     rows: list[dict[str, Any]] = []
     unevaluated: list[tuple[str, int]] = []
@@ -316,7 +330,12 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     base_of = _bases(dirs, names, cfgs, bases)
     for name, wd, cfg in zip(names, dirs, cfgs):
         evals: dict[int, Any] = dict(eval_steps(wd))
-        missing = [s for s in checkpoint_steps(wd) if s > 0 and s not in evals]
+        for step in [s for s in evals if s > 0 and not on_schedule(cfg, s)]:
+            del evals[step]
+            skipped.append(f"{wd}: step {step} (a checkpoint saved when the run was stopped, off its schedule of every "
+                           f"{cfg.checkpoint.every_steps} steps and step {cfg.train.steps}: an interrupted run gives the "
+                           "rows an uninterrupted one gives)")
+        missing = [s for s in checkpoint_steps(wd) if s > 0 and s not in evals and on_schedule(cfg, s)]
         if losses_from_log and missing:
             logged = _log_losses(wd)
             for s in missing:

@@ -80,6 +80,18 @@ def test_unevaluated_checkpoints_are_reported(workdir, tmp_path):
     assert got.unevaluated == [(str(bare), 5)]
 
 
+def test_a_checkpoint_saved_when_the_run_was_stopped_makes_no_row(workdir, tmp_path):
+    """Step 4 is off the schedule (every 3 steps, and 5): a checkpoint saved at a stop, evaluated by a
+    sweep; the table is the uninterrupted run's, and the step is named."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(workdir, stopped)
+    shutil.copyfile(stopped / "eval" / "step_3.json", stopped / "eval" / "step_4.json")
+    shutil.copytree(stopped / "checkpoints" / "3", stopped / "checkpoints" / "4")
+    got = collect([str(stopped)], evaluate=True)  # nothing to evaluate: step 4 is not scheduled
+    assert got.columns["step"] == [3, 5] and got.unevaluated == []
+    assert any("step 4 (a checkpoint saved when the run was stopped" in note for note in got.skipped)
+
+
 def test_a_ladder_root_is_expanded_and_names_are_the_workdirs(workdir, tmp_path):
     root = tmp_path / "ladder"
     for name in ("a", "b"):
