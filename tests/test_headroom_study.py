@@ -248,3 +248,11 @@ def test_candidates_name_each_pick_from_the_ladder_s_files(tmp_path):
     assert got["rank_by_weight"]["weights"]["knowledge"] == pytest.approx(study.RANK_BY_WEIGHT_CAP)
     assert got["unimax"]["weights"]["knowledge"] < 0.1  # 4 epochs of a 250k pool in 12M tokens
     assert got["best_other_law"]["law"] == "regmix"  # camel+repfit scored higher but is CAMEL's variant
+
+
+def test_mergemix_base_is_the_gate_s_uniform_run_at_the_largest_proxy(tmp_path, monkeypatch):
+    swept = []
+    monkeypatch.setattr(study, "sweep", lambda plan, root, parallel: swept.append(json.loads(plan.read_text())["runs"]))
+    base, run = study.mergemix_base(RESULTS, tmp_path, 2, 4)
+    assert run["name"] == "s1b_uniform_s10" and base == tmp_path / "pilot4" / "s1b_uniform_s10"
+    assert [r["name"] for r in swept[0]] == ["s1b_uniform_s10"]  # reused when done, trained otherwise

@@ -540,10 +540,12 @@ MERGE_SHARE = 0.1  # experts train for 10% of the base's tokens (docs/mergemix.m
 
 
 def mergemix_base(out: Path, root: Path, parallel: int, attempt: int) -> tuple[Path, dict]:
-    """The shared base: the gate's ``<largest proxy>_uniform_s0`` run (from scratch, the study's
-    budget and pool), reused from the gate's run directory when it is there, else trained."""
+    """The shared base: the gate's uniform run at the largest proxy with its lowest seed (from
+    scratch, the study's budget and pool), reused from the gate's run directory when it is there,
+    else trained."""
     plan = json.loads((attempt_dir(out, attempt) / "plan.json").read_text())
-    run = next(r for r in plan["runs"] if r["name"] == f"{PROXIES[-1]}_uniform_s0")
+    run = min((r for r in plan["runs"] if r["name"].rpartition("_s")[0] == f"{PROXIES[-1]}_uniform"),
+              key=lambda r: r["seed"])
     sub = root / "chunks" / "mergemix_base.json"
     sub.parent.mkdir(parents=True, exist_ok=True)
     sub.write_text(json.dumps({**plan, "runs": [run]}, indent=1))
