@@ -623,7 +623,8 @@ def mergemix_rank(out: Path, root: Path, base: Path, target: str) -> dict:
     rankers = {"mergemix": np.array([target_score(m, target) for m in metrics]),
                "closeness_to_uniform": uniform_score(mix_nm),
                "rank_by_target_weight": -like,  # the mixture's share of the target's domains
-               f"smaller_proxy_{PROXIES[-2]}": np.array([np.mean(smaller[n]) for n in names])}
+               f"smaller_proxy_{PROXIES[-2]}": np.array([np.mean(smaller[f"{PROXIES[-2]}_{n.partition('_')[2]}"])
+                                                         for n in names])}  # s1b_m3's mixture at s1 is s1_m3
     obs = [values[n] for n in names]
     truth = np.array([np.mean(v) for v in obs])
     got = {"mixtures": names, "metric": metric_name(target), "truth_seed_mean": truth.tolist(), "merge_s": merge_s,
