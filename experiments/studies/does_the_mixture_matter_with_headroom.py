@@ -889,12 +889,18 @@ def report_md(out: Path) -> str:
     for name, title in (("evaluate_ladder", f"{PROXIES[-1]} held out"), ("evaluate_target", "the target held out")):
         path = out / name / "evaluation.json"
         if path.exists():
-            lines += ["", f"## Evaluate, {title}", "", f"**{json.loads(path.read_text())['verdict']}** "
-                      f"(tables: {name}/evaluation.md)"]
+            verdict = json.loads(path.read_text())["verdict"]
+            text = verdict["text"] if isinstance(verdict, dict) else verdict
+            lines += ["", f"## Evaluate, {title}", "", f"**{text}** (tables: {name}/evaluation.md)"]
     lines += ["", "## Limits", "", "- One synthetic corpus (four generated domains and one held-out target set), "
               "tiny models on CPU (58k to 600k active parameters).",
               "- MergeMix is a mid-training method; here its experts continue a from-scratch uniform base at the "
-              f"largest proxy ({PROXIES[-1]}) for {MERGE_SHARE:.0%} of the base's tokens, one expert seed."]
+              f"largest proxy ({PROXIES[-1]}) for {MERGE_SHARE:.0%} of the base's tokens, one expert seed.",
+              "- Proportional and UniMax are candidates at the target but not rankers in `evaluate` on the ladder: "
+              f"the runs table has unique tokens for {SCARCE} only (the other domains' sizes are the built-in "
+              "corpus's, given to the candidates by `available_tokens`).",
+              f"- The ladder has 2 seeds at {PROXIES[-1]} and one at the smaller sizes: its paired half-widths have 1 "
+              "degree of freedom (t = 12.7), so the ladder decides few pairs on its own; the target has 3 seeds."]
     return "\n".join(lines) + "\n"
 
 
