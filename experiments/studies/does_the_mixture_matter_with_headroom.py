@@ -900,7 +900,8 @@ def report_md(out: Path) -> str:
               f"the runs table has unique tokens for {SCARCE} only (the other domains' sizes are the built-in "
               "corpus's, given to the candidates by `available_tokens`).",
               f"- The ladder has 2 seeds at {PROXIES[-1]} and one at the smaller sizes: its paired half-widths have 1 "
-              "degree of freedom (t = 12.7), so the ladder decides few pairs on its own; the target has 3 seeds."]
+              "degree of freedom (t = 12.7), which is why they are wide; `evaluate` decides the ladder's pairs by its own noise "
+              "rule (a difference beyond twice the pair's seed spread), the target by the registered paired t over 3 seeds."]
     return "\n".join(lines) + "\n"
 
 
