@@ -870,6 +870,12 @@ def report_md(out: Path) -> str:
     lines += ["", (f"Gate passed in attempt {passed[-1]} (pilot/attempt{passed[-1]}/gate.md)." if passed else
                    "No attempt has passed the gate: no ladder run is made (each attempt's gate.md says why).")]
     reg_path, target_csv = out / "registration.json", out / "target_runs.csv"
+    if reg_path.exists() and not target_csv.exists() and (out / "target_plan.json").exists():
+        planned = json.loads((out / "target_plan.json").read_text())["runs"]
+        landed = sorted({r for part in (out / "target").glob("*.csv") for r in read_runs(str(part)).run.tolist()})
+        lines += ["", "## Target runs", "", f"Registered {json.loads(reg_path.read_text())['registered_at']}; "
+                  f"{len(landed)} of {len(planned)} target runs landed ({', '.join(landed) or 'none'}). The "
+                  "comparisons are made when all have (`--stage report`)."]
     if reg_path.exists() and target_csv.exists():
         reg = load(reg_path)
         check = verify(reg, read_runs(str(target_csv)))
