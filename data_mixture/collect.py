@@ -313,9 +313,10 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     if bench_metric not in BENCH_METRICS:
         raise ValueError(f"bench_metric {bench_metric!r}: allowed: {', '.join(BENCH_METRICS)}.")
     dirs = expand_workdirs(workdirs)
+    cfgs = [_run_config(wd) for wd in dirs]
     if evaluate:
-        missing = [(str(w), s) for w in dirs for s in checkpoint_steps(w)
-                   if s > 0 and s not in eval_steps(w) and on_schedule(_run_config(w), s)]
+        missing = [(str(w), s) for w, cfg in zip(dirs, cfgs) for s in checkpoint_steps(w)
+                   if s > 0 and s not in eval_steps(w) and on_schedule(cfg, s)]
         evaluate_checkpoints(missing, eval_args)
     rows: list[dict[str, Any]] = []
     unevaluated: list[tuple[str, int]] = []
@@ -326,7 +327,6 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     logprob_tasks: list[str] = []
     pooled: list[str] = []
     names = _run_names(dirs)
-    cfgs = [_run_config(wd) for wd in dirs]
     base_of = _bases(dirs, names, cfgs, bases)
     for name, wd, cfg in zip(names, dirs, cfgs):
         evals: dict[int, Any] = dict(eval_steps(wd))
