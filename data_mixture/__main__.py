@@ -288,21 +288,23 @@ def _read_runs_files(paths: list[str]):
 
 
 def cmd_evaluate(args) -> None:
-    from data_mixture.evaluate import evaluate_laws, format_report
+    from data_mixture.evaluate import _jsonable, evaluate_laws, format_report
     from moejax.paths import replace_dir
 
     table = _read_runs_files(args.runs)
+    check = None
+    if args.registration:  # checked on the table as read, before any fit: the rule names its own metric
+        from data_mixture.register import load, verify
+
+        check = verify(load(args.registration), table)
     target = _target(args)
     if target is not None:  # the target is the one validation domain every law is fitted to and scored on
         table = target.apply(table)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
-    registration = None
-    if args.registration:
-        from data_mixture.register import load
-
-        registration = load(args.registration)
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
-                           starts=args.starts, tokens=args.tokens, resamples=args.resamples, registration=registration)
+                           starts=args.starts, tokens=args.tokens, resamples=args.resamples)
+    if check is not None:
+        report["registration"] = _jsonable(check)
     if target is not None:
         report["target"] = target.to_json()
     final = Path(args.out_dir)

@@ -372,20 +372,14 @@ def _f(x, fmt: str = ".2f") -> str:
 
 def evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str = "largest", size_column: str = "params_total",
                   seed: int = 0, starts: int = 64, tokens: str = "all", resamples: int = 1000,
-                  optimum: bool = True, registration: dict | None = None) -> dict[str, Any]:
+                  optimum: bool = True) -> dict[str, Any]:
     """The comparison as a JSON-able dict (see the module docstring). ``holdout="each"`` returns
     {"holdout", "size_column", "noise_floor", "holdouts": [one evaluation per held-out size],
-    "summary", "verdict"}; every other hold-out one evaluation. With a ``registration``
-    (:mod:`data_mixture.register`) the report's ``registration`` holds its check on the whole table
-    (:func:`data_mixture.register.verify`: runs that predate it or that it does not cover, by name,
-    and every registered comparison); the report says "pre-registered" only when it passed."""
-    report = _evaluate_laws(table, laws, holdout=holdout, size_column=size_column, seed=seed, starts=starts,
-                            tokens=tokens, resamples=resamples, optimum=optimum)
-    if registration is not None:
-        from data_mixture.register import verify
-
-        report["registration"] = _jsonable(verify(registration, table))
-    return report
+    "summary", "verdict"}; every other hold-out one evaluation. A registration's check
+    (:func:`data_mixture.register.verify`, on the table as read: its rule names its own metric) goes
+    in the report as ``report["registration"]``; :func:`format_report` then leads with it."""
+    return _evaluate_laws(table, laws, holdout=holdout, size_column=size_column, seed=seed, starts=starts,
+                          tokens=tokens, resamples=resamples, optimum=optimum)
 
 
 def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_column: str, seed: int, starts: int,

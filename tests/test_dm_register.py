@@ -114,3 +114,20 @@ def test_a_weighted_target_decides_the_registered_comparisons():
                    code_version={"commit": "abc", "dirty": False}, registered_at=WHEN)
     with pytest.raises(RegistrationError, match="decision rule metric 'code=0.6,maths=0.4'"):
         verify(bad, _table(AFTER))
+
+
+def test_cli_evaluate_with_a_weighted_target_checks_the_registration_on_the_table_as_read(tmp_path):
+    """--target makes the target the table's one validation domain for the fits; the registration's
+    rule names its own metric (here the same weighted target), so it is checked on the columns as read."""
+    rule = {"rule": "paired 95% t-interval over 3 seeds", "metric": "code=0.6,prose=0.4"}
+    reg = register(rule, CANDS, target={"size": 4e5}, code_version={"commit": "abc", "dirty": False}, registered_at=WHEN)
+    reg_path = tmp_path / "registration.json"
+    reg_path.write_text(json.dumps(reg))
+    runs = tmp_path / "runs.csv"
+    write_runs(_table(AFTER), runs)
+    out = tmp_path / "eval"
+    main(["evaluate", "--runs", str(runs), "--laws", "regmix_linear", "--starts", "2", "--resamples", "200",
+          "--target", "code=0.6,prose=0.4", "--registration", str(reg_path), "--out-dir", str(out), "--no-plot"])
+    check = json.loads((out / "evaluation.json").read_text())["registration"]
+    assert check["pre_registered"] and check["comparisons"][0]["verdict"] == "b wins"
+    assert "**Pre-registered**" in (out / "evaluation.md").read_text()
