@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from data_mixture.plan import fixed_pools, preset_sizes, proxy_pools
 from moejax.log import add_verbosity_flags, setup_logging
@@ -885,10 +886,16 @@ def report_md(out: Path) -> str:
         metric = reg["decision_rule"].get("metric", f"loss:{TARGET_SET}")
         weights, values = final_means(table, sizes()[TARGET]["params_active"], metric.removeprefix("loss:"))
         names = [n for n in reg["candidates"] if f"{TARGET}_{n}" in values]
-        lines += ["", "## Predicted vs observed target loss", "", "| law | " + " | ".join(names) + " |",
-                  "|---|" + "---|" * len(names),
-                  "| observed (seed mean) | " + " | ".join(f"{np.mean(values[f'{TARGET}_{n}']):.4f}" for n in names) + " |"]
-        lines += [f"| {law} | " + " | ".join(f"{p[n]:.4f}" for n in names) + " |" for law, p in reg["predictions"].items()]
+        observed = np.array([np.mean(values[f"{TARGET}_{n}"]) for n in names])
+        lines += ["", "## Predicted vs observed target loss", "", "Each law's registered prediction for each candidate; "
+                  "the last two columns score it against the observed seed means over the candidates (mean absolute "
+                  "error; Spearman: does the law order the candidates as the target runs do).", "",
+                  "| law | " + " | ".join(names) + " | abs. error | Spearman |", "|---|" + "---|" * (len(names) + 2),
+                  "| observed (seed mean) | " + " | ".join(f"{v:.4f}" for v in observed) + " | | |"]
+        for law, p in reg["predictions"].items():
+            pred = np.array([p[n] for n in names])
+            lines.append(f"| {law} | " + " | ".join(f"{v:.4f}" for v in pred) + f" | {np.mean(np.abs(pred - observed)):.4f}"
+                         f" | {spearmanr(pred, observed).statistic:+.2f} |")
     lines += detectable_md(out)
     lines += mergemix_md(out)
     lines += costs_md(out)
