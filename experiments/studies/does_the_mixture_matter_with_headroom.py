@@ -666,10 +666,13 @@ def costs(out: Path, attempt: int) -> dict:
         summary = out / "mergemix" / f"search_{name}" / "summary.json"
         if summary.exists():
             sm = json.loads(summary.read_text())
-            got[f"mergemix_{name}"] = {**sm.get("flops", {}), "search_s": sm.get("seconds", {}).get("search_mergemix")}
+            got[f"mergemix_{name}"] = {**sm.get("flops", {}), "search_s": sm.get("seconds", {}).get("search_mergemix"),
+                                       "experts_s": sm.get("seconds", {}).get("experts")}
     if got["target"]:
-        per_run = got["target"]["flops"] / got["target"]["runs"]
-        got["brute_force_target"] = {"mixtures": MIXTURES, "flops": MIXTURES * per_run * len(TARGET_SEEDS),
+        t = got["target"]
+        n = MIXTURES * len(TARGET_SEEDS)
+        got["brute_force_target"] = {"mixtures": MIXTURES, "flops": n * t["flops"] / t["runs"],
+                                     "run_s": n * t["run_s"] / t["runs_timed"] if t["runs_timed"] else None,
                                      "what": f"the ladder's {MIXTURES} mixtures at the target, {len(TARGET_SEEDS)} seeds"}
     ladder = (got["ladder"] or {}).get("flops")
     got["picked_with"] = {"uniform": 0.0, "proportional": 0.0, "unimax": 0.0, "best_at_proxy": ladder,
@@ -1032,12 +1035,15 @@ def costs_md(out: Path) -> list[str]:
     for name in ("mergemix_loss", "mergemix_benchmark"):
         if c.get(name):
             m = c[name]
-            lines.append(f"| {name} (experts + merges; base not counted) | {m.get('merges_evaluated', '')} merges | "
-                         f"{m.get('total', float('nan')):.3g} | search {(m.get('search_s') or 0) / 60:.0f} |")
+            lines.append(f"| {name} (experts + merges; with the base run: {m.get('total_with_base', float('nan')):.3g}) | "
+                         f"4 experts, {m.get('merges_evaluated', '')} merges | {m.get('total', float('nan')):.3g} | "
+                         + (f"experts {m['experts_s'] / 60:.1f}" if (m.get("experts_s") or 0) > 1 else "experts reused")  # loaded, not trained
+                         + f" + search {(m.get('search_s') or 0) / 60:.1f} |")
     if c.get("brute_force_target"):
         b = c["brute_force_target"]
+        est = "" if b["run_s"] is None else f"{b['run_s'] / 60:.0f} (estimated: the target runs' mean)"
         lines.append(f"| brute force at the target ({b['what']}; not run) | {b['mixtures'] * len(TARGET_SEEDS)} | "
-                     f"{b['flops']:.3g} | |")
+                     f"{b['flops']:.3g} | {est} |")
     picked = [f"{k} {v:.3g}" for k, v in c["picked_with"].items() if v is not None]
     lines += ["", "Training FLOPs spent before each candidate could be named (the gate not counted): "
               + ", ".join(picked) + "."]
