@@ -17,7 +17,6 @@ and the median round is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -26,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.benchmarks.timing import write_json
 from moejax.data.corpus import DOMAINS, default_cache_dir
 from moejax.data.dataset import open_dataset
 from moejax.data.export import export_corpus
@@ -122,10 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         result["prepared"] = measure_pipeline(dataset, **timing)
     print(f"prepared dataset: {result['prepared']['tokens_per_s']:>12,.0f} tokens/s "
           f"({result['prepared']['tokenizer']})")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":
