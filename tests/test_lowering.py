@@ -23,7 +23,7 @@ needs_tokamax = pytest.mark.skipif(
 
 # Every case of the tool; the tiny model cut to two layers (one dense, one MoE) so the suite stays
 # fast: the same ops, fewer of them.
-SMALL = {"model__num_layers": 2, "model__first_k_dense": 1}
+SMALL = {"model.num_layers": 2, "model.first_k_dense": 1}
 FAST_CASES = ("tiny_dropless", "tiny_one_device", "tiny_capacity", "tiny_llep", "tiny_l3", "deepseek_16b")
 
 
@@ -32,10 +32,7 @@ def lowered():
     """case -> the tool's rows (every step, cuda and tpu), lowered once for the module."""
     out = {}
     for case in FAST_CASES:
-        cfg = lower_check.CASES[case]()
-        if case.startswith("tiny"):
-            cfg = lower_check._with(cfg, SMALL)
-        out[case] = lower_check.lower_case(cfg)
+        out[case] = lower_check.lower_case(lower_check.case_config(case, SMALL if case.startswith("tiny") else {}))
     return out
 
 

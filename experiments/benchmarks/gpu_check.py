@@ -28,7 +28,7 @@ Without ``--smoke`` (on a machine with an NVIDIA GPU and its driver; run from th
 
 ``--smoke`` skips the environment and runs the same three parts at tiny sizes on this
 environment's CPU (``gpu_mfu --smoke`` at 8 experts; ``llep`` on 8 fake CPU devices, small shapes,
-one round; the peer step at a tiny batch, one round): a check that the command works end to end,
+one round; the peer step with 2 layers at a tiny batch, one round): a check that the command works end to end,
 not a measurement.
 """
 
@@ -92,7 +92,7 @@ def parts(smoke: bool, tmp: str) -> dict[str, list[str]]:
 
 def peer_step(rounds: int, out: str, smoke: bool = False) -> None:
     """The peer architecture's moejax train steps on this process's first device, interleaved
-    (``smoke``: 2 sequences of 32 tokens)."""
+    (``smoke``: 2 layers, 2 sequences of 32 tokens)."""
     from experiments.benchmarks import peer_arch
     from experiments.benchmarks.peer import moejax_stepper
     from experiments.benchmarks.timing import interleaved, machine, write_json
@@ -102,6 +102,8 @@ def peer_step(rounds: int, out: str, smoke: bool = False) -> None:
         cfg = peer_arch.moejax_config("dropless", dense=True) if name == "dense" else peer_arch.moejax_config(name)
         if smoke:
             cfg.train.global_batch_size, cfg.train.seq_len = 2, 32
+            cfg.model.num_layers = 2
+            cfg.model.first_k_dense = min(cfg.model.first_k_dense, 2)
         return cfg
 
     fns = {name: moejax_stepper(config(name)) for name in ("dropless", "capacity", "dense")}

@@ -68,46 +68,27 @@ PLATFORM_TARGETS = {
 HOST_CALLBACK = "callback"  # xla_python_cpu_callback, xla_ffi_python_gpu_callback, ...
 
 
-def _tiny(**keys) -> Callable:
-    def build():
-        from moejax.configs import tiny_moe
-
-        return _with(tiny_moe.get_config(), keys)
-
-    return build
-
-
-def _deepseek(**keys) -> Callable:
-    def build():
-        from moejax.configs import deepseek_16b
-
-        return _with(deepseek_16b.get_config(), keys)
-
-    return build
-
-
-def _with(cfg, keys: dict):
-    for dotted, value in keys.items():
-        node = cfg
-        *path, last = dotted.split("__")
-        for name in path:
-            node = node[name]
-        node[last] = value
-    return cfg
-
-
-# name -> config builder; keys are written model__moe__backend for model.moe.backend.
-# grouped_matmul "auto" (the configs' default) takes tokamax, when installed, on one device and
-# ragged_dot on several. Every case runs on all devices but tiny_one_device (mesh.data=1).
-CASES: dict[str, Callable] = {
-    "tiny_dropless": _tiny(),
-    "tiny_one_device": _tiny(mesh__data=1),
-    "tiny_capacity": _tiny(model__moe__backend="capacity"),
-    "tiny_llep": _tiny(model__moe__backend="expert_parallel", model__moe__ep_balance="llep", mesh__expert=4),
-    "tiny_l3": _tiny(model__l3__after_layers=(0,)),
+LLEP = {"model.moe.backend": "expert_parallel", "model.moe.ep_balance": "llep", "mesh.expert": 4}
+# name -> (a shipped config, the keys changed). grouped_matmul "auto" (the configs' default) takes
+# tokamax, when installed, on one device and ragged_dot on several. Every case runs on all devices
+# but tiny_one_device (mesh.data=1).
+CASES: dict[str, tuple[str, dict]] = {
+    "tiny_dropless": ("tiny_moe", {}),
+    "tiny_one_device": ("tiny_moe", {"mesh.data": 1}),
+    "tiny_capacity": ("tiny_moe", {"model.moe.backend": "capacity"}),
+    "tiny_llep": ("tiny_moe", LLEP),
+    "tiny_l3": ("tiny_moe", {"model.l3.after_layers": (0,)}),
     # The ~16B-parameter config with its own mesh (expert=8) on 8 devices: abstract, nothing allocated.
-    "deepseek_16b": _deepseek(),
+    "deepseek_16b": ("deepseek_16b", {}),
 }
+
+
+def case_config(name: str, overrides: dict | None = None):
+    """The config of case ``name`` (:data:`CASES`), with ``overrides`` ({dotted key: value}) on top."""
+    from moejax import config as config_lib
+
+    config, keys = CASES[name]
+    return config_lib.load(config, {**keys, **(overrides or {})})[0]
 
 
 def may_use_tokamax(cfg, num_devices: int) -> bool:
@@ -303,7 +284,7 @@ def main(argv=None) -> None:
     jax.config.update("jax_num_cpu_devices", args.devices)
     rows = []
     for case in cases:
-        rows += [{"case": case, **r} for r in lower_case(CASES[case](), platforms)]
+        rows += [{"case": case, **r} for r in lower_case(case_config(case), platforms)]
     print(format_rows(rows))
     if args.json:
         with open(args.json, "w") as f:

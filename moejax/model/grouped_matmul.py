@@ -4,7 +4,7 @@ The rows of ``x_md`` are sorted by expert: the first ``group_sizes_e[0]`` rows b
 the next ``group_sizes_e[1]`` to expert 1, and so on. A grouped matmul multiplies each row by its
 own expert's weight matrix. Rows past ``sum(group_sizes_e)`` belong to no expert and give zeros.
 
-Three implementations, chosen by ``impl``:
+The implementations, chosen by ``impl``:
 
 - ``"ragged"``: ``jax.lax.ragged_dot``. XLA lowers it to a grouped kernel on GPU and TPU, but on
   CPU it computes every expert densely over all rows (against a batched per-expert einsum:
@@ -23,7 +23,7 @@ Three implementations, chosen by ``impl``:
   backward pass), like ``"tiled"``.
 - ``"tokamax"``: ``tokamax.ragged_dot`` (the optional ``kernels`` extra: Google's Pallas kernel
   library, Apache-2.0), which picks its kernel from the device it is traced on: Mosaic GPU on
-  Hopper/Blackwell, Triton on other NVIDIA GPUs, Mosaic TPU from TPU v5, else its XLA reference
+  Hopper/Blackwell, Triton on NVIDIA GPUs from Ampere, Mosaic TPU from TPU v5, else its XLA reference
   (``jax.lax.ragged_dot_general``, which is what it computes on CPU).
 - ``"auto"``: on GPU/TPU ``"tokamax"`` when it is installed and the step runs on one device
   (:func:`one_device`), else ``"ragged"``; on CPU
@@ -117,9 +117,9 @@ def check_config(model_cfg, mesh_shape: dict[str, int]) -> None:
 
 def resolve_impl(impl: str, num_rows: int | None = None, num_experts: int | None = None) -> str:
     """Map ``impl`` to a concrete implementation. ``"auto"`` on GPU/TPU is ``"tokamax"`` when it
-    is installed and the step runs on :func:`one_device`, else ``"ragged"``; on CPU it is ``"hybrid"``, or ``"tiled"`` when given
-    ``num_rows`` sorted rows over ``num_experts`` experts whose even share is under
-    ``HYBRID_MIN_SHARE`` rows."""
+    is installed and the step runs on :func:`one_device`, else ``"ragged"``; on CPU it is
+    ``"hybrid"``, or ``"tiled"`` when given ``num_rows`` sorted rows over ``num_experts`` experts
+    whose even share is under ``HYBRID_MIN_SHARE`` rows."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "tokamax" and not tokamax_installed():
