@@ -11,6 +11,9 @@ Hold-outs (``holdout``):
   interpolation); ``"runs=a,b"``: hold out named runs;
 - ``"each"``: every size above the two smallest is held out in turn, fitted on the sizes below
   it only (H extrapolations in one call; the report holds one evaluation per hold-out);
+- ``"kfold=K"`` (``"kfold"``: K = 5): out-of-fold predictions of every cell, (size, mixture)
+  groups in K random folds, scored at the largest size (:mod:`data_mixture.kfold`; for tables
+  with too few sizes to hold one out);
 - ``"none"``: fit and score every row, scored at the largest size (in-sample goodness of fit,
   *not* an extrapolation test).
 
@@ -127,7 +130,7 @@ def split_holdout(table: RunsTable, holdout: str, size_column: str) -> tuple[np.
         test = np.isin(table.run, names)
         what = f"runs {', '.join(names)}"
     else:
-        raise EvaluateError(f"--holdout {holdout!r}; allowed: largest | each | size=N | runs=a,b,... | none")
+        raise EvaluateError(f"--holdout {holdout!r}; allowed: largest | each | size=N | runs=a,b,... | kfold=K | none")
     if test.all() or not test.any():
         raise EvaluateError(f"hold-out {what} leaves {'nothing to fit' if test.all() else 'nothing to predict'}: the "
                             f"table has sizes {', '.join(f'{s:.4g}' for s in sizes)}; a leave-one-scale-out "
@@ -401,6 +404,14 @@ def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_
     floor = noise_floor(build_cells(rows, size_column), rows.loss_domains)
     common = dict(laws=laws, size_column=size_column, seed=seed, starts=starts, tokens=tokens, resamples=resamples,
                   optimum=optimum, floor=floor, target=target)
+    if holdout == "kfold" or holdout.startswith("kfold="):
+        from data_mixture.kfold import FOLDS, evaluate_kfold
+
+        k = holdout[6:] if holdout.startswith("kfold=") else str(FOLDS)
+        if not k.isdigit() or int(k) < 2:
+            raise EvaluateError(f"--holdout {holdout!r}; allowed: kfold=K with K >= 2 whole folds, e.g. kfold=5.")
+        return evaluate_kfold(rows, int(k), laws=laws, size_column=size_column, seed=seed, starts=starts,
+                              resamples=resamples, floor=floor, target=target)
     if holdout != "each":
         test, what = split_holdout(rows, holdout, size_column)
         train = rows if holdout == "none" else rows.take(~test)

@@ -370,7 +370,8 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
                      loss_weights: Mapping[str, float] | None = None, task_weights: Mapping[str, float] | None = None,
                      constraints: Constraints | None = None, starts: int = 16, seed: int = 0,
                      bootstrap: bool = True, interval: float = 0.9, target=None,
-                     unique_tokens: Mapping[str, float] | None = None) -> dict[str, Any]:
+                     unique_tokens: Mapping[str, float] | None = None, robust: str | None = "mean",
+                     baselines: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The optimal mixture and what the law predicts at it, as the JSON ``optimize`` writes.
 
     ``fit`` is a :class:`data_mixture.fit.Fit` (anything with ``mix_domains``, ``loss_domains``,
@@ -381,6 +382,11 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     weighted set of the fit's validation domains sets ``loss_weights``. ``unique_tokens``
     {domain: tokens}: each domain's pool at the target, for repetition-aware laws (default: the
     pools the fit recorded) and for ``Constraints.domain_epochs``.
+
+    ``robust`` (``"mean"``, default; ``"qNN"``; None: the point fit's optimum): with a bootstrap
+    (and ``objective="loss"``), ``weights`` is the robust pick of :mod:`data_mixture.robust` and
+    ``robust`` its report (agreement, odds against ``baselines`` {name: weights} -- default
+    :func:`default_baselines` -- and the members on a corner); ``point`` keeps the point optimum.
     """
     t0 = time.perf_counter()
     constraints = constraints or Constraints()
@@ -414,7 +420,20 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
 
     n_members = len(getattr(fit, "bootstrap", []) or [])
     members_w, at_star_loss, at_star_bench = [], [], []
-    if bootstrap and n_members:
+    robust_report = None
+    w_point = w_star
+    if robust and bootstrap and n_members and objective == "loss":
+        from data_mixture.robust import robust_pick
+
+        if baselines is None:
+            baselines = default_baselines(fit, a_v, target_json, tokens, unique_m)
+        robust_report = robust_pick(fit, size=size, tokens=tokens, a_v=a_v, lo_m=lo, hi_m=hi, unique_m=pred_unique,
+                                    robust=robust, point_w=w_star, baselines=baselines, seed=seed, interval=interval,
+                                    binding=notes["binding_upper"])
+        w_star = np.array([robust_report["weights"][d] for d in domains])
+        v_star = float(f(w_star[None])[0])
+        members_w = [np.array([o[d] for d in domains]) for o in robust_report["member_optima"]]
+    elif bootstrap and n_members:
         for b in range(n_members):
             fb = _objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique)
             wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
@@ -463,8 +482,30 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
            if unique_m is not None else {}),
         "predicted": predicted,
         "bootstrap": boot,
+        **({"point": dict(zip(domains, w_point.tolist())), "robust": robust_report} if robust_report else {}),
         "search": {**search, "seed": seed, "seconds": time.perf_counter() - t0},
     }
+
+
+def default_baselines(fit, a_v: np.ndarray, target_json: Mapping | None, tokens: float,
+                      unique_m: np.ndarray | None) -> dict[str, dict[str, float]]:
+    """The mixtures a robust pick is compared with when none are given: uniform; proportional and
+    UniMax when every domain's pool is known; the target-capped practitioner rules
+    (:mod:`data_mixture.baselines`; proxy-capped needs the runs table: ``recommend`` adds it)."""
+    from data_mixture.baselines import UNIMAX_MAX_EPOCHS, practitioner_mixtures, unimax_weights
+    from data_mixture.target import Target
+
+    domains = tuple(fit.mix_domains)
+    out = {"uniform": {d: 1.0 / len(domains) for d in domains}}
+    if unique_m is not None and np.all(np.isfinite(unique_m)):
+        out["proportional"] = dict(zip(domains, (unique_m / unique_m.sum()).tolist()))
+        out["unimax"] = dict(zip(domains, unimax_weights(unique_m, tokens, UNIMAX_MAX_EPOCHS).tolist()))
+    pools = {} if unique_m is None else {d: float(u) for d, u in zip(domains, unique_m) if np.isfinite(u)}
+    target = Target.from_json(target_json) if target_json else dict(zip(fit.loss_domains, np.asarray(a_v).tolist()))
+    for name, got in practitioner_mixtures(domains, tokens=tokens, pools=pools, target=target).items():
+        if "weights" in got:
+            out[name] = got["weights"]
+    return out
 
 
 def write_mixture(result: Mapping[str, Any], path: str | os.PathLike) -> None:
