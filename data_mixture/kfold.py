@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from data_mixture.baselines import BASELINES, Cells, build_cells, cell_pools, compute_baselines
+from data_mixture.baselines import Cells, build_cells, cell_pools, compute_baselines
 from data_mixture.table import RunsTable, TableError
 
 FOLDS = 5
@@ -99,56 +99,30 @@ def _baselines_oof(rows, held, fold_r, fold_c, k, domains, mix_domains, size_col
     return out
 
 
-def evaluate_kfold(rows: RunsTable, k: int, *, laws, size_column, seed, starts, resamples, floor,
-                   target=None) -> dict[str, Any]:
-    """One out-of-fold evaluation in the report format of :func:`data_mixture.evaluate.evaluate_laws`."""
-    from data_mixture import evaluate as ev
+def out_of_fold(rows: RunsTable, k: int, *, laws, size_column: str, seed: int, starts: int,
+                target=None) -> dict[str, Any]:
+    """Out-of-fold predictions for :func:`data_mixture.evaluate.evaluate_laws` (``holdout="kfold=K"``,
+    which scores them): {"cells", "held" (the cells at the largest size), "laws" {name: {"pred_cv",
+    "seconds", "warnings"} or {"skipped"}}, "baselines" {name: predictions or {"skipped"}}}."""
     from data_mixture.laws.base import SizeExtrapolationWarning
 
-    t_start = time.perf_counter()
     domains, mix_domains = tuple(rows.loss_domains), tuple(rows.mix_domains)
     cells = build_cells(rows, size_column)
     fold_r, fold_c = folds_of(rows, cells, size_column, k, seed)
     top = np.flatnonzero(fold_c >= 0)
     held, fold_c = take_cells(cells, top), fold_c[top]
-    decision = ev._Decision(held, float(held.size_c.max()), floor, domains, resamples, seed)
-    best = decision.idx_k[int(np.argmin(decision.obs_k))] if decision.k else int(np.argmin(held.obs_cv.mean(axis=1)))
-    report: dict[str, Any] = {
-        "holdout": f"kfold={k} (out-of-fold predictions of the {len(held)} cells at the largest size; its mixtures in "
-                   f"{k} folds, seed {seed})",
-        "size_column": size_column, "train_rows": len(rows), "test_rows": int((fold_r >= 0).sum()),
-        "train_cells": len(cells), "test_cells": len(held), "train_sizes": sorted(set(rows.size(size_column).tolist())),
-        "held_out_size": decision.size, "held_out_tokens": float(held.tokens_c[decision.idx_k].max()) if decision.k else None,
-        "loss_domains": list(domains), "mix_domains": list(mix_domains),
-        "observed_best": {"run": held.label(best), "mean_loss": float(held.obs_cv[best].mean()),
-                          "seeds": int(held.seeds_c[best]), "weights": dict(zip(mix_domains, held.mix_cm[best].tolist()))},
-        "decision": decision.describe(resamples), "noise_floor": floor, "seed": seed, "starts": starts,
-        "laws": {}, "baselines": {},
-    }
-    law_boots, base_boots, skipped = {}, {}, {}
+    out: dict[str, Any] = {"cells": cells, "held": held, "test_rows": int((fold_r >= 0).sum()), "laws": {}}
     for name in laws:
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pred_cv, why = _law_oof(name, rows, held, fold_r, fold_c, k, domains, size_column, seed, starts)
         if pred_cv is None:
-            report["laws"][name] = {"skipped": why}
+            out["laws"][name] = {"skipped": why}
             continue
-        entry, boots = ev.score_method(held, decision, domains, pred_cv, pred_cv, pred_cv.mean(axis=1))
-        entry["fit_seconds"] = time.perf_counter() - t0
-        entry["warnings"] = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)
-                                               and not issubclass(w.category, SizeExtrapolationWarning)))
-        entry["predictions"] = ev._predictions(held, pred_cv)
-        report["laws"][name], law_boots[name] = entry, boots
-    for name, got in _baselines_oof(rows, held, fold_r, fold_c, k, domains, mix_domains, size_column, target).items():
-        entry = {"description": BASELINES[name]}
-        if "skipped" in got:
-            entry["skipped"] = skipped[name] = got["skipped"]
-            report["baselines"][name] = entry
-            continue
-        scored, boots = ev.score_method(held, decision, domains, got["pred_cv"], got["rank_cv"], got["rank_c"])
-        entry.update(scored, notes=got["notes"])
-        report["baselines"][name], base_boots[name] = entry, boots
-    report["verdict"] = ev._verdicts(report, law_boots, base_boots, skipped, domains)
-    report["seconds"] = time.perf_counter() - t_start
-    return ev._jsonable(report)
+        out["laws"][name] = {"pred_cv": pred_cv, "seconds": time.perf_counter() - t0,
+                             "warnings": list(dict.fromkeys(str(w.message) for w in caught
+                                                            if issubclass(w.category, UserWarning)
+                                                            and not issubclass(w.category, SizeExtrapolationWarning)))}
+    out["baselines"] = _baselines_oof(rows, held, fold_r, fold_c, k, domains, mix_domains, size_column, target)
+    return out

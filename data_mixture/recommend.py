@@ -80,42 +80,6 @@ def supported_laws(table, target_domain: str, size_column: str, laws: Sequence[s
     return ok, skipped
 
 
-def target_pools(table, unique_tokens: Mapping[str, float] | None) -> dict[str, float]:
-    """{domain: unique tokens at the target}: ``unique_tokens``, else the table's largest pool per domain."""
-    domains = tuple(table.mix_domains)
-    if unique_tokens:
-        unknown = sorted(set(unique_tokens) - set(domains))
-        if unknown:
-            raise RecommendError(f"--unique-tokens names {', '.join(unknown)}, not a training domain of the table "
-                                 f"({', '.join(domains)}).")
-        for d, u in unique_tokens.items():
-            if not (math.isfinite(float(u)) and float(u) > 0):
-                raise RecommendError(f"--unique-tokens {d}={u!r}; allowed: a number of tokens > 0.")
-        return {d: float(u) for d, u in unique_tokens.items()}
-    u_rm = table.unique_rm()
-    return {d: float(u_rm[:, j].max()) for j, d in enumerate(domains) if np.isfinite(u_rm[:, j]).any()}
-
-
-def baseline_mixtures(table_t, size_column: str, target, tokens: float, pools: Mapping[str, float]) -> dict[str, dict]:
-    """{name: {"weights", "why"} or {"skipped"}} of every baseline mixture at the target."""
-    from data_mixture.baselines import (UNIMAX_MAX_EPOCHS, build_cells, practitioner_mixtures, proxy_best,
-                                        unimax_weights)
-
-    domains = tuple(table_t.mix_domains)
-    cells = build_cells(table_t, size_column)
-    out: dict[str, dict] = {"uniform": {"weights": {d: 1.0 / len(domains) for d in domains}, "why": "equal weights"}}
-    u_m = np.array([pools.get(d, np.inf) for d in domains])
-    if np.all(np.isfinite(u_m)):
-        out["proportional"] = {"weights": dict(zip(domains, (u_m / u_m.sum()).tolist())), "why": "in proportion to the pools"}
-        out["unimax"] = {"weights": dict(zip(domains, unimax_weights(u_m, tokens, UNIMAX_MAX_EPOCHS).tolist())),
-                         "why": f"UniMax, cap {UNIMAX_MAX_EPOCHS:g} epochs at the target's tokens"}
-    best, which = proxy_best(cells)
-    out["best_at_proxy"] = {"weights": dict(zip(domains, best.tolist())), "why": f"lowest target loss: {which}"}
-    out.update(practitioner_mixtures(domains, tokens=tokens, pools=pools, target=target,
-                                     loss_domains=table_t.loss_domains, proxy=(best, which)))
-    return out
-
-
 def _best_law(report: Mapping[str, Any]) -> str | None:
     scored = {n: e for n, e in report["laws"].items() if (e.get("decision") or {}).get("accuracy") is not None}
     if not scored:
@@ -176,6 +140,7 @@ def recommend(runs, *, size: float, tokens: float, target: str | None = None,
               config: str | None = None, dataset: str | None = None, progress: bool = True) -> dict[str, Any]:
     """The recommendation as a dict (the ``mixture.json`` written under ``out`` when given).
     ``runs``: a runs-table path, a list of paths (concatenated) or a RunsTable."""
+    from data_mixture.baselines import baseline_mixtures, target_pools
     from data_mixture.fit import fit_table
     from data_mixture.optimize import optimize_mixture
     from data_mixture.robust import parse_robust
@@ -212,7 +177,7 @@ def recommend(runs, *, size: float, tokens: float, target: str | None = None,
         law = decision["best_law"]
         say(f"fitting {law} on the whole table with {bootstrap} bootstrap members")
         fit = fit_table(table, law, size_column=size_column, bootstrap=bootstrap, seed=seed, starts=starts,
-                        progress=progress, target=target_obj)
+                        progress=progress and sys.stderr.isatty(), target=target_obj)
         say("robust pick over the members")
         with_weights = {n: b["weights"] for n, b in bases.items() if "weights" in b}
         pick = optimize_mixture(fit, size=size, tokens=tokens, unique_tokens=pools or None, robust=robust,

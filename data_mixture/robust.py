@@ -66,7 +66,9 @@ def _stacked_member_loss(fit, v: str, size: float, tokens: float, unique_m: np.n
     from data_mixture.laws.parametric import ParametricLaw
     from data_mixture.laws.repeated import unique_from_json
 
-    fits = [member[v] for member in fit.bootstrap]
+    fits = [member.get(v) if isinstance(member, dict) else None for member in fit.bootstrap]
+    if any(f is None or not hasattr(f, "law") or not hasattr(f, "info") for f in fits):
+        return None  # not the members of a data_mixture.fit.Fit
     law = get_law(fits[0].law)
     base = getattr(law, "base_law", None)
     repeated = base is not None
@@ -113,8 +115,8 @@ def member_predictor(fit, size: float, tokens: float, a_v: np.ndarray,
     def numpy_g(w_km):
         w_km = np.atleast_2d(w_km)
         k = w_km.shape[0]
-        pools = None if unique_m is None else np.broadcast_to(unique_m, w_km.shape)
-        return np.stack([fit.predict_losses(np.full(k, size), np.full(k, tokens), w_km, member=b, unique_rm=pools) @ a_v
+        pools = {} if unique_m is None else {"unique_rm": unique_m}  # only repetition-aware fits take pools
+        return np.stack([np.asarray(fit.predict_losses(np.full(k, size), np.full(k, tokens), w_km, member=b, **pools)) @ a_v
                          for b in range(n_members)])
 
     if any(h is None for h, _ in parts):
@@ -141,7 +143,7 @@ def _statistic(q: float | None):
 def _pgd(value_grad: Callable, w_km: np.ndarray, lo_m, hi_m, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Projected gradient descent, one step size per lane (grown on success, halved on failure):
     ``value_grad(W) -> (vals_k, grads_km)``; returns the lanes' best points and values."""
-    from data_mixture.optimize import project
+    from data_mixture.simplex import project
 
     w = project(w_km, lo_m, hi_m)
     val, grad = value_grad(w)
@@ -226,7 +228,7 @@ def robust_pick(fit, *, size: float, tokens: float, a_v: np.ndarray, lo_m: np.nd
 
 def _robust_pick(fit, *, size, tokens, a_v, lo_m, hi_m, unique_m, robust, point_w, baselines, starts, seed, interval,
                  binding, steps, candidates) -> dict[str, Any]:
-    from data_mixture.optimize import check_feasible, project
+    from data_mixture.simplex import check_feasible, project
 
     q = parse_robust(robust)
     domains = tuple(fit.mix_domains)
