@@ -11,8 +11,20 @@ made into an MoE that starts where the dense model stood (docs/upcycling.md).
 ==============  =====================================================================
 """
 
+from typing import Any
+
 from moejax.upcycle.experts import METHODS, Plan, check_plan, function_preserving, upcycle_layer
-from moejax.upcycle.workdir import RECORD_FILE, upcycle, upcycled_config, upcycled_params
+
+_WORKDIR_NAMES = ("RECORD_FILE", "upcycle", "upcycled_config", "upcycled_params")
+
+
+def __getattr__(name: str) -> Any:
+    """The workdir functions, imported on first use (they need JAX; ``--help`` does not)."""
+    if name in _WORKDIR_NAMES:
+        from moejax.upcycle import workdir
+
+        return getattr(workdir, name)
+    raise AttributeError(f"module 'moejax.upcycle' has no attribute {name!r}")
 
 __all__ = ["METHODS", "Plan", "RECORD_FILE", "check_plan", "function_preserving", "upcycle", "upcycle_layer",
            "upcycled_config", "upcycled_params"]
