@@ -1,5 +1,6 @@
-"""Every training command data_mixture prints runs as printed (optimize, plan, sweep), on the
-user's own dataset with its own tokenizer; each law's minimum runs; fit --holdout."""
+"""Every command moejax and data_mixture print runs as printed from the user's directory (optimize,
+plan, sweep, hf import: moejax/commands.py), on the user's own dataset with its own tokenizer; each
+law's minimum runs; fit --holdout."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 
 from data_mixture.__main__ import main as dm_main
+from moejax import commands
+from moejax.commands import LAUNCH_SCRIPT, python_command, train_command
 from moejax.data.prepare import prepare_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,13 +83,13 @@ def test_optimize_prints_a_command_with_the_dataset_that_trains(dataset, runs_cs
     dm_main(["optimize", "--fit", fit, "--size", "3e6", "--tokens", "1e4", "--no-bootstrap", "--dataset", dataset,
              "--out", mixture])
     command = _printed_command(capsys.readouterr().out, "train with: ")
-    assert command[:2] == ["./launch.sh", "experiments/configs/tiny_moe.py"]
+    assert command[:2] == [str(LAUNCH_SCRIPT), os.path.join(ROOT, "experiments/configs/tiny_moe.py")]
     assert f"--config.data.path={dataset}" in command and f"--config.data.mixture_file={mixture}" in command
     assert not any("vocab_size" in arg for arg in command)  # derived from the dataset's tokenizer
     workdir = str(tmp_path / "w")
     command[command.index("--workdir") + 1] = workdir
-    proc = subprocess.run(["bash", *command, *SHORT], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "MOEJAX_PYTHON": sys.executable})
+    proc = subprocess.run(["bash", *command, *SHORT], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "MOEJAX_PYTHON": sys.executable})  # from the user's directory
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "derived model.vocab_size=512" in proc.stdout
     assert "done: step 2" in proc.stdout
@@ -103,7 +106,7 @@ def test_plan_runs_on_the_dataset_and_its_printed_command_trains(dataset, tmp_pa
     assert set(runs[0]["mixture"]) == {"changelog", "licenses", "man"}  # the dataset's domains, not asked for
     command = _printed_command(out, "each run trains as, e.g.: ")
     command[command.index("--workdir") + 1] = str(tmp_path / "run")
-    proc = subprocess.run(["bash", *command, *SHORT], cwd=ROOT, capture_output=True, text=True, timeout=900,
+    proc = subprocess.run(["bash", *command, *SHORT], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "MOEJAX_PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "done: step 2" in proc.stdout
@@ -118,8 +121,44 @@ def test_a_sweep_run_command_round_trips_through_moejax_s_own_parser(dataset):
     overrides = {"model.d_model": 64, "train.steps": 3, "data.mixture": {"changelog": 0.5, "man": 0.5},
                  "data.path": dataset}
     args = shlex.split(launch_command("experiments/configs/tiny_moe.py", "/tmp/run dir", overrides))
-    assert args[:4] == ["./launch.sh", "experiments/configs/tiny_moe.py", "--workdir", "/tmp/run dir"]
-    command = parse_command_line(["moejax.main", "--config", os.path.join(ROOT, args[1]), *args[2:]])
+    assert args[:4] == [str(LAUNCH_SCRIPT), os.path.join(ROOT, "experiments/configs/tiny_moe.py"), "--workdir", "/tmp/run dir"]
+    command = parse_command_line(["moejax.main", "--config", args[1], *args[2:]])
     cfg = command.config
     assert (cfg.model.d_model, cfg.train.steps, cfg.data.path) == (64, 3, dataset)
     assert dict(cfg.data.mixture) == {"changelog": 0.5, "man": 0.5} and command.workdir == "/tmp/run dir"
+
+
+def test_a_printed_python_command_runs_from_another_directory(tmp_path):
+    command = python_command("data_mixture", ["laws", "--domains", "3"])
+    assert command.startswith(f"{LAUNCH_SCRIPT} python -m data_mixture ")
+    env = {k: v for k, v in os.environ.items() if k != "MOEJAX_CALLER_CWD"}
+    env.setdefault("MOEJAX_PYTHON", sys.executable)
+    done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "camel" in done.stdout
+
+
+def test_a_printed_training_command_names_absolute_launcher_and_experiment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository: ./launch.sh and a repo-relative config would fail here
+    argv = shlex.split(train_command("experiments/configs/tiny_moe.py", tmp_path / "run", ["--config.train.steps=12"]))
+    assert argv[0] == str(LAUNCH_SCRIPT) and os.path.isabs(argv[0]) and os.path.isfile(argv[0])
+    assert argv[1] == str(commands.REPO_ROOT / "experiments/configs/tiny_moe.py") and os.path.isfile(argv[1])
+    assert argv[2:] == ["--workdir", str(tmp_path / "run"), "--config.train.steps=12"]
+
+
+def test_installed_without_launch_sh_the_console_scripts_are_printed(tmp_path, monkeypatch):
+    monkeypatch.setattr(commands, "LAUNCH_SCRIPT", tmp_path / "no-launch.sh")
+    assert train_command("tiny_moe", "/w", []) == "moejax train tiny_moe --workdir /w"
+    assert python_command("data_mixture", ["fit", "--runs", "a b.csv"]) == "data-mixture fit --runs 'a b.csv'"
+    assert python_command("some.module", ["x"]) == f"{shlex.quote(sys.executable)} -m some.module x"
+
+
+def test_the_sweep_and_mixture_commands_go_through_the_helper(tmp_path, monkeypatch):
+    from data_mixture.sweep.targets import launch_command
+
+    monkeypatch.chdir(tmp_path)
+    text = launch_command("experiments/configs/tiny_moe.py", "runs/x", {"data.mixture": {"a": 0.5, "b": 0.5}})
+    argv = shlex.split(text)
+    assert argv[0] == str(LAUNCH_SCRIPT)
+    assert argv[3] == str(tmp_path / "runs/x")  # the workdir where the user is, absolute
+    assert argv[4] == '--config.data.mixture={"a": 0.5, "b": 0.5}'

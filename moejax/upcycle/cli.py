@@ -6,6 +6,7 @@ import argparse
 import os
 
 from moejax import paths
+from moejax.commands import train_command
 from moejax.errors import ConfigError
 from moejax.log import add_verbosity_flags
 from moejax.runner import run
@@ -68,4 +69,4 @@ def _upcycle(args: argparse.Namespace) -> None:
     print(f"upcycled {args.source} into {args.workdir}: {plan.experts} experts of width {record['expert_width']} "
           f"(dense {record['dense_width']}), top-{plan.top_k}, {plan.method}"
           + (", one shared expert" if plan.shared_expert else "") + f"; it {start}")
-    print(f"train from it with: ./launch.sh {os.path.join(args.workdir, 'experiment.py')} --workdir runs/NAME")
+    print(f"train from it with: {train_command(os.path.join(workdir, 'experiment.py'), 'runs/NAME', [])}")
