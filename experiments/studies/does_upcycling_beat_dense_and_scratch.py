@@ -22,7 +22,7 @@ five equally spaced points of each run; routing health (MaxVio per batch, expert
 10th step. The decision rule, written before the runs, is in ``RULE`` (``plan.json``).
 
 Stages skip what exists: a run directory with ``done`` is not retrained, and its summary
-(``results/upcycling_v1/runs/<name>.json``, small, committed) is rewritten only when missing. The
+(``results/upcycling_v1/summaries/<name>.json``, small, committed) is rewritten only when missing. The
 work directories (checkpoints) go under ``--work`` (default ``runs/upcycling_study``, not committed).
 ``--stage report`` writes ``table.json``, ``report.md`` and ``curves.png`` from the summaries that
 exist (saying which are missing).
@@ -139,7 +139,7 @@ def summarize(name: str, cfg, workdir: str, start_flops: float) -> dict:
 def run_all(work: str, seeds: tuple[int, ...]) -> None:
     from moejax.train.loop import train
 
-    os.makedirs(os.path.join(RESULTS, "runs"), exist_ok=True)
+    os.makedirs(os.path.join(RESULTS, "summaries"), exist_ok=True)
     for seed in seeds:
         runs = run_configs(seed, work)
         dense_cfg = runs[f"dense_s{seed}"][0]
@@ -152,7 +152,7 @@ def run_all(work: str, seeds: tuple[int, ...]) -> None:
             if not os.path.isfile(os.path.join(workdir, "done")):
                 train(cfg, workdir)
                 open(os.path.join(workdir, "done"), "w").close()
-            summary_path = os.path.join(RESULTS, "runs", f"{name}.json")
+            summary_path = os.path.join(RESULTS, "summaries", f"{name}.json")
             if not os.path.isfile(summary_path):
                 start = 0.0 if name.startswith(("dense_s", "scratch")) else dense_flops
                 with open(summary_path, "w") as f:

@@ -1,5 +1,5 @@
 """The upcycling study's report: paired intervals by the registered rule, the table and the figure
-(from the small per-run summaries in ``results/upcycling_v1/runs``; see
+(from the small per-run summaries in ``results/upcycling_v1/summaries``; see
 ``does_upcycling_beat_dense_and_scratch``)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LABELS = {"dense": "dense (phase 1)", "dense_cont": "(a) dense continued", "copy
 
 
 def load_runs(results: str) -> dict[str, dict]:
-    folder = os.path.join(results, "runs")
+    folder = os.path.join(results, "summaries")
     runs = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         with open(os.path.join(folder, name)) as f:
