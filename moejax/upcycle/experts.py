@@ -31,6 +31,7 @@ the statistics. The start is not the dense MLP (by design: the experts differ).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def _redraw(rng: np.random.Generator, w: np.ndarray, units: np.ndarray, axis: in
     """``w`` with the given units (indices along ``axis``) drawn from N(mean, std) of their weights."""
     part = np.take(w, units, axis=axis).astype(np.float64)
     out = w.copy()
-    index = [slice(None)] * w.ndim
+    index: list[Any] = [slice(None)] * w.ndim
     index[axis] = units
     out[tuple(index)] = rng.normal(part.mean(), part.std(), part.shape).astype(w.dtype)
     return out
