@@ -199,8 +199,12 @@ def test_mla_and_unsupported_architectures_are_refused_by_name():
     deepseek = transformers.DeepseekV3Config(num_hidden_layers=2).to_dict()
     with pytest.raises(interop.InteropError, match="multi-head latent attention"):
         interop.model_config_from_hf(deepseek)
-    with pytest.raises(interop.InteropError, match="model_type 'llama'; supported: mixtral, qwen2_moe"):
-        interop.model_config_from_hf({"model_type": "llama"})
+    with pytest.raises(interop.InteropError, match="model_type 'gpt2'; supported: mixtral, qwen2_moe, .*, llama"):
+        interop.model_config_from_hf({"model_type": "gpt2"})
+    with pytest.raises(interop.InteropError, match="attention_bias=True; moejax supports only false"):
+        interop.model_config_from_hf(transformers.LlamaConfig(**COMMON, attention_bias=True).to_dict())
+    with pytest.raises(interop.InteropError, match="mlp_bias=True"):
+        interop.model_config_from_hf(transformers.LlamaConfig(**COMMON, mlp_bias=True).to_dict())
 
 
 @pytest.mark.parametrize("change, message", [

@@ -80,8 +80,10 @@ def dense(root, llama):
     return workdir, workdir_logits(workdir)
 
 
-def test_the_imported_dense_model_is_the_hf_one(dense, llama):
+def test_the_imported_dense_model_is_the_hf_one(dense, llama, root):
     assert max_diff(dense[1], llama[1]) < 1e-4
+    with pytest.raises(interop.InteropError, match="every layer is dense .* `moejax upcycle` makes an MoE"):
+        interop.export_from_workdir(dense[0], str(root / "dense_hf"))
 
 
 @pytest.mark.parametrize("plan", [
