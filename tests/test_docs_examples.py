@@ -155,6 +155,14 @@ def test_the_parser_finds_marked_blocks(tmp_path):
     assert len(problems) == 2 and "runnable: slo" in problems[0] and "page.md:18" in problems[1]
 
 
+def test_the_front_pages_stay_short():
+    """The README is read in five minutes and the mixture tutorial is one page: details go to the
+    pages they link, dated measurements to experiments/benchmarks/LOG.md."""
+    for page, limit in (("README.md", 150), ("docs/data_mixture.md", 200)):
+        lines = len((ROOT / page).read_text(encoding="utf-8").splitlines())
+        assert lines <= limit, f"{page} has {lines} lines; at most {limit}: move details to a linked page"
+
+
 def test_the_readme_workflows_are_marked():
     """The README's three workflows stay runnable: each has marked blocks."""
     blocks = parse(ROOT / "README.md")[0]
