@@ -413,43 +413,16 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     w_star, v_star, search = _minimise(f, lo, hi, candidates=CANDIDATES, starts=starts, rng=rng)
 
     n_members = len(getattr(fit, "bootstrap", []) or [])
-    members_w, at_star_loss, at_star_bench = [], [], []
+    members_w = []
     if bootstrap and n_members:
         for b in range(n_members):
             fb = _objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique)
             wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
             members_w.append(wb)
-    size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
-    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, pred_unique)[0]
-    bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
-    for b in range(n_members):
-        lb = _losses(fit, size_1, tokens_1, w_star[None], b, pred_unique)[0]
-        at_star_loss.append(lb)
-        if tasks:
-            at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
     q = ((1 - interval) / 2, 1 - (1 - interval) / 2)
-
-    def summary(point, members):
-        out = {"pred": float(point)}
-        if len(members):
-            out["lo"], out["hi"] = (float(x) for x in np.quantile(members, q))
-        return out
-
-    predicted: dict[str, Any] = {}
-    for j, d in enumerate(fit.loss_domains):
-        predicted["loss:" + d] = summary(loss_point[j], np.array([m[j] for m in at_star_loss]))
-    if bench_point is not None:  # None without tasks
-        for j, t in enumerate(tasks):
-            predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
+    predicted = _predicted_at(fit, size, tokens, w_star, n_members, tasks, pred_unique, q)
     value = float(v_star) if objective == "loss" else float(-v_star)
-    boot: dict[str, Any] = {"members": len(members_w)}
-    if members_w:
-        wb = np.stack(members_w)
-        boot["weights"] = {d: {"mean": float(wb[:, j].mean()), "std": float(wb[:, j].std()),
-                               "lo": float(np.quantile(wb[:, j], q[0])), "hi": float(np.quantile(wb[:, j], q[1]))}
-                           for j, d in enumerate(domains)}
-        boot["optima"] = [dict(zip(domains, w.tolist())) for w in wb]
-        boot["interval"] = interval
+    boot = _bootstrap_summary(members_w, domains, q, interval)
     return {
         "weights": dict(zip(domains, w_star.tolist())),
         "law": fit.law,
@@ -465,6 +438,49 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
         "bootstrap": boot,
         "search": {**search, "seed": seed, "seconds": time.perf_counter() - t0},
     }
+
+
+def _predicted_at(fit, size: float, tokens: float, w_star: np.ndarray, n_members: int, tasks: tuple[str, ...],
+                  pred_unique: np.ndarray | None, q: tuple[float, float]) -> dict[str, Any]:
+    """What the law predicts at the optimal mixture: each validation loss (and benchmark score),
+    with the ``q`` quantiles over the bootstrap members' predictions at that same mixture."""
+    size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
+    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, pred_unique)[0]
+    bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
+    at_star_loss, at_star_bench = [], []
+    for b in range(n_members):
+        lb = _losses(fit, size_1, tokens_1, w_star[None], b, pred_unique)[0]
+        at_star_loss.append(lb)
+        if tasks:
+            at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
+
+    def summary(point, members):
+        out = {"pred": float(point)}
+        if len(members):
+            out["lo"], out["hi"] = (float(x) for x in np.quantile(members, q))
+        return out
+
+    predicted: dict[str, Any] = {}
+    for j, d in enumerate(fit.loss_domains):
+        predicted["loss:" + d] = summary(loss_point[j], np.array([m[j] for m in at_star_loss]))
+    if bench_point is not None:  # None without tasks
+        for j, t in enumerate(tasks):
+            predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
+    return predicted
+
+
+def _bootstrap_summary(members_w: list[np.ndarray], domains: tuple[str, ...], q: tuple[float, float],
+                       interval: float) -> dict[str, Any]:
+    """The bootstrap members' optimal weights: per domain mean, sd and ``q`` quantiles, and each optimum."""
+    boot: dict[str, Any] = {"members": len(members_w)}
+    if members_w:
+        wb = np.stack(members_w)
+        boot["weights"] = {d: {"mean": float(wb[:, j].mean()), "std": float(wb[:, j].std()),
+                               "lo": float(np.quantile(wb[:, j], q[0])), "hi": float(np.quantile(wb[:, j], q[1]))}
+                           for j, d in enumerate(domains)}
+        boot["optima"] = [dict(zip(domains, w.tolist())) for w in wb]
+        boot["interval"] = interval
+    return boot
 
 
 def write_mixture(result: Mapping[str, Any], path: str | os.PathLike) -> None:
