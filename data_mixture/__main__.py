@@ -1,4 +1,4 @@
-"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,register,optimize,plan,sweep,mergemix} ...``.
+"""Command line: ``python -m data_mixture {collect,fit,predict,evaluate,register,optimize,recommend,plan,sweep,mergemix} ...``.
 
 Every subcommand has ``--help`` with an example; docs/data_mixture.md ("CLI") walks through the
 whole pipeline. Bad input (a runs table off the simplex, a query with unknown domains,
@@ -27,7 +27,8 @@ from moejax.runner import run
 from data_mixture.cli.flags import PROG
 
 # The commands, in the order --help lists them; each is the module data_mixture/cli/<name>.py.
-COMMANDS = ("collect", "fit", "laws", "predict", "evaluate", "register", "optimize", "plan", "sweep", "mergemix")
+COMMANDS = ("collect", "fit", "laws", "predict", "evaluate", "register", "optimize", "recommend", "plan", "sweep",
+            "mergemix")
 
 
 def command_module(name: str) -> ModuleType:

@@ -24,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holdout", default="largest",
                    help="'largest' (default: fit below the largest size, predict it), 'each' (every size above the "
                         "two smallest in turn, fitted on the sizes below it), 'size=N' (hold out the size closest to "
-                        "N), 'runs=a,b,...', or 'none' (in-sample fit, scored at the largest size)")
+                        "N), 'runs=a,b,...', 'kfold=K' (out-of-fold predictions of the mixtures at the largest size, K folds; "
+                        "for tables with too few sizes to hold one out), or 'none' (in-sample fit, scored at the "
+                        "largest size)")
     p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
     p.add_argument("--tokens", default="all", help="held-out rows to score: 'all' checkpoints or 'last' per run")
     p.add_argument("--seed", type=int, default=0, help="seed of the fits' random starts and of the bootstrap")
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> None:
         table = aim.apply(table)
     laws = [x.strip() for x in args.laws.split(",") if x.strip()]
     report = evaluate_laws(table, laws, holdout=args.holdout, size_column=args.size_column, seed=args.seed,
-                           starts=args.starts, tokens=args.tokens, resamples=args.resamples)
+                           starts=args.starts, tokens=args.tokens, resamples=args.resamples, target=aim)
     if check is not None:
         report["registration"] = _jsonable(check)
     if aim is not None:

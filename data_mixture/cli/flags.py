@@ -17,7 +17,7 @@ from moejax.errors import UserError
 PROG = "python -m data_mixture"
 
 TARGET_HELP = ("what the mixture is chosen for, when not the training mix: a validation domain (heldout_qa), a weighted "
-               "set (code=0.6,prose=0.4) or a benchmark log-probability (logprob:know_type); docs/data_mixture.md, 'Targets'")
+               "set (code=0.6,prose=0.4) or a benchmark log-probability (logprob:know_type); docs/mixture/tables.md, 'Targets'")
 FORCE_HELP = "replace an existing --out (default: refuse it); the new file is renamed into place when complete"
 
 

@@ -42,6 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.9)
     p.add_argument("--no-bootstrap", action="store_true", help="skip re-optimising per bootstrap member")
+    p.add_argument("--robust", default="mean",
+                   help="with a bootstrapped fit, the mixture minimising the members' mean predicted loss ('mean', "
+                        "default) or a quantile ('q90'), with its odds against the baselines; 'none': the point fit's "
+                        "optimum")
+    p.add_argument("--baselines", default=None,
+                   help='JSON file {"name": {"domain": weight}} the robust pick is compared with (default: uniform, '
+                        "proportional and UniMax when every pool is known, the target-capped practitioner rules)")
     p.add_argument("--out", required=True, help="mixture JSON (launch.sh --config.data.mixture_file=...)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
@@ -53,6 +60,14 @@ def run(args: argparse.Namespace) -> None:
     task_weights = parse_weights(args.task_weights, "--task-weights") or None
     unique_tokens = parse_weights(args.unique_tokens, "--unique-tokens") or None
     explicit = parse_weights(args.available, "--available") if args.available else None
+    robust = None if args.robust == "none" else args.robust
+    if robust is not None and not (robust == "mean" or (robust[:1] == "q" and robust[1:].isdigit() and 0 < int(robust[1:]) < 100)):
+        raise UsageError(f"--robust {args.robust!r}; allowed: mean, qNN with 0 < NN < 100 (e.g. q90), or none.")
+    baselines = None
+    if args.baselines:
+        from data_mixture.cli.register import read_candidates
+
+        baselines = read_candidates(args.baselines, "--baselines")
 
     from data_mixture.fit import Fit
     from data_mixture.optimize import Constraints, available_tokens, optimize_mixture, write_mixture
@@ -68,13 +83,19 @@ def run(args: argparse.Namespace) -> None:
         fit, size=args.size, tokens=args.tokens, objective=args.objective, loss_weights=loss_weights,
         task_weights=task_weights, constraints=constraints, starts=args.starts, seed=args.seed,
         bootstrap=not args.no_bootstrap, interval=args.interval, target=target(args), unique_tokens=unique_tokens,
+        robust=robust, baselines=baselines,
     )
     result["fit_file"] = str(args.fit)
     write_mixture(result, args.out)
     w = ", ".join(f"{d} {v:.3f}" for d, v in result["weights"].items())
     print(f"optimal mixture ({result['objective']['kind']} {result['objective']['value']:.4f}): {w}")
     boot = result["bootstrap"]
-    if boot.get("weights"):
+    if result.get("robust"):
+        from data_mixture.robust import format_robust
+
+        pw = ", ".join(f"{d} {v:.3f}" for d, v in result["point"].items())
+        print("\n".join([*format_robust(result["robust"]), f"  (the point fit's optimum: {pw})"]))
+    elif boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
     from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_mid_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mid-training", action="store_true",
                    help="at each size pretrain one base on --base-mixture, then continue from it on every mixture "
-                        "(docs/data_mixture.md, 'Mid-training plans')")
+                        "(docs/mixture/commands.md, 'Mid-training plans')")
     p.add_argument("--base-tokens-per-param", type=float, default=None,
                    help="mid-training: base tokens = this x size (default 20)")
     p.add_argument("--base-tokens", type=float, default=None, help="mid-training: base tokens at every size")

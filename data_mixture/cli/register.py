@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", default="loss:mean", help="what the rule compares: loss:mean, loss:<domain>, or a --target text "
                                                         "(e.g. knowledge=0.6,math=0.2,prose=0.2)")
     p.add_argument("--level", type=float, default=0.95, help="interval mass of the rule (default 0.95)")
+    p.add_argument("--baselines-from", nargs="+", default=None, metavar="RUNS.csv",
+                   help="add the baselines at the target as candidates (uniform, proportional and UniMax when every "
+                        "pool is known, best-at-proxy and the practitioner rules target-capped/proxy-capped at 4 and "
+                        "16 epochs; docs/mixture/baselines.md), from this proxy runs table; needs --tokens")
+    p.add_argument("--unique-tokens", nargs="*", help="the scarce domains' pools at the target for --baselines-from, "
+                                                     "e.g. knowledge=2.5e5 (default: the table's largest)")
     p.add_argument("--out", required=True, help="registration JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
@@ -39,7 +45,17 @@ def run(args: argparse.Namespace) -> None:
     fits = dict(parse_pairs(args.fits or [], "--fits"))
     if fits and (args.size is None or args.tokens is None):
         raise UsageError("--fits needs --size and --tokens: the target point the laws predict.")
-    from data_mixture.register import register, write
+    if args.baselines_from and args.tokens is None:
+        raise UsageError("--baselines-from needs --tokens: the practitioner rules cap each pool at the target's budget.")
+    from data_mixture.register import register, with_baselines, write
+
+    if args.baselines_from:
+        from data_mixture.cli.flags import parse_weights
+        from data_mixture.table import read_runs
+
+        candidates = with_baselines(candidates, read_runs(*args.baselines_from), metric=args.metric, tokens=args.tokens,
+                                    size_column=args.size_column,
+                                    unique_tokens=parse_weights(args.unique_tokens, "--unique-tokens") or None)
 
     predictions = {law: predict_candidates(law, path, candidates, args.size, args.tokens) for law, path in fits.items()}
     if args.predictions:
@@ -53,15 +69,15 @@ def run(args: argparse.Namespace) -> None:
           f"predictions of {', '.join(reg['predictions']) or 'no law'}")
 
 
-def read_candidates(path: str) -> dict:
-    """``--candidates``: a JSON object of mixtures, {"name": {"domain": weight, ...}, ...}."""
+def read_candidates(path: str, flag: str = "--candidates") -> dict:
+    """``--candidates`` (or ``flag``): a JSON object of mixtures, {"name": {"domain": weight, ...}, ...}."""
     try:
         candidates = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise UsageError(f"--candidates {path}: not a readable JSON file ({e}); allowed: a JSON object "
+        raise UsageError(f"{flag} {path}: not a readable JSON file ({e}); allowed: a JSON object "
                          '{"name": {"domain": weight, ...}, ...}.') from None
     if not isinstance(candidates, dict) or not all(isinstance(w, dict) for w in candidates.values()):
-        raise UsageError(f"--candidates {path} is not an object of mixtures; allowed: "
+        raise UsageError(f"{flag} {path} is not an object of mixtures; allowed: "
                          '{"name": {"domain": weight, ...}, ...}.')
     return candidates
 
