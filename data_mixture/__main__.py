@@ -66,10 +66,9 @@ def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     def command() -> None:
-        from data_mixture.user_files import check_inputs, check_outputs, resolve_paths
+        from data_mixture.user_files import check_inputs, check_outputs
 
-        resolve_paths(args)
-        check_inputs(args)
+        check_inputs(args)  # the paths are the user's already (data_mixture.cli.flags' path types)
         check_outputs(args)
         args.func(args)
 

@@ -226,6 +226,35 @@ def launch_script(drill: Drill) -> str:
     return proc.stdout.strip()[:150]
 
 
+def path_flags_elsewhere(drill: Drill) -> str:
+    """``register --fits NAME=F.json`` (and its other path flags) from another directory, through
+    launch.sh: the user's files are read and written there, not the repository's."""
+    from experiments.tools.fault_cases import _mixture_fit
+
+    here = os.path.join(drill.root, "user_dir")
+    os.makedirs(here, exist_ok=True)
+    shutil.copy(_mixture_fit(drill, (1e6, 3e6), "elsewhere"), os.path.join(here, "fit.json"))
+    with open(os.path.join(here, "candidates.json"), "w") as f:
+        json.dump({"even": {"prose": 0.34, "math": 0.33, "code": 0.33}, "math": {"prose": 0.2, "math": 0.6, "code": 0.2}}, f)
+    env = {**os.environ, "MOEJAX_PYTHON": sys.executable, "MOEJAX_ALLOCATOR": "system", "MOEJAX_CHECK_PINS": "0",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "-m", "data_mixture", "register", "--rule", "lower",
+                           "--candidates", "candidates.json", "--fits", "regmix=fit.json", "--size", "3e6", "--tokens",
+                           "6e7", "--out", "registration.json"], cwd=here, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = os.path.join(here, "registration.json")
+    expect(proc.returncode == 0 and os.path.isfile(out), f"exit {proc.returncode}:\n{proc.stderr[-2000:]}")
+    expect(not os.path.exists(os.path.join(REPO, "registration.json")), "written into the repository")
+    from data_mixture.cli.register import predict_candidates, read_candidates
+
+    with open(out) as f:
+        registered = json.load(f)["predictions"]["regmix"]
+    mine = predict_candidates("regmix", os.path.join(here, "fit.json"), read_candidates(
+        os.path.join(here, "candidates.json")), 3e6, 6e7)
+    expect(registered == mine, f"registered {registered}, the user's fit predicts {mine}")
+    return "registered the user's fit's predictions: " + ", ".join(f"{k} {v:.4f}" for k, v in registered.items())
+
+
 CASES = (
     Case("later-shard", "the 4th training shard scribbled behind its header, then train", later_shard, slow=True),
     Case("damaged-corpus-cache", "the built-in corpus cache's held-out file scribbled, then train",
@@ -239,4 +268,6 @@ CASES = (
     Case("double-sigterm", "two SIGTERMs 0.3 s apart", double_sigterm, slow=True),
     Case("metadata-notes", "a checkpoint without its _CHECKPOINT_METADATA file", metadata_notes),
     Case("launch-script", "./launch.sh python script.py from another directory", launch_script),
+    Case("path-flags-elsewhere", "register --fits NAME=F.json from another directory", path_flags_elsewhere,
+         slow=True),
 )
