@@ -18,7 +18,8 @@ INTERRUPTED = ("no table was written (--out is unchanged); evaluations already m
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workdirs", type=path_type, nargs="+", help="training workdirs, or a directory whose sub-directories are workdirs")
+    p.add_argument("workdirs", type=path_type, nargs="+",
+                   help="training workdirs, or a directory whose sub-directories are workdirs")
     p.add_argument("--out", type=path_type, required=True, help="runs table CSV to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--evaluate", action="store_true",

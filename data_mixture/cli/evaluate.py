@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out-dir (files of the same names are replaced)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--target", default=None, help="score the laws on this target instead of every loss column: " + TARGET_HELP)
+    p.add_argument("--target", default=None,
+                   help="score the laws on this target instead of every loss column: " + TARGET_HELP)
     p.add_argument("--registration", type=path_type, default=None,
                    help="registration JSON (`register`): check it against the table's started_at column and score "
                         "every registered comparison; the report says pre-registered only when the check passes")

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples over runs (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--starts", type=int, default=64, help="random starts per fit")
-    p.add_argument("--chance", nargs="*", action="extend", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--chance", nargs="*", action="extend",
+                   help="chance level per benchmark task, e.g. code=0.25 math=0")
     p.add_argument("--holdout", default="none",
                    help="rows to leave out of the fit, as evaluate chooses them: 'none' (default: fit every row), "
                         "'largest' (the largest size), 'size=N' (the size closest to N), 'runs=a,b,...'")

@@ -22,7 +22,8 @@ INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-flops", type=float, required=True)
-    p.add_argument("--prior", type=path_type, default=None, help="fit JSON of a prior law fit to simulate from (default: a built-in prior)")
+    p.add_argument("--prior", type=path_type, default=None,
+                   help="fit JSON of a prior law fit to simulate from (default: a built-in prior)")
     p.add_argument("--law", default=None, help="law to plan for (default: the prior's)")
     p.add_argument("--target-size", type=float, required=True, help="target model size (the prior's size column)")
     p.add_argument("--target-tokens", type=float, required=True)
@@ -55,8 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed-sizes", default=None, help="presets that get the --seeds replicates, comma-separated "
                                                       "(default: every size)")
     _add_mid_training_arguments(p)
-    p.add_argument("--target", default=None, help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
-    p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
+    p.add_argument("--target", default=None,
+                   help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
+    p.add_argument("--unique-tokens", nargs="*",
+                   help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
                                                      "(every run trains on this pool; with --match-repetition, subsampled per proxy)")
     p.add_argument("--match-repetition", action="store_true",
                    help="give every proxy run a pool of unique tokens x its tokens / --target-tokens per scarce domain "
@@ -76,7 +79,8 @@ def _add_mid_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mid-tokens-per-param", default=None,
                    help="mid-training: candidate mid-training tokens/params ratios, comma-separated (default 4)")
     p.add_argument("--mid-tokens", type=float, default=None, help="mid-training: mid-training tokens at every size")
-    p.add_argument("--base-mixture", nargs="*", action="extend", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
+    p.add_argument("--base-mixture", nargs="*", action="extend",
+                   help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
                                                      "(default: uniform)")
     p.add_argument("--mid-lr-scale", type=float, default=1.0,
                    help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")

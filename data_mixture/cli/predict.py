@@ -15,7 +15,8 @@ INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit", type=path_type, required=True, help="fit JSON written by `fit`")
-    p.add_argument("--runs", type=path_type, required=True, help="query CSV: runs-table columns without the losses; extra columns are kept")
+    p.add_argument("--runs", type=path_type, required=True,
+                   help="query CSV: runs-table columns without the losses; extra columns are kept")
     p.add_argument("--out", type=path_type, required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--interval", type=float, default=0.9, help="bootstrap interval mass")

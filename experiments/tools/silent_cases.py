@@ -235,13 +235,14 @@ def path_flags_elsewhere(drill: Drill) -> str:
     os.makedirs(here, exist_ok=True)
     shutil.copy(_mixture_fit(drill, (1e6, 3e6), "elsewhere"), os.path.join(here, "fit.json"))
     with open(os.path.join(here, "candidates.json"), "w") as f:
-        json.dump({"even": {"prose": 0.34, "math": 0.33, "code": 0.33}, "math": {"prose": 0.2, "math": 0.6, "code": 0.2}}, f)
+        json.dump({"even": {"prose": 0.34, "math": 0.33, "code": 0.33},
+                   "math": {"prose": 0.2, "math": 0.6, "code": 0.2}}, f)
     env = {**os.environ, "MOEJAX_PYTHON": sys.executable, "MOEJAX_ALLOCATOR": "system", "MOEJAX_CHECK_PINS": "0",
            "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "-m", "data_mixture", "register", "--rule", "lower",
-                           "--candidates", "candidates.json", "--fits", "regmix=fit.json", "--size", "3e6", "--tokens",
-                           "6e7", "--out", "registration.json"], cwd=here, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "-m", "data_mixture", "register", "--rule",
+                           "lower", "--candidates", "candidates.json", "--fits", "regmix=fit.json", "--size", "3e6",
+                           "--tokens", "6e7", "--out", "registration.json"], cwd=here, env=env, capture_output=True,
+                          text=True, timeout=300)
     out = os.path.join(here, "registration.json")
     expect(proc.returncode == 0 and os.path.isfile(out), f"exit {proc.returncode}:\n{proc.stderr[-2000:]}")
     expect(not os.path.exists(os.path.join(REPO, "registration.json")), "written into the repository")
