@@ -489,10 +489,3 @@ CASES = (
     Case("truncated-shard", "a truncated token shard, then train", truncated_shard),
     Case("kill-and-resume", "SIGKILL at random steps, rerun each time", kill_and_resume, slow=True),
 )
-
-# The "no silent result" cases (experiments/tools/silent_cases.py): shards past the first, nan
-# results, the last tracebacks, sweeps' checkpoints, signals, paths. Imported last: they use the
-# helpers above.
-from experiments.tools.silent_cases import CASES as _SILENT_CASES  # noqa: E402
-
-CASES = CASES + _SILENT_CASES

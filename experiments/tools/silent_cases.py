@@ -1,6 +1,6 @@
 """The fault drill's "no silent result" cases: every place where a check covered the first case and
 not the rest. Each reproduces what a careless user did and checks what docs/checkpointing.md
-promises; ``fault_cases.CASES`` includes them (the helpers are fault_cases')."""
+promises; ``fault_drill.all_cases()`` adds them to ``fault_cases.CASES`` (the helpers are fault_cases')."""
 
 from __future__ import annotations
 
