@@ -74,6 +74,6 @@ def test_launch_sh_python_runs_a_relative_script_from_the_user_s_directory(tmp_p
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and str(tmp_path / "nowhere.py") in missing.stderr, missing.stderr
     # a script of the repository's, named as from its root, still runs from anywhere
-    repo = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "experiments/benchmarks/data_throughput.py",
-                           "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert repo.returncode == 0 and "--dataset" in repo.stdout, repo.stderr
+    repo = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "moejax/envcheck.py", "list", "--extras", ""],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert repo.returncode == 0 and "jax" in repo.stdout.split(), repo.stderr
