@@ -26,6 +26,11 @@ The checkpoint cadence is the plan's (``checkpoint.every_steps``, half the steps
 ``checkpoint.max_to_keep`` and moejax's default would delete some of the scheduled checkpoints
 before they are evaluated, ``checkpoint.max_to_keep`` is raised to their number (recorded as an
 added override in the run's ``record.json``).
+
+Evaluation windows: a plan's top-level ``eval_windows`` (``make_plan`` writes ``"sampled"``) is the
+``train.eval_windows`` of every entry that does not set its own; a plan without the key was written
+before it, when evaluations read the first windows of each held-out split, so its entries get
+``train.eval_windows=first`` (an added override): a committed plan sweeps as it did.
 """
 
 from __future__ import annotations
@@ -148,8 +153,9 @@ def _scheduled_checkpoints(steps: int, every: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in range(every, steps + 1, every)} | {steps}))
 
 
-def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarget:
-    """One plan entry -> RunTarget, checked with moejax's own parser and validator."""
+def resolve_entry(index: int, entry: Any, root: Path, plan_name: str, eval_windows: str = "first") -> RunTarget:
+    """One plan entry -> RunTarget, checked with moejax's own parser and validator. ``eval_windows``:
+    the plan's ``train.eval_windows`` for entries that do not set it (module docstring)."""
     where = f"{plan_name}: runs[{index}]"
     if not isinstance(entry, dict):
         raise SweepError(f"{where} is {type(entry).__name__} {_short(entry)}; allowed: an object with "
@@ -184,6 +190,8 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
                          "make them agree (the plan's 'steps' is informational, the overrides are what runs).")
     scheduled = _scheduled_checkpoints(steps, every)
     added = dict(init)
+    if "train.eval_windows" not in overrides and cfg.train.eval_windows != eval_windows:
+        added["train.eval_windows"] = cfg.train.eval_windows = eval_windows
     if "checkpoint.max_to_keep" not in overrides and int(cfg.checkpoint.max_to_keep) < len(scheduled):
         added["checkpoint.max_to_keep"] = len(scheduled)
         cfg.checkpoint.max_to_keep = len(scheduled)
@@ -275,6 +283,9 @@ def targets_from_plan(plan: Mapping[str, Any], root: str | os.PathLike, plan_nam
         if isinstance(base, str) and base and base not in seen:
             scratch = [e["name"] for e in plan["runs"] if isinstance(e, dict) and e.get("name") and not e.get("base")]
             raise _missing_base(f"{plan_name}: run {entry.get('name')!r} (runs[{i}])", base, scratch)
-    targets = [resolve_entry(i, entry, root, plan_name) for i, entry in enumerate(plan["runs"])]
+    windows = plan.get("eval_windows", "first")  # a plan written before the key evaluates as it did
+    if windows not in ("sampled", "first"):
+        raise SweepError(f"{plan_name}: eval_windows {windows!r}; allowed: sampled | first (train.eval_windows).")
+    targets = [resolve_entry(i, entry, root, plan_name, windows) for i, entry in enumerate(plan["runs"])]
     check_bases(targets, plan_name)
     return targets
