@@ -168,3 +168,107 @@ def test_the_evaluation_reports_its_own_standard_error():
     rows = np.stack([np.append(nats, 0.0), np.append(tokens, 0.0)], 1)  # a padding row: left out
     assert loss_standard_error(rows) == pytest.approx(expected)
     assert loss_standard_error(rows[:1]) is None
+
+
+# ------------------------------------------------------------------- the walk, plan to training
+
+TINY = {"t1": {"model.d_model": 16, "model.num_layers": 1, "model.num_heads": 1, "model.num_kv_heads": 1,
+               "model.head_dim": 16, "model.mlp_dim": 32, "model.moe.expert_dim": 16, "model.moe.shared_expert_dim": 16},
+        "t2": {"model.d_model": 24, "model.num_layers": 1, "model.num_heads": 1, "model.num_kv_heads": 1,
+               "model.head_dim": 24, "model.mlp_dim": 48, "model.moe.expert_dim": 24, "model.moe.shared_expert_dim": 24},
+        "t3": {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1,
+               "model.head_dim": 16, "model.mlp_dim": 64, "model.moe.expert_dim": 32, "model.moe.shared_expert_dim": 32}}
+
+
+def _plan_cli(dataset: str, out, presets, capsys) -> tuple[dict, str]:
+    """``plan`` as the user types it: their dataset, their target (a held-out corpus), their target
+    model and budget; sizes, domains and tokens per run come from the dataset and the plan."""
+    from data_mixture.__main__ import main as dm_main
+
+    dm_main(["plan", "--dataset", dataset, "--target", "qa", "--budget-flops", "3e9", "--target-size", "2e5",
+             "--target-tokens", "4e5", "--presets", json.dumps(presets), "--law", "regmix_linear", "--tokens-per-param",
+             "0.05", "--batch", "4", "--seq-len", "32", "--min-sizes", "3", "--min-runs-per-size", "4",
+             "--simulations", "1", "--sim-starts", "2", "--out", str(out), "-q"])
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+def _recommend_cli(runs_csv: str, plan: dict, out, capsys) -> tuple[list[str], dict]:
+    """``recommend`` with everything it needs read from the plan (target, size, tokens, dataset)."""
+    import shlex
+
+    from data_mixture.__main__ import main as dm_main
+
+    target = plan["target"]
+    dm_main(["recommend", "--runs", runs_csv, "--target", target["objective"]["text"], "--size", repr(target["size"]),
+             "--size-column", target["size_column"], "--tokens", repr(target["tokens"]), "--dataset", plan["dataset"],
+             "--laws", "regmix_linear", "--bootstrap", "4", "--starts", "2", "--resamples", "100", "--out", str(out), "--no-progress", "-q"])
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("train with: "))
+    return shlex.split(line[len("train with: "):]), json.loads((out / "mixture.json").read_text())
+
+
+def _check_command(command: list[str], plan: dict, mixture: dict) -> None:
+    from moejax.commands import LAUNCH_SCRIPT
+
+    assert command[0] == str(LAUNCH_SCRIPT)  # runs from any directory
+    args = dict(a.split("=", 1) for a in command if a.startswith("--config."))
+    assert args["--config.data.path"] == plan["dataset"]
+    assert int(args["--config.train.steps"]) == math.ceil(plan["target"]["tokens"] / (16 * 256))  # the tokens assumed
+    assert set(mixture["weights"]) == set(TRAINED)  # the held-out target is never trained on
+
+
+def test_the_walk_from_plan_to_a_training_command_without_a_hand_set_value(dataset, tmp_path, capsys):
+    """Fast: plan and recommend through the command line; the sweep's table is simulated from the
+    plan's own runs (the slow test below trains them)."""
+    from data_mixture.collect import write_columns
+    from data_mixture.plan import default_prior, heldout_truth
+
+    plan, printed = _plan_cli(dataset, tmp_path / "plan.json", TINY, capsys)
+    assert plan["validation_only"] == ["qa"] and plan["mix_domains"] == list(TRAINED)
+    assert plan["warnings"] == [] and len(plan["chosen"]["sizes"]) == 3
+    assert "validation-only (no run trains on it, every run is evaluated on it): qa" in printed
+    truth = heldout_truth(default_prior(TRAINED), len(TRAINED))
+    cols: dict[str, list] = {k: [] for k in ("run", "params_total", "params_active", "tokens", "seed")}
+    cols.update({f"mix:{d}": [] for d in TRAINED} | {"loss:qa": []})
+    for run in plan["runs"]:
+        for frac in (0.5, 1.0):
+            mix = np.array([[run["mixture"][d] for d in TRAINED]])
+            for k in ("params_total", "params_active", "seed"):
+                cols[k].append(run[k])
+            cols["run"].append(run["name"])
+            cols["tokens"].append(frac * run["tokens"])
+            for d in TRAINED:
+                cols[f"mix:{d}"].append(run["mixture"][d])
+            cols["loss:qa"].append(float(truth(0, np.array([run["params_active"]]), np.array([frac * run["tokens"]]), mix)[0]))
+    write_columns(cols, tmp_path / "runs.csv")
+    command, mixture = _recommend_cli(str(tmp_path / "runs.csv"), plan, tmp_path / "rec", capsys)
+    _check_command(command, plan, mixture)
+
+
+@pytest.mark.slow  # trains and evaluates the plan's runs, then the recommended mixture (minutes on 2 cores)
+def test_the_walk_trains_the_plan_and_the_recommended_mixture(dataset, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    from data_mixture.__main__ import main as dm_main
+    from data_mixture.table import read_runs
+
+    plan, _ = _plan_cli(dataset, tmp_path / "plan.json", TINY, capsys)
+    root = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as done:
+        dm_main(["sweep", "--plan", str(tmp_path / "plan.json"), "--root", str(root), "--parallel", "2",
+                 "--eval-args", "--loss-batches 2", "--no-progress", "-q"])
+    assert done.value.code == 0
+    table = read_runs(str(root / "runs.csv"))
+    assert table.mix_domains == TRAINED and "qa" in table.loss_domains  # no mix:qa column
+    assert set(table.run) == {r["name"] for r in plan["runs"]}
+    assert all(f"loss_se:{d}" in table.extra for d in table.loss_domains)  # the evaluation's own error, beside
+    command, mixture = _recommend_cli(str(root / "runs.csv"), plan, tmp_path / "rec", capsys)
+    _check_command(command, plan, mixture)
+    short = [a for a in command if not a.startswith("--config.train.steps=")] + ["--config.train.steps=2"]
+    short[short.index("--workdir") + 1] = str(tmp_path / "trained")
+    proc = subprocess.run(short, cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "MOEJAX_PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done: step 2" in proc.stdout

@@ -120,6 +120,24 @@ def launch_command(config_file: str, workdir: str | os.PathLike, overrides: Mapp
     return train_command(config_file, user_path(str(workdir)), override_args(overrides))
 
 
+MIXTURE_BATCH, MIXTURE_SEQ_LEN = 16, 256  # the plan's defaults (PlanSpec.batch, .seq_len): tokens per step
+
+
+def mixture_command(mixture_path: str | os.PathLike, tokens: float, workdir: str, *, config: str | None = None,
+                    dataset: str | None = None) -> str:
+    """The command that trains a mixture file for ``tokens`` tokens, runnable as printed from any
+    directory (:func:`launch_command`): the mixture and the dataset as absolute paths, and the step
+    count the tokens assume, ``ceil(tokens / (batch x seq_len))`` at the plan's default batch and
+    sequence length (written out, so the command trains the tokens the mixture was chosen for).
+    What ``optimize`` and ``recommend`` print."""
+    steps = max(1, math.ceil(tokens / (MIXTURE_BATCH * MIXTURE_SEQ_LEN)))
+    overrides: dict[str, Any] = {"data.mixture_file": os.path.abspath(str(mixture_path)), "train.steps": steps,
+                                 "train.global_batch_size": MIXTURE_BATCH, "train.seq_len": MIXTURE_SEQ_LEN}
+    if dataset not in (None, "builtin"):
+        overrides = {"data.path": os.path.abspath(str(dataset)), **overrides}
+    return launch_command(config or DEFAULT_CONFIG, workdir, overrides)
+
+
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     """The plan JSON; ``SweepError`` when it is missing, not JSON, or has no ``runs`` list."""
     p = Path(path)
