@@ -5,7 +5,8 @@ FLOPs (forward 2, backward 4 per parameter per token; attention and embeddings i
 the usual scaling-law accounting). The plan's total never exceeds ``--budget-flops``.
 
 Candidate allocations: size presets (model overrides; ``params_total``/``params_active`` from
-moejax's own ``param_counts``) below the target size, sorted by size. A candidate is a
+moejax's own ``param_counts`` of ``--config`` with the overrides and the vocabulary moejax derives
+from ``--dataset``'s tokenizer, :func:`preset_sizes`) below the target size, sorted by size. A candidate is a
 *contiguous window* of presets (at least the law's ``min_sizes``), a tokens-per-parameter ratio
 r (D = r x N, N in the prior's size column), and the largest number n of runs per size the
 budget affords for that window (equal at every size, at least ``--min-runs-per-size`` and the
@@ -37,6 +38,11 @@ mixture of a size, so its contribution is a function of the size and is absorbed
 term. The bases count once in the FLOPs. Either protocol can replicate runs with ``seeds`` (train
 seeds ``seed .. seed + K - 1``, at every size or only at ``seed_sizes``); replicates are simulated
 with independent noise.
+
+Training and validation-only domains (:func:`split_domains`): a held-out target (a domain no run
+trains on, e.g. ``--dataset DIR --target qa``) is recorded in ``validation_only``, left out of every
+mixture, and simulated by the default prior as the mean of the training domains' losses
+(:func:`heldout_truth`); the sweep collects it as a ``loss:`` column without a ``mix:`` column.
 
 The plan JSON (schema in docs/mixture/commands.md, "Planning") lists every run with the overrides
 ``launch.sh`` needs; the sweep runner executes it.

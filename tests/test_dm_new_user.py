@@ -187,7 +187,7 @@ def _plan_cli(dataset: str, out, presets, capsys) -> tuple[dict, str]:
 
     dm_main(["plan", "--dataset", dataset, "--target", "qa", "--budget-flops", "3e9", "--target-size", "2e5",
              "--target-tokens", "4e5", "--presets", json.dumps(presets), "--law", "regmix_linear", "--tokens-per-param",
-             "0.05", "--batch", "4", "--seq-len", "32", "--min-sizes", "3", "--min-runs-per-size", "4",
+             "0.05", "--batch", "8", "--seq-len", "32", "--min-sizes", "3", "--min-runs-per-size", "4",
              "--simulations", "1", "--sim-starts", "2", "--out", str(out), "-q"])
     return json.loads(out.read_text()), capsys.readouterr().out
 
