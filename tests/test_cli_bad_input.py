@@ -85,7 +85,7 @@ def _make_workdir(path: Path, user: Path) -> None:
     m.num_heads, m.num_kv_heads, m.head_dim = 2, 1, 16
     m.moe.num_experts, m.moe.expert_dim, m.moe.shared_expert_dim, m.moe.tile_size = 4, 16, 16, 8
     cfg.data.path, cfg.data.mixture = str(dataset), {"notes": 1.0}
-    cfg, run = hf.workdir._one_device_run(cfg)
+    cfg, run = hf.workdir.one_device_run(cfg)
     meta = {"config": config_lib.to_dict(cfg), "tokenizer": ByteTokenizer().name, "code_version": code_version()}
     checkpointer = Checkpointer(str(path / "checkpoints"), max_to_keep=2)
     checkpointer.save(0, init_state(cfg, run), {}, meta)

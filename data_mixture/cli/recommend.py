@@ -1,5 +1,5 @@
 """``python -m data_mixture recommend``: one command from a runs table to a mixture to train
-(:func:`data_mixture.recommend.recommend`)."""
+(:func:`data_mixture.recommendation.recommend`)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> None:
     laws = [x.strip() for x in args.laws.split(",") if x.strip()] if args.laws else None
     if args.bootstrap < 2:
         raise UsageError(f"--bootstrap {args.bootstrap}; allowed: >= 2 (50 or more advised).")
-    from data_mixture.recommend import recommend
-    from data_mixture.recommend_report import summary_lines
+    from data_mixture.recommendation import recommend
+    from data_mixture.recommendation_report import summary_lines
 
     result = recommend(args.runs, size=args.size, tokens=args.tokens, target=args.target, unique_tokens=unique_tokens,
                        size_column=args.size_column, laws=laws, bootstrap=args.bootstrap, robust=args.robust,

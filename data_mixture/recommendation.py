@@ -222,7 +222,7 @@ def training_command(mixture_path: Path, tokens: float, *, config: str | None, d
 def write_recommendation(result: dict, report: Mapping[str, Any], out: str | os.PathLike, *, config: str | None = None,
                          dataset: str | None = None) -> None:
     """``mixture.json``, ``recommendation.md``, ``recommendation.png`` and ``evaluation.json`` under ``out``."""
-    from data_mixture.recommend_report import plot_recommendation, recommendation_md
+    from data_mixture.recommendation_report import plot_recommendation, recommendation_md
     from data_mixture.user_files import write_text
 
     outdir = Path(out)
