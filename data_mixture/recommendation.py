@@ -48,7 +48,6 @@ CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix")
 REPETITION_LAWS = ("camel+repfit", "additive+repfit")
 BOOTSTRAP = 50
 KFOLD_BELOW_SIZES = 3  # tables with fewer sizes are scored out of fold
-BATCH, SEQ_LEN = 16, 256  # the plan's defaults (data_mixture.plan.PlanSpec): tokens per step of the command
 
 
 class RecommendError(UserError):
