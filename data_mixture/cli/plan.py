@@ -8,8 +8,8 @@ import json
 import logging
 import os
 
-from data_mixture.cli.flags import (FORCE_HELP, PROG, TARGET_HELP, UsageError, json_arg, numbers, parse_weights,
-                                    progress)
+from data_mixture.cli.flags import (FORCE_HELP, PROG, TARGET_HELP, UsageError, dataset_path_type, input_path_type,
+                                    json_arg, json_or_path_type, numbers, parse_weights, path_type, progress)
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +24,12 @@ INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-flops", type=float, required=True)
-    p.add_argument("--prior", default=None, help="fit JSON of a prior law fit to simulate from (default: a built-in prior)")
+    p.add_argument("--prior", type=path_type, default=None,
+                   help="fit JSON of a prior law fit to simulate from (default: a built-in prior)")
     p.add_argument("--law", default=None, help="law to plan for (default: the prior's)")
     p.add_argument("--target-size", type=float, required=True, help=PLAN_SIZE_HELP)
     p.add_argument("--target-tokens", type=float, required=True)
-    p.add_argument("--presets", default=None,
+    p.add_argument("--presets", type=json_or_path_type, default=None,
                    help="size presets, JSON text or file: {name: {overrides...}} (default: the ladder presets)")
     p.add_argument("--tokens-per-param", default=None,
                    help="runs from scratch: candidate tokens/params ratios, comma-separated (default 20)")
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-weight", nargs="*", action="extend")
     p.add_argument("--domains", default=None,
                    help="training domains, comma-separated (default: the prior's, else the --dataset's)")
-    p.add_argument("--dataset", default=None,
+    p.add_argument("--dataset", type=dataset_path_type, default=None,
                    help="a prepared dataset directory every planned run trains on (data.path): its tokenizer sizes the "
                         "models (model.vocab_size, as training derives it); its domains are the training domains, "
                         "less the validation-only ones, unless --domains or --prior says otherwise")
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fewest size presets in a candidate ladder (default 0: the planned law's own minimum)")
     p.add_argument("--checkpoints", type=int, default=2,
                    help="evaluated checkpoints per run, evenly spaced (default 2: at half and at the end)")
-    p.add_argument("--config", default="experiments/configs/tiny_moe.py",
+    p.add_argument("--config", type=input_path_type, default="experiments/configs/tiny_moe.py",
                    help="config file each planned run starts from")
     p.add_argument("--batch", type=int, default=16, help="global batch size of the planned runs")
     p.add_argument("--seq-len", type=int, default=256)
@@ -61,14 +62,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed-sizes", default=None, help="presets that get the --seeds replicates, comma-separated "
                                                       "(default: every size)")
     _add_mid_training_arguments(p)
-    p.add_argument("--target", default=None, help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
-    p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
+    p.add_argument("--target", default=None,
+                   help="plan for this target (simulated from the prior's domains): " + TARGET_HELP)
+    p.add_argument("--unique-tokens", nargs="*",
+                   help="unique tokens of each scarce domain at the target run, e.g. code=2e7 "
                                                      "(every run trains on this pool; with --match-repetition, subsampled per proxy)")
     p.add_argument("--match-repetition", action="store_true",
                    help="give every proxy run a pool of unique tokens x its tokens / --target-tokens per scarce domain "
                         "(data.unique_tokens), so proxies repeat a scarce domain as often as the target run will")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", required=True, help="plan JSON to write")
+    p.add_argument("--out", type=path_type, required=True, help="plan JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
@@ -82,7 +85,8 @@ def _add_mid_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mid-tokens-per-param", default=None,
                    help="mid-training: candidate mid-training tokens/params ratios, comma-separated (default 4)")
     p.add_argument("--mid-tokens", type=float, default=None, help="mid-training: mid-training tokens at every size")
-    p.add_argument("--base-mixture", nargs="*", action="extend", help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
+    p.add_argument("--base-mixture", nargs="*", action="extend",
+                   help="mid-training: the bases' mixture, e.g. code=0.4 prose=0.6 "
                                                      "(default: uniform)")
     p.add_argument("--mid-lr-scale", type=float, default=1.0,
                    help="mid-training: peak lr = this x the experiment's optim.lr (default 1: re-warm to the base's peak)")
@@ -124,7 +128,8 @@ def plan_spec(args: argparse.Namespace):
         mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
         seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
         target=args.target, unique_tokens=parse_weights(args.unique_tokens, "--unique-tokens"),
-        match_repetition=args.match_repetition, dataset=args.dataset, validation_only=held,
+        match_repetition=args.match_repetition, validation_only=held,
+        dataset=None if args.dataset == "builtin" else args.dataset,  # builtin: the default data.path
     )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from data_mixture.cli.flags import FORCE_HELP, PROG, TARGET_HELP, UsageError, parse_weights
+from data_mixture.cli.flags import (FORCE_HELP, PROG, TARGET_HELP, UsageError, dataset_path_type, input_path_type,
+                                    parse_weights, path_type)
 
 HELP = ("From a runs table to a mixture to train: fit every law the table supports, score each by held-out "
         "decision accuracy beside the practitioner rules, and recommend the best law's robust pick or the rule.")
@@ -15,7 +16,7 @@ INTERRUPTED = "nothing was written (--out is written only at the end). Rerun the
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", required=True, nargs="+", action="extend",
+    p.add_argument("--runs", type=path_type, required=True, nargs="+", action="extend",
                    help="runs table CSV (several files with the same columns are concatenated)")
     p.add_argument("--target", default=None, help="what the mixture is for (default: the mean over the validation "
                                                   "domains): " + TARGET_HELP)
@@ -34,10 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--starts", type=int, default=16, help="random starts of each law's fit")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the decision-accuracy intervals")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--config", default=None, help="experiment config of the printed training command "
+    p.add_argument("--config", type=input_path_type, default=None,
+                   help="experiment config of the printed training command "
                                                   "(default experiments/configs/tiny_moe.py)")
-    p.add_argument("--dataset", default=None, help="prepared dataset directory the command trains on (default: built-in)")
-    p.add_argument("--out", dest="out_dir", required=True,
+    p.add_argument("--dataset", type=dataset_path_type, default=None,
+                   help="prepared dataset directory the command trains on (default: built-in)")
+    p.add_argument("--out", type=path_type, dest="out_dir", required=True,
                    help="directory to write mixture.json, recommendation.md (+ .png) and evaluation.json into")
     p.add_argument("--no-progress", action="store_true", help="no progress messages or bars")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from data_mixture.recommendation import recommend
 from data_mixture.synthetic import user_style_table
+from experiments.benchmarks.timing import write_json
 
 DOMAINS = ("web", "books", "code", "math")
 
@@ -48,9 +49,8 @@ def main(argv=None) -> None:
            "laws_scored": {n: a for n, a in result["decision_accuracy"]["laws"].items()},
            "laws_skipped": result["laws_skipped"], "recommended": result["source"], "weights": result["weights"],
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
+    write_json(args.out, out, indent=1)
 
 
 if __name__ == "__main__":
