@@ -51,7 +51,6 @@ REPETITION_LAWS = ("camel+repfit", "additive+repfit")
 BOOTSTRAP = 50
 MAX_EPOCHS = 16.0  # the law's pick: at most this many epochs of each pool (the practitioner rules' larger cap)
 KFOLD_BELOW_SIZES = 3  # tables with fewer sizes are scored out of fold
-BATCH, SEQ_LEN = 16, 256  # the plan's defaults (data_mixture.plan.PlanSpec): tokens per step of the command
 
 
 class RecommendError(UserError):
@@ -219,15 +218,11 @@ def _result(decision, pick, bases, report, skipped, *, size, tokens, size_column
 
 
 def training_command(mixture_path: Path, tokens: float, *, config: str | None, dataset: str | None) -> str:
-    """The command that trains the recommended mixture for ``tokens`` tokens (runnable as printed)."""
-    from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command
+    """The command that trains the recommended mixture for ``tokens`` tokens (runnable as printed:
+    :func:`data_mixture.sweep.targets.mixture_command`, which ``optimize`` prints too)."""
+    from data_mixture.sweep.targets import mixture_command
 
-    steps = max(1, math.ceil(tokens / (BATCH * SEQ_LEN)))
-    overrides: dict[str, Any] = {"data.mixture_file": str(Path(mixture_path).resolve()), "train.steps": steps,
-                                 "train.global_batch_size": BATCH, "train.seq_len": SEQ_LEN}
-    if dataset not in (None, "builtin"):
-        overrides = {"data.path": os.path.abspath(str(dataset)), **overrides}
-    return launch_command(config or DEFAULT_CONFIG, "runs/recommended", overrides)
+    return mixture_command(Path(mixture_path).resolve(), tokens, "runs/recommended", config=config, dataset=dataset)
 
 
 def write_recommendation(result: dict, report: Mapping[str, Any], out: str | os.PathLike, *, config: str | None = None,

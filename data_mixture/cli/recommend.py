@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs table CSV (several files with the same columns are concatenated)")
     p.add_argument("--target", default=None, help="what the mixture is for (default: the mean over the validation "
                                                   "domains): " + TARGET_HELP)
-    p.add_argument("--size", type=float, required=True, help="the model size to train, in --size-column")
+    p.add_argument("--size", type=float, required=True, help="the model size to train: its parameter count in --size-column "
+                                                                  "(params_active: used per token, the default; "
+                                                                  "params_total: every parameter)")
     p.add_argument("--tokens", type=float, required=True, help="the tokens it trains for")
     p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain's pool at the target, e.g. "
                                                      "knowledge=2.5e5 (default: each domain's largest pool in the table)")
