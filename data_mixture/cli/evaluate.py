@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from data_mixture.cli.flags import PROG, TARGET_HELP, path_type, target
+from data_mixture.cli.flags import PROG, SIZE_COLUMN_HELP, TARGET_HELP, path_type, target
 
 HELP = ("Compare laws with baselines on held-out sizes: decision accuracy (with the seed noise "
         "floor and bootstrap intervals), errors, pick regret, and a one-line verdict.")
@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "N), 'runs=a,b,...', 'kfold=K' (out-of-fold predictions of the mixtures at the largest size, K folds; "
                         "for tables with too few sizes to hold one out), or 'none' (in-sample fit, scored at the "
                         "largest size)")
-    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"),
+                   help=SIZE_COLUMN_HELP)
     p.add_argument("--tokens", default="all", help="held-out rows to score: 'all' checkpoints or 'last' per run")
     p.add_argument("--seed", type=int, default=0, help="seed of the fits' random starts and of the bootstrap")
     p.add_argument("--starts", type=int, default=64, help="random starts per law fit")

@@ -28,6 +28,12 @@ PROG = "python -m data_mixture"
 
 TARGET_HELP = ("what the mixture is chosen for, when not the training mix: a validation domain (heldout_qa), a weighted "
                "set (code=0.6,prose=0.4) or a benchmark log-probability (logprob:know_type); docs/mixture/tables.md, 'Targets'")
+# What --size means, said the same way by every command that takes one (docs/mixture/commands.md, "Model sizes").
+FIT_SIZE_HELP = ("the target model's parameter count in the fit's size column: params_total (every parameter, all "
+                 "experts: fit's default --size-column) or params_active (parameters used per token) when the fit was "
+                 "made with --size-column params_active; docs/mixture/commands.md, 'Model sizes'")
+SIZE_COLUMN_HELP = ("which parameter count is a model's size: params_total (every parameter, all experts; the default) "
+                    "or params_active (parameters used per token); docs/mixture/commands.md, 'Model sizes'")
 FORCE_HELP = "replace an existing --out (default: refuse it); the new file is renamed into place when complete"
 
 

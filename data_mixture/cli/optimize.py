@@ -4,23 +4,22 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from data_mixture.cli.flags import (FORCE_HELP, PROG, TARGET_HELP, UsageError, dataset_path_type, parse_weights,
-                                    path_type, target)
+from data_mixture.cli.flags import (FIT_SIZE_HELP, FORCE_HELP, PROG, TARGET_HELP, UsageError, dataset_path_type,
+                                    parse_weights, path_type, target)
 
 HELP = "Best mixture at a target (size, tokens) under weight bounds and a repetition cap."
 EXAMPLE = (f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
            "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
            f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --target code=0.6,prose=0.4 "
            "--unique-tokens code=2e7 --max-epochs code=4 --out mixture.json\n"
-           "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json")
+           "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json --config.train.steps=122071")
 INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit", type=path_type, required=True, help="fit JSON written by `fit`")
-    p.add_argument("--size", type=float, required=True, help="target model size, in the fit's size column")
+    p.add_argument("--size", type=float, required=True, help=FIT_SIZE_HELP)
     p.add_argument("--tokens", type=float, required=True, help="target training tokens")
     p.add_argument("--objective", choices=("loss", "bench"), default="loss",
                    help="loss: minimise the weighted validation loss; bench: maximise weighted predicted accuracy")
@@ -105,12 +104,10 @@ def run(args: argparse.Namespace) -> None:
     elif boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
-    from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command
+    from data_mixture.sweep.targets import mixture_command
 
-    overrides = {"data.mixture_file": os.path.abspath(args.out)}
-    if args.dataset not in (None, "builtin"):  # the dataset the mixture's domains are from
-        overrides = {"data.path": os.path.abspath(args.dataset), **overrides}
-    print(f"wrote {args.out}; train with: {launch_command(DEFAULT_CONFIG, 'runs/optimized', overrides)}")
+    # the dataset the mixture's domains are from, and the steps --tokens assumed
+    print(f"wrote {args.out}; train with: {mixture_command(args.out, args.tokens, 'runs/optimized', dataset=args.dataset)}")
 
 
 def parse_max_epochs(items: list[str] | None) -> tuple[float, dict[str, float]]:

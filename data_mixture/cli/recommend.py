@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs table CSV (several files with the same columns are concatenated)")
     p.add_argument("--target", default=None, help="what the mixture is for (default: the mean over the validation "
                                                   "domains): " + TARGET_HELP)
-    p.add_argument("--size", type=float, required=True, help="the model size to train, in --size-column")
+    p.add_argument("--size", type=float, required=True, help="the model size to train: its parameter count in --size-column "
+                                                                  "(params_active: used per token, the default; "
+                                                                  "params_total: every parameter)")
     p.add_argument("--tokens", type=float, required=True, help="the tokens it trains for")
     p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain's pool at the target, e.g. "
                                                      "knowledge=2.5e5 (default: each domain's largest pool in the table)")
@@ -29,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--laws", default=None, help="comma-separated laws to consider (default: every law the table "
                                                 "supports)")
     p.add_argument("--bootstrap", type=int, default=50, help="bootstrap members of the best law's fit (default 50)")
+    p.add_argument("--max-epochs", type=float, default=16.0,
+                   help="the law's pick repeats each pool at most this many epochs at --tokens (default 16, the "
+                        "practitioner rule's larger cap; 0: no cap)")
     p.add_argument("--robust", default="mean", help="'mean' (default) or a quantile 'q90' of the members' predictions")
     p.add_argument("--starts", type=int, default=16, help="random starts of each law's fit")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the decision-accuracy intervals")
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> None:
                        size_column=args.size_column, laws=laws, bootstrap=args.bootstrap, robust=args.robust,
                        seed=args.seed, starts=args.starts, resamples=args.resamples, out=args.out_dir,
                        config=args.config, dataset=args.dataset,
-                       progress=not args.no_progress and getattr(args, "verbosity", 0) >= 0)
+                       progress=not args.no_progress and getattr(args, "verbosity", 0) >= 0,
+                       max_epochs=args.max_epochs or None)
     print("\n".join(summary_lines(result)))
     print(f"wrote {args.out_dir}/mixture.json and recommendation.md")

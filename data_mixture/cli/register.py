@@ -26,13 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fits whose mean predicted loss per candidate is registered")
     p.add_argument("--predictions", type=path_type, default=None,
                    help='JSON file {"law": {"candidate": value}} of other predictions')
-    p.add_argument("--size", type=float, default=None, help="target model size (the size column); restricts the check "
-                                                            "to the runs at it")
+    p.add_argument("--size", type=float, default=None, help="the target model's parameter count in --size-column "
+                                                            "(params_total: every parameter; params_active: used per "
+                                                            "token); restricts the check to the runs at it")
     p.add_argument("--tokens", type=float, default=None, help="target tokens (for --fits)")
-    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"),
+                   help="which parameter count --size and the fits' sizes mean (default params_total, as fit's)")
     p.add_argument("--metric", default="loss:mean",
                    help="what the rule compares: loss:mean, loss:<domain>, or a --target text "
-                                                        "(e.g. knowledge=0.6,math=0.2,prose=0.2)")
+                        "(e.g. knowledge=0.6,math=0.2,prose=0.2)")
     p.add_argument("--level", type=float, default=0.95, help="interval mass of the rule (default 0.95)")
     p.add_argument("--baselines-from", type=path_type, nargs="+", default=None, metavar="RUNS.csv",
                    help="add the baselines at the target as candidates (uniform, proportional and UniMax when every "
