@@ -429,9 +429,11 @@ def _checkpoint_row(run: _RunFacts, step: int, evaluation: Any, logged_epochs: M
             row["mix:" + d] = mix.get(d, 0.0)
         seen.add("loss", d)
         row["loss:" + d] = float(domain_losses[d]["loss"])
+        _standard_error(row, d, domain_losses[d])
     for d, v in ((result.get("losses") or {}).get("targets") or {}).items():  # target sets: loss only
         seen.add("loss", d)
         row["loss:" + d] = float(v["loss"])
+        _standard_error(row, d, v)
     for d, u in run.pools.items():
         seen.add("pooled", d)
         row["unique:" + d] = float(u)
@@ -468,6 +470,7 @@ def _columns(rows: list[dict[str, Any]], seen: _Seen, mid_training: bool) -> dic
     order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in seen.mix]
              + ["loss:" + d for d in seen.loss] + ["bench:" + t for t in seen.bench]
              + ["logprob:" + t for t in seen.logprob] + [f"{k}:{d}" for d in seen.pooled for k in ("unique", "epochs")]
+             + [LOSS_SE + d for d in seen.loss if any(LOSS_SE + d in r for r in rows)]
              + protocol
              + ["step", "loss_source", "workdir", "started_at"])
     for col in order:
@@ -483,6 +486,15 @@ def _columns(rows: list[dict[str, Any]], seen: _Seen, mid_training: bool) -> dic
             "validation domains (different datasets). Collect them into separate tables."
         )
     return columns
+
+
+LOSS_SE = "loss_se:"  # the evaluation's own standard error of loss:<domain> (moejax.eval's loss_se)
+
+
+def _standard_error(row: dict[str, Any], domain: str, losses: Mapping[str, Any]) -> None:
+    """``row[loss_se:<domain>]``: the evaluation's standard error of the domain's loss, where it has one."""
+    if losses.get("loss_se") is not None:
+        row[LOSS_SE + domain] = float(losses["loss_se"])
 
 
 def run_pools(cfg, workdir: Path) -> dict[str, int]:

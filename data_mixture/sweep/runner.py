@@ -241,8 +241,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     durations: list[float] = []
     display = _Display(len(targets), len(skipped), root / "sweep.log", options.progress, backend.slots)
     _announce(display, root, backend, skipped, [by_name[n] for n in queue], len(targets))
-    stop = {"signum": 0, "count": 0}
-    handlers = _count_signals(stop)
+    stop, handlers = _count_signals()
     sent = {"stop": False, "kill": False}
     last_beat = time.time()
     last_poll_others = 0.0
@@ -284,7 +283,8 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
         return SweepResult(128 + stop["signum"], succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0,
                            summary, gates["blocked"], gates["waiting"])
     blocked, waiting = gates["blocked"], {k: v for k, v in gates["waiting"].items() if k not in succeeded}
-    runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded], by_name)
+    runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded], by_name,
+                                             validation_only=plan.get("validation_only") or ())
     head = (f"sweep: {len(targets)} runs: {len(succeeded)} done ({len(skipped)} skipped as already done, "
             f"{len([n for n in launched if n in succeeded])} run now), {len(failed)} failed, "
             + (f"{len(blocked)} blocked by a failed base, " if blocked else "")
@@ -307,9 +307,10 @@ def _report(root: Path, lines: list[str], level: int) -> str:
     return summary
 
 
-def _count_signals(stop: dict[str, int]) -> dict:
-    """SIGINT and SIGTERM counted into ``stop`` (the first signal's number, how many came) instead
-    of raising, when this is the main thread; the handlers they replace, to restore."""
+def _count_signals() -> tuple[dict[str, int], dict]:
+    """SIGINT and SIGTERM counted (the first signal's number, how many came) instead of raising,
+    when this is the main thread: the count, and the handlers replaced, to restore."""
+    stop = {"signum": 0, "count": 0}
 
     def on_signal(signum, frame):
         stop["signum"] = stop["signum"] or signum
@@ -319,7 +320,7 @@ def _count_signals(stop: dict[str, int]) -> dict:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             handlers[sig] = signal.signal(sig, on_signal)
-    return handlers
+    return stop, handlers
 
 
 def _announce(display: _Display, root: Path, backend, skipped: list[str], queued: list[RunTarget], n_targets: int) -> None:
@@ -564,17 +565,19 @@ def _finish(t: RunTarget, result, owner, stopping, retries, tries, queue, succee
     record.release(t.run_dir, owner)
 
 
-def _collect(root: Path, done: Sequence[RunTarget], by_name: dict[str, RunTarget]) -> tuple[str | None, int, str | None]:
+def _collect(root: Path, done: Sequence[RunTarget], by_name: dict[str, RunTarget],
+             validation_only: Sequence[str] = ()) -> tuple[str | None, int, str | None]:
     """ROOT/runs.csv from every finished target (written to a temporary file, then renamed). The
     plan says which runs are mid-training runs of which base (other warm starts, e.g. MergeMix's
-    experts, are collected as ordinary runs)."""
+    experts, are collected as ordinary runs), and which domains no run trains on (its
+    ``validation_only``: a held-out target gets a loss: column and no mix: column)."""
     if not done:
         return None, 0, None
     from data_mixture.collect import CollectError, collect, write_columns
 
     bases = {str(t.run_dir): str(by_name[t.base].run_dir) for t in done if t.base}
     try:
-        got = collect([str(t.run_dir) for t in done], bases=bases)
+        got = collect([str(t.run_dir) for t in done], bases=bases, validation_only=tuple(validation_only))
     except CollectError as e:
         return None, 0, str(e)
     out = root / "runs.csv"
