@@ -34,6 +34,36 @@ Two more for sources of unequal size, from the table's unique tokens per trainin
   capped domain cannot take is shared among the larger ones. Ranks mixtures by ``KL(r || unimax)``.
   The paper's cap is its parameter N (epochs per language); 4 here is ours, after Muennighoff et
   al. 2023 (repeating data up to about 4 epochs is almost as good as new data).
+
+**Practitioner rules** -- the rule a careful practitioner uses without any law; a law's pick
+matters only where it beats these too. Both take a cap of K epochs per domain at the target's
+token budget D (K in ``PRACTITIONER_EPOCHS`` = 4 and 16: Muennighoff et al. 2023, "Scaling
+Data-Constrained Language Models", find repeated tokens worth nearly as much as new ones up to
+about 4 epochs and of little value after about 16) and fill it by :func:`capped_mixture`:
+
+- ``target_capped_<K>``: the target's own weights on the training domains (``--target
+  knowledge=0.75,prose=0.25`` -> knowledge 0.75, prose 0.25; no target: equal weights over the
+  validation domains that are training domains); target columns that are not training domains
+  are dropped and the rest renormalised; a training domain the target does not score gets 0.
+  Each domain is capped at ``K x U_d / D`` (``U_d`` its unique tokens, ``unique:<domain>``;
+  a domain without a pool is not capped); the excess goes to the uncapped target domains in
+  proportion to their weights, repeatedly until none exceeds its cap. Only when every target
+  domain is capped does the rest go to the other domains, equally (each under its own cap); when
+  even that cannot fill D the rule is skipped with the numbers.
+- ``proxy_capped_<K>``: the best mixture at the largest proxy size (the lowest seed-mean loss on
+  the metric -- the target, or the mean over validation domains -- at the final checkpoint of the
+  largest training size), with the same caps at D, the excess to its other domains in proportion.
+
+**A held-out target** (one no run trains on, e.g. ``--target heldout_qa``, or a benchmark's
+``logprob:<task>``) weights no training domain, so ``target_capped_<K>`` does not apply (skipped,
+saying so) and ``proxy_capped_<K>`` is the practitioner's rule for it. A target that weights some
+training domains and some held-out columns keeps the training-domain part, renormalised.
+
+In :mod:`data_mixture.evaluate` a practitioner rule ranks each held-out cell by the total variation
+distance ``0.5 sum_j |r_j - p_j|`` between its mixture r and the rule's mixture p at that cell's
+own token budget and pools (closer = predicted better; KL is infinite where the rule gives a domain
+0). ``recommend`` and ``optimize``'s robust report use the rules' mixtures at the target itself
+(:func:`practitioner_mixtures`).
 """
 
 from __future__ import annotations
@@ -70,6 +100,7 @@ class Cells:
     runs: list
     reps: list
     unique_cm: np.ndarray | None = None  # (C, M) unique tokens per training domain; None: the table has none
+    pool_cm: np.ndarray | None = None  # (C, M) each domain's pool, inf where unlimited (no unique:<domain>); None: unreadable
 
     def __len__(self) -> int:
         return int(self.size_c.shape[0])
@@ -106,8 +137,12 @@ def build_cells(table: RunsTable, size_column: str) -> Cells:
     group = _size_mixture_ids(size_c, mix_cm)
     final = np.array([tokens_c[group == g].max() for g in group])
     unique_rm = unique_tokens(table)
+    try:
+        pool_cm = np.asarray(table.unique_rm(), np.float64)[first] if callable(getattr(table, "unique_rm", None)) else None
+    except ValueError:  # a TableError: a unique: cell that is not a number > 0, or one naming no training domain
+        pool_cm = None
     return Cells(size_c, tokens_c, tokens_c / final, mix_cm, obs_cv, np.array([len(r) for r in runs]), runs, reps,
-                 None if unique_rm is None else unique_rm[first])
+                 None if unique_rm is None else unique_rm[first], pool_cm)
 
 
 def cell_pools(table: RunsTable, size_column: str) -> np.ndarray:
@@ -310,6 +345,146 @@ def unimax(held: Cells, loss_domains, max_epochs: float = UNIMAX_MAX_EPOCHS) -> 
     return {"pred_cv": None, "rank_cv": np.repeat(score_c[:, None], len(loss_domains), axis=1), "rank_c": score_c,
             "notes": f"cap {max_epochs:g} epochs; UniMax mixture at {held.tokens_c[last]:.4g} tokens ({ref})"}
 
+PRACTITIONER_EPOCHS = (4.0, 16.0)
+"""K of the practitioner rules' epoch caps (see the module docstring)."""
+PRACTITIONER_RULES = ("target_capped", "proxy_capped")
+
+
+def practitioner_names(epochs=PRACTITIONER_EPOCHS) -> list[str]:
+    """``target_capped_4, target_capped_16, proxy_capped_4, proxy_capped_16`` (for the default K)."""
+    return [f"{rule}_{k:g}" for rule in PRACTITIONER_RULES for k in epochs]
+
+
+def _water_fill(pref_m: np.ndarray, cap_m: np.ndarray, left: float) -> np.ndarray:
+    """Shares of ``left`` in proportion to ``pref_m`` (> 0 only), none above its ``cap_m``: a
+    domain whose proportional share exceeds its cap takes the cap, the rest is shared again."""
+    give = np.zeros_like(pref_m)
+    free = pref_m > 0
+    while free.any() and left > 1e-15:
+        share = left * pref_m * free / pref_m[free].sum()
+        over = free & (share > cap_m - give + 1e-15)
+        if not over.any():
+            return give + share
+        left -= float((cap_m[over] - give[over]).sum())
+        give[over] = cap_m[over]
+        free &= ~over
+    return give
+
+
+def capped_mixture(pref_m, pool_m, budget: float, max_epochs: float) -> tuple[np.ndarray, str]:
+    """(M,) a practitioner rule's mixture and a note: ``pref_m`` (>= 0, the rule's weights) with each
+    domain capped at ``max_epochs x pool_m / budget`` (``inf`` pool: no cap), the excess to the
+    uncapped domains of ``pref_m`` in proportion; when all of them are capped, the rest to the other
+    domains equally (each under its cap). BaselineSkipped when no mixture fills the budget."""
+    pref = np.asarray(pref_m, np.float64)
+    pool = np.asarray(pool_m, np.float64)
+    if not (np.isfinite(budget) and budget > 0) or not pref.sum() > 0:
+        raise BaselineSkipped(f"no token budget (D = {budget!r}) or no weight to start from")
+    cap = np.minimum(1.0, np.where(np.isfinite(pool), max_epochs * pool / budget, np.inf))
+    w = _water_fill(pref / pref.sum(), cap, 1.0)
+    capped = [j for j in range(len(pref)) if pref[j] > 0 and w[j] >= cap[j] - 1e-12 and cap[j] < 1]
+    note = ""
+    left = 1.0 - w.sum()
+    if left > 1e-9:
+        rest = (pref <= 0).astype(np.float64)
+        w = w + _water_fill(rest, cap, left)
+        note = f"every preferred domain capped; {left:.3g} given to the others"
+        if 1.0 - w.sum() > 1e-9:
+            raise BaselineSkipped(f"{max_epochs:g} epochs of every pool hold {min(1.0, float(cap.sum())):.3g} of the "
+                                  f"{budget:.4g} tokens: no mixture fills the budget under the cap")
+    if capped and not note:
+        note = f"{len(capped)} domain(s) at the {max_epochs:g}-epoch cap"
+    return w / w.sum(), note
+
+
+def target_preference(target, mix_domains, loss_domains=()) -> tuple[np.ndarray | None, str]:
+    """(M,) the target's weights on the training domains (renormalised) and a note, or (None, why)
+    when it weights none (a held-out target: only ``proxy_capped`` applies). ``target``: a
+    :class:`data_mixture.target.Target`, its text, a {loss domain: weight} mapping, or None (equal
+    weights over ``loss_domains``)."""
+    from data_mixture.target import resolve
+
+    if target is None:
+        weights = {d: 1.0 for d in loss_domains}
+        label = "the mean over the validation domains"
+    elif isinstance(target, dict):
+        weights, label = dict(target), ", ".join(f"{d}={w:g}" for d, w in target.items())
+    else:
+        t = resolve(target)
+        weights = {c.split(":", 1)[1]: w for c, w in t.weights.items() if c.startswith("loss:")}
+        label = t.text
+    pref = np.array([float(weights.get(d, 0.0)) for d in mix_domains])
+    if not pref.sum() > 0:
+        return None, (f"the target ({label}) weights no training domain ({', '.join(mix_domains)}): target-capped does "
+                      "not apply to a held-out target; proxy-capped is the practitioner rule for it")
+    dropped = sorted(set(weights) - set(mix_domains))
+    note = f"target weights of {label}" + (f" (not trained: {', '.join(dropped)} dropped, the rest renormalised)"
+                                           if dropped and target is not None else "")
+    return pref / pref.sum(), note
+
+
+def proxy_best(cells: Cells) -> tuple[np.ndarray, str]:
+    """(M,) the mixture with the lowest seed-mean loss (mean over the cells' validation domains) at
+    the final checkpoint of the largest size in ``cells``, and which cell it is."""
+    at = np.flatnonzero(np.isclose(cells.size_c, cells.size_c.max()) & cells.final_c)
+    k = at[int(np.argmin(cells.obs_cv[at].mean(axis=1)))]
+    return cells.mix_cm[k], f"{cells.label(k)} at size {cells.size_c[k]:.4g}"
+
+
+def tv_distance(mix_cm: np.ndarray, ref_cm: np.ndarray) -> np.ndarray:
+    """(C,) total variation distance ``0.5 sum_j |r_j - p_j|``."""
+    return 0.5 * np.abs(np.asarray(mix_cm, np.float64) - np.asarray(ref_cm, np.float64)).sum(axis=1)
+
+
+def practitioner(held: Cells, loss_domains, pref_m: np.ndarray, max_epochs: float, what: str) -> dict:
+    """Rank held-out cells by TV distance from the rule's mixture at each cell's budget and pools."""
+    if held.pool_cm is None:
+        raise BaselineSkipped("the table's unique:<domain> columns are not readable as pools")
+    memo: dict[tuple, tuple[np.ndarray, str]] = {}
+    ref_cm = np.empty_like(held.mix_cm)
+    for c in range(len(held)):
+        key = (float(held.tokens_c[c]), *held.pool_cm[c].tolist())
+        if key not in memo:
+            memo[key] = capped_mixture(pref_m, held.pool_cm[c], held.tokens_c[c], max_epochs)
+        ref_cm[c] = memo[key][0]
+    score_c = tv_distance(held.mix_cm, ref_cm)
+    last = int(np.argmax(held.tokens_c))
+    ref = ", ".join(f"{x:.3f}" for x in ref_cm[last])
+    note = memo[(float(held.tokens_c[last]), *held.pool_cm[last].tolist())][1]
+    return {"pred_cv": None, "rank_cv": np.repeat(score_c[:, None], len(loss_domains), axis=1), "rank_c": score_c,
+            "notes": f"{what}; cap {max_epochs:g} epochs; at {held.tokens_c[last]:.4g} tokens ({ref})"
+                     + (f"; {note}" if note else "")}
+
+
+def practitioner_mixtures(mix_domains, *, tokens: float, pools=None, target=None, loss_domains=(),
+                          proxy: tuple[np.ndarray, str] | None = None,
+                          epochs=PRACTITIONER_EPOCHS) -> dict[str, dict]:
+    """{name: {"weights": {domain: w}, "why": text} or {"skipped": reason}}: every practitioner
+    rule's mixture at the target's ``tokens`` with ``pools`` {domain: unique tokens} (a domain not
+    named is unlimited). ``target`` as :func:`target_preference`; ``proxy``: (weights (M,), which
+    cell) of the best mixture at the largest proxy size (:func:`proxy_best`), None: skipped."""
+    pools = dict(pools or {})
+    pool_m = np.array([float(pools.get(d, np.inf)) for d in mix_domains])
+    pref, pref_note = target_preference(target, mix_domains, loss_domains)
+    starts = {"target_capped": (pref, pref_note), "proxy_capped": (None, "no proxy size")
+              if proxy is None else (np.asarray(proxy[0], np.float64), f"best at the largest proxy: {proxy[1]}")}
+    out: dict[str, dict] = {}
+    for rule in PRACTITIONER_RULES:
+        start, note = starts[rule]
+        for k in epochs:
+            name = f"{rule}_{k:g}"
+            if start is None:
+                out[name] = {"skipped": note}
+                continue
+            try:
+                w, cap_note = capped_mixture(start, pool_m, tokens, k)
+            except BaselineSkipped as e:
+                out[name] = {"skipped": str(e)}
+                continue
+            out[name] = {"weights": dict(zip(mix_domains, w.tolist())),
+                         "why": f"{note}; cap {k:g} epochs at {tokens:.4g} tokens" + (f"; {cap_note}" if cap_note else "")}
+    return out
+
 
 BASELINES = {
     "uniform": "closer to uniform is better (rank by entropy); pick: the most uniform mixture run",
@@ -318,12 +493,31 @@ BASELINES = {
     "rank_by_weight": "per domain: more weight on the domain, lower its loss",
     "proportional": "closer to the mixture proportional to each domain's unique tokens is better (KL)",
     "unimax": f"closer to UniMax (as uniform as a cap of {UNIMAX_MAX_EPOCHS:g} epochs per domain allows) is better (KL)",
+    **{f"target_capped_{k:g}": f"practitioner: closer (TV) to the target's own weights, {k:g}-epoch caps at the budget, "
+                               "is better" for k in PRACTITIONER_EPOCHS},
+    **{f"proxy_capped_{k:g}": f"practitioner: closer (TV) to the best mixture at the largest proxy, {k:g}-epoch caps "
+                              "at the budget, is better" for k in PRACTITIONER_EPOCHS},
 }
 """name -> one-line description, in report order."""
 
 
-def compute_baselines(train: Cells, held: Cells, loss_domains, mix_domains) -> dict[str, dict]:
-    """{name: predictions dict (pred_cv, rank_cv, rank_c, notes) or {"skipped": reason}}."""
+def compute_baselines(train: Cells, held: Cells, loss_domains, mix_domains, target=None) -> dict[str, dict]:
+    """{name: predictions dict (pred_cv, rank_cv, rank_c, notes) or {"skipped": reason}}.
+    ``target``: what the practitioner rules start from (:func:`target_preference`; None: the mean
+    over ``loss_domains``)."""
+    pref, pref_note = target_preference(target, mix_domains, loss_domains)
+
+    def target_rule(k):
+        if pref is None:
+            raise BaselineSkipped(pref_note)
+        return practitioner(held, loss_domains, pref, k, pref_note)
+
+    def proxy_rule(k):
+        if not len(train):
+            raise BaselineSkipped("no training cells, so no proxy size")
+        best, which = proxy_best(train)
+        return practitioner(held, loss_domains, best, k, f"best at the largest proxy: {which}")
+
     makers = {
         "uniform": lambda: uniform(held, loss_domains),
         "best_at_proxy": lambda: best_at_proxy(train, held),
@@ -331,6 +525,8 @@ def compute_baselines(train: Cells, held: Cells, loss_domains, mix_domains) -> d
         "rank_by_weight": lambda: rank_by_weight(held, loss_domains, mix_domains),
         "proportional": lambda: proportional(held, loss_domains),
         "unimax": lambda: unimax(held, loss_domains),
+        **{f"target_capped_{k:g}": (lambda k=k: target_rule(k)) for k in PRACTITIONER_EPOCHS},
+        **{f"proxy_capped_{k:g}": (lambda k=k: proxy_rule(k)) for k in PRACTITIONER_EPOCHS},
     }
     out = {}
     for name, make in makers.items():

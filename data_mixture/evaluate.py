@@ -67,7 +67,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from data_mixture import decisions as dec
-from data_mixture.baselines import BASELINES, Cells, build_cells, cell_pools, compute_baselines
+from data_mixture.baselines import BASELINES, Cells, build_cells, cell_pools, compute_baselines, practitioner_names
 from data_mixture.laws.base import SizeExtrapolationWarning
 from data_mixture.table import RunsTable, TableError
 from moejax.errors import UserError
@@ -345,9 +345,10 @@ def _verdicts(report: dict, law_boots: dict, base_boots: dict, skipped: dict, do
     def one(target):
         law_b = {n: b[target] for n, b in law_boots.items() if target in b}
         base_b = {n: b[target] for n, b in base_boots.items() if target in b}
-        # the unequal-size baselines' absence (no unique:<domain> columns) is said in their table row, not the verdict
-        skip = {n: r for n, r in skipped.items()
-                if (target is not None or n != "rank_by_weight") and n not in ("proportional", "unimax")}
+        # the unequal-size baselines' absence (no unique:<domain> columns) and a practitioner rule that does not
+        # apply (target-capped for a held-out target) are said in their table rows, not the verdict
+        skip = {n: r for n, r in skipped.items() if (target is not None or n != "rank_by_weight")
+                and n not in ("proportional", "unimax") and n not in practitioner_names()}
         return verdict(law_b, base_b, {n: acc("laws", n, target) for n in law_b},
                        {n: acc("baselines", n, target) for n in base_b}, skip)
 
@@ -372,18 +373,20 @@ def _f(x, fmt: str = ".2f") -> str:
 
 def evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str = "largest", size_column: str = "params_total",
                   seed: int = 0, starts: int = 64, tokens: str = "all", resamples: int = 1000,
-                  optimum: bool = True) -> dict[str, Any]:
-    """The comparison as a JSON-able dict (see the module docstring). ``holdout="each"`` returns
+                  optimum: bool = True, target=None) -> dict[str, Any]:
+    """The comparison as a JSON-able dict (see the module docstring). ``target``
+    (:mod:`data_mixture.target`, already applied to ``table``): what the practitioner baselines
+    start from (:func:`data_mixture.baselines.target_preference`; None: the mean loss). ``holdout="each"`` returns
     {"holdout", "size_column", "noise_floor", "holdouts": [one evaluation per held-out size],
     "summary", "verdict"}; every other hold-out one evaluation. A registration's check
     (:func:`data_mixture.register.verify`, on the table as read: its rule names its own metric) goes
     in the report as ``report["registration"]``; :func:`format_report` then leads with it."""
     return _evaluate_laws(table, laws, holdout=holdout, size_column=size_column, seed=seed, starts=starts,
-                          tokens=tokens, resamples=resamples, optimum=optimum)
+                          tokens=tokens, resamples=resamples, optimum=optimum, target=target)
 
 
 def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_column: str, seed: int, starts: int,
-                   tokens: str, resamples: int, optimum: bool) -> dict[str, Any]:
+                   tokens: str, resamples: int, optimum: bool, target=None) -> dict[str, Any]:
     from data_mixture.laws import get_law
 
     if tokens not in ("all", "last"):
@@ -397,7 +400,7 @@ def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_
         raise TableError("the table has no loss:* columns to evaluate (was it read with query=True?).")
     floor = noise_floor(build_cells(rows, size_column), rows.loss_domains)
     common = dict(laws=laws, size_column=size_column, seed=seed, starts=starts, tokens=tokens, resamples=resamples,
-                  optimum=optimum, floor=floor)
+                  optimum=optimum, floor=floor, target=target)
     if holdout != "each":
         test, what = split_holdout(rows, holdout, size_column)
         train = rows if holdout == "none" else rows.take(~test)
@@ -411,7 +414,7 @@ def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_
 
 
 def _evaluate_one(train_t: RunsTable, test_t: RunsTable, what: str, *, laws, size_column, seed, starts, tokens,
-                  resamples, optimum, floor) -> dict[str, Any]:
+                  resamples, optimum, floor, target=None) -> dict[str, Any]:
     """One hold-out: fit every law on ``train_t``, score laws and baselines on ``test_t``."""
     t_start = time.perf_counter()
     if tokens == "last":
@@ -438,7 +441,7 @@ def _evaluate_one(train_t: RunsTable, test_t: RunsTable, what: str, *, laws, siz
         entry, boots = _evaluate_law(name, train_t, test_t, held, decision, domains, mix_domains, size_column=size_column,
                                      seed=seed, starts=starts, optimum=optimum)
         report["laws"][name], law_boots[name] = entry, boots
-    for name, got in compute_baselines(train, held, domains, mix_domains).items():
+    for name, got in compute_baselines(train, held, domains, mix_domains, target).items():
         entry: dict[str, Any] = {"description": BASELINES[name]}
         if "skipped" in got:
             entry["skipped"] = skipped[name] = got["skipped"]

@@ -215,8 +215,13 @@ def test_import_copies_the_tokenizer_and_prints_the_prepare_command(root, import
     assert (workdir / "tokenizer" / "tokenizer.json").read_bytes() == (root / "qwen" / "tokenizer.json").read_bytes()
     assert (workdir / "tokenizer" / "tokenizer_config.json").is_file()
     assert latest_meta(str(workdir))["tokenizer"] == qwen.name
-    command = f"python -m moejax.data.prepare --tokenizer {workdir / 'tokenizer'} --source DOMAIN=PATH --out datasets/NAME"
+    from moejax.commands import LAUNCH_SCRIPT
+
+    # runnable as printed from any directory: the absolute launch.sh, the absolute tokenizer path
+    command = (f"{LAUNCH_SCRIPT} python -m moejax.data.prepare --tokenizer {workdir / 'tokenizer'} --source DOMAIN=PATH "
+               "--out datasets/NAME")
     assert command in printed
+    assert f"train from it with: {LAUNCH_SCRIPT} {workdir / 'experiment.py'} --workdir runs/NAME" in printed
 
 
 def test_import_refuses_a_tokenizer_larger_than_the_embedding(root, tmp_path):

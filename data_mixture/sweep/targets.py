@@ -103,13 +103,16 @@ def override_args(overrides: Mapping[str, Any]) -> list[str]:
 
 
 def launch_command(config_file: str, workdir: str | os.PathLike, overrides: Mapping[str, Any]) -> str:
-    """The training command, as a user pastes it into a shell: ``./launch.sh CONFIG --workdir DIR
-    --config.KEY=VALUE ...`` (each argument quoted for the shell where it needs it). Paths in the
-    overrides should be absolute, so that the command runs as printed from any directory."""
-    import shlex
+    """The training command for a plan entry or a mixture, as a user pastes it into a shell,
+    runnable as printed from any directory: ``/abs/launch.sh CONFIG --workdir DIR
+    --config.KEY=VALUE ...`` (or ``moejax train ...`` when installed without launch.sh), each
+    argument quoted where it needs it (:func:`moejax.commands.train_command`, the one helper every
+    printed command goes through). ``workdir`` is made absolute against the user's directory; paths
+    in ``overrides`` should already be absolute."""
+    from moejax.commands import train_command
+    from moejax.paths import user_path
 
-    args = ["./launch.sh", config_file, "--workdir", str(workdir), *override_args(overrides)]
-    return " ".join(shlex.quote(arg) for arg in args)
+    return train_command(config_file, user_path(str(workdir)), override_args(overrides))
 
 
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from moejax import paths
+from moejax.commands import train_command
 from moejax.interop.hf import tokenizer_files, workdir  # called as workdir.<name>, so a patched function is the one run
 from moejax.interop.hf.configs import SUPPORTED
 from moejax.interop.hf.safetensors_io import DEFAULT_MAX_SHARD_SIZE
@@ -58,8 +59,9 @@ def _convert(args: argparse.Namespace) -> None:
     if args.command == "import":
         cfg = workdir.import_to_workdir(args.hf_dir, args.workdir, force=args.force,
                                        with_optimizer=args.with_optimizer)
+        experiment = paths.user_path(os.path.join(args.workdir, workdir.EXPERIMENT_FILE))
         print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
-              f"./launch.sh {os.path.join(args.workdir, workdir.EXPERIMENT_FILE)} --workdir runs/NAME"
+              f"{train_command(experiment, 'runs/NAME', [])}"
               f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
         if os.path.isdir(os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)):
             print(f"its tokenizer is in {os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)}; prepare data for "

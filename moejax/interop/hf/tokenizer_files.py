@@ -75,8 +75,11 @@ def _copy_files(source: str, dest: str) -> list[str]:
 
 def prepare_command(workdir: str) -> str:
     """The ``prepare`` command that tokenizes data for a model imported into ``workdir``."""
-    return (f"python -m moejax.data.prepare --tokenizer {os.path.join(workdir, TOKENIZER_DIR)} "
-            "--source DOMAIN=PATH --out datasets/NAME")
+    from moejax.commands import python_command
+    from moejax.paths import user_path
+
+    return python_command("moejax.data.prepare", ["--tokenizer", user_path(os.path.join(workdir, TOKENIZER_DIR)),
+                                                  "--source", "DOMAIN=PATH", "--out", "datasets/NAME"])
 
 
 def special_token_ids(out_dir: str) -> dict[str, int]:
