@@ -20,16 +20,17 @@ Spearman over all runs: Marin's "OOF Spearman"). MAE for the methods that predic
 Methods:
 
 * every registered law that fits one model size (``Law.min_sizes() == 1``: ``log_linear``,
-  ``regmix``, ``regmix_linear``), point fits (no bootstrap), seed 0;
-* ``proxy_capped``: the practitioner's rule for a held-out target (``data_mixture.baselines``): the
-  best mixture among the training runs, capped at K epochs of each domain's pool; these tables
-  record no pools (``unique:<domain>``), so no cap binds and K = 4 and 16 give the same mixture.
-  Held-out runs are ranked by total variation distance to it (closer = predicted better), as
-  ``evaluate`` ranks cells; ``target_capped`` does not apply (the BPB tasks weight no training domain);
-* ``best_at_proxy``: a held-out run's target predicted as that of the nearest training run (L1
-  on the simplex), the one-size form of the trivial baseline of the same name;
-* ``uniform``: closeness to the uniform mixture (``sum_j r_j log r_j``); ``proportional`` and
-  ``unimax`` need pools and are skipped.
+  ``regmix``, ``regmix_linear``), point fits (no bootstrap), seed 0, the target as the fit's one
+  validation domain;
+* every baseline of ``data_mixture.baselines`` that applies (``compute_baselines`` on the fold's
+  training and held-out runs; the others are listed with the reason they were skipped): the
+  practitioner rules ``proxy_capped_4`` / ``proxy_capped_16`` (the best training run's mixture,
+  capped at K epochs of each pool; these tables record no pools, so no cap binds and both are
+  the same; held-out runs ranked by total variation distance to it) and ``uniform``;
+  ``target_capped_*`` does not apply to a held-out target (the BPB tasks weight no training
+  domain), ``best_at_proxy`` and ``trend`` need a smaller size, ``proportional`` and ``unimax`` pools;
+* ``nearest_run``: a held-out run's target predicted as that of the nearest training run (L1 on
+  the simplex), what ``best_at_proxy`` becomes at one size.
 
 Published figures, beside ours in ``oof.md``: Olmix (arXiv 2602.12237) reports rank correlations
 above 0.89 between proxies of 15M parameters and more and 1B targets -- a proxy-to-target
@@ -54,9 +55,10 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 
-from data_mixture.baselines import uniform_score
+from data_mixture.baselines import build_cells, compute_baselines
 from data_mixture.laws import LAWS, get_law
 from data_mixture.table import RunsTable, read_runs
+from data_mixture.target import resolve
 
 RESULTS = Path("experiments/benchmarks/results/olmix_swarms")
 TABLES = ("dclm", "full_recomputation")
@@ -89,13 +91,14 @@ def fold_scores(y: np.ndarray, score: np.ndarray) -> dict[str, float]:
     return {"spearman": float(rho), "regret": float(y[int(np.argmin(score))] - y.min())}
 
 
-def interval(values, level: float = 0.95) -> dict[str, float]:
-    """Mean over folds, its Student-t interval (``level``), min and max; NaNs ignored."""
+def interval(values, level: float = 0.95, floor: float = -math.inf) -> dict[str, float]:
+    """Mean over folds, its Student-t interval (``level``; its lower end no lower than ``floor``:
+    regret cannot be negative), min and max; NaNs ignored."""
     v = np.asarray([x for x in values if np.isfinite(x)], np.float64)
     if len(v) == 0:
         return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
     half = float(scipy.stats.t.ppf(0.5 + level / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
-    return {"mean": float(v.mean()), "lo": float(v.mean() - half), "hi": float(v.mean() + half), "min": float(v.min()),
+    return {"mean": float(v.mean()), "lo": float(max(floor, v.mean() - half)), "hi": float(v.mean() + half), "min": float(v.min()),
             "max": float(v.max()), "n": int(len(v))}
 
 
@@ -105,21 +108,21 @@ def one_size_laws() -> list[str]:
     return [n for n in LAWS if get_law(n).min_sizes() == 1]
 
 
-def proxy_best_mixture(train: RunsTable, y_train: np.ndarray) -> np.ndarray:
-    """The practitioner's proxy rule at one size without pools: the best training run's mixture."""
-    return train.mix_rm[int(np.argmin(y_train))]
-
-
-def baseline_scores(train: RunsTable, test: RunsTable, target: str) -> dict[str, tuple[np.ndarray, bool]]:
-    """{name: (score of each test run, is a loss prediction)} of the non-law methods."""
-    y_train = train.loss(target)
-    best = proxy_best_mixture(train, y_train)
+def baseline_scores(train: RunsTable, test: RunsTable, target: str) -> tuple[dict[str, tuple[np.ndarray, bool]], dict[str, str]]:
+    """({name: (score of each test run, is a loss prediction)}, {name: why skipped}): every baseline
+    of ``data_mixture.baselines`` (on the target alone), and ``nearest_run``."""
+    train_t, test_t = resolve(target).apply(train), resolve(target).apply(test)
+    out: dict[str, tuple[np.ndarray, bool]] = {}
+    skipped: dict[str, str] = {}
+    for name, b in compute_baselines(build_cells(train_t, "params_total"), build_cells(test_t, "params_total"),
+                                     test_t.loss_domains, test_t.mix_domains).items():
+        if "skipped" in b:
+            skipped[name] = b["skipped"]
+        else:  # one row per cell: these tables have one row per run and no replicates
+            out[name] = (np.asarray(b["rank_c"] if b.get("pred_cv") is None else b["pred_cv"][:, 0], np.float64), b.get("pred_cv") is not None)
     dist = np.abs(test.mix_rm[:, None, :] - train.mix_rm[None, :, :]).sum(-1)
-    return {
-        "proxy_capped": (0.5 * np.abs(test.mix_rm - best[None]).sum(1), False),
-        "best_at_proxy": (y_train[np.argmin(dist, axis=1)], True),
-        "uniform": (uniform_score(test.mix_rm), False),
-    }
+    out["nearest_run"] = (train.loss(target)[np.argmin(dist, axis=1)], True)
+    return out, skipped
 
 
 def run_table(table: RunsTable, targets, k: int, seed: int, laws) -> dict:
@@ -129,6 +132,7 @@ def run_table(table: RunsTable, targets, k: int, seed: int, laws) -> dict:
     per_fold: dict[str, dict[str, list[dict]]] = {}
     is_pred: dict[str, bool] = {}
     fit_seconds: dict[str, float] = {}
+    skipped: dict[str, str] = {}
 
     def record(name, target, test_i, score, prediction):
         pred.setdefault(name, {}).setdefault(target, np.full(len(table), np.nan))[test_i] = score
@@ -148,23 +152,25 @@ def run_table(table: RunsTable, targets, k: int, seed: int, laws) -> dict:
             fit_seconds[law] = fit_seconds.get(law, 0.0) + time.perf_counter() - t0
             print(f"  fold {f + 1}/{k} {law}: {time.perf_counter() - t0:.1f} s", flush=True)
         for t in targets:
-            for name, (score, prediction) in baseline_scores(train, test, t).items():
+            scores, why = baseline_scores(train, test, t)
+            skipped.update(why)
+            for name, (score, prediction) in scores.items():
                 record(name, t, test_i, score, prediction)
-    out = {}
+    methods: dict[str, dict] = {}
     for name in pred:
-        out[name] = {"predicts_loss": is_pred[name], "fit_seconds_total": round(fit_seconds.get(name, 0.0), 2), "targets": {}}
+        methods[name] = {"predicts_loss": is_pred[name], "fit_seconds_total": round(fit_seconds.get(name, 0.0), 2), "targets": {}}
         for t in targets:
             y, s = table.loss(t), pred[name][t]
             entry = {
                 "spearman": interval([d["spearman"] for d in per_fold[name][t]]),
-                "regret": interval([d["regret"] for d in per_fold[name][t]]),
+                "regret": interval([d["regret"] for d in per_fold[name][t]], floor=0.0),
                 "pooled_spearman": float(scipy.stats.spearmanr(s, y)[0]),
                 "folds": per_fold[name][t],
             }
             if is_pred[name]:
                 entry["mae"] = float(np.mean(np.abs(s - y)))
-            out[name]["targets"][t] = entry
-    return out
+            methods[name]["targets"][t] = entry
+    return {"methods": methods, "skipped": skipped}
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -177,7 +183,8 @@ def markdown(result: dict) -> str:
              f"Commit {result['commit']}, {result['date']}; load average {result['load_avg'][0]:.1f} -> {result['load_avg'][1]:.1f} "
              f"on {result['machine']['cpus']} shared cores. Spearman and regret@1 (BPB): mean over folds [95 % t interval]; "
              "pooled: one Spearman over every run's out-of-fold prediction.", ""]
-    for name, methods in result["tables"].items():
+    for name, res in result["tables"].items():
+        methods = res["methods"]
         meta = result["table_shapes"][name]
         lines += [f"## {name} ({meta['runs']} runs, {meta['mix_domains']} domains)", ""]
         for t in result["targets"]:
@@ -190,6 +197,8 @@ def markdown(result: dict) -> str:
                 mae = f"{e['mae']:.4f}" if "mae" in e else "-"
                 lines.append(f"| {mark}{m}{mark} | {_cell(e['spearman'], '.3f')} | {e['pooled_spearman']:.3f} | {_cell(e['regret'], '.4f')} | {mae} |")
             lines.append("")
+        lines += ["Skipped baselines (the reason, as `data_mixture.baselines` gives it):", ""]
+        lines += [f"- {k}: {v}" for k, v in res["skipped"].items()] + [""]
     lines += ["## Published figures", "", "| source | figure | what it measures | same quantity as ours? |", "|---|---|---|---|"]
     for p in PUBLISHED:
         lines.append(f"| {p['source']} | {p['figure']} | {p['what']} | {'yes (another swarm)' if p['comparable'] else 'no'} |")
@@ -217,9 +226,7 @@ def main(argv=None) -> dict:
     load0 = os.getloadavg()[0]
     result: dict = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "folds": args.folds, "seed": args.seed,
                     "targets": targets, "laws": laws, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                    "tables": {}, "table_shapes": {}, "published": PUBLISHED,
-                    "skipped": {"target_capped": "the BPB tasks weight no training domain (a held-out target)",
-                                "proportional, unimax": "the tables record no pools (unique:<domain>)"}}
+                    "tables": {}, "table_shapes": {}, "published": PUBLISHED}
     for name in args.tables.split(","):
         table = read_runs(RESULTS / f"{name}_runs.csv")
         print(f"{name}: {len(table)} runs x {len(table.mix_domains)} domains", flush=True)
