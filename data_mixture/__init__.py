@@ -1,6 +1,6 @@
 """Data-mixture science: runs tables -> mixture laws -> predictions, optimal mixtures, plans.
 
-Pipeline (``docs/data_mixture.md``)::
+Pipeline (``docs/data_mixture.md``, the tutorial; reference in ``docs/mixture/``)::
 
     plan.json --sweep--> workdirs --collect--> runs.csv --fit--> fit.json --predict--> pred.csv
                                                                   \\--optimize--> mixture.json --> launch.sh

@@ -25,7 +25,7 @@ against the prior's own prediction there (``sim_error``, averaged over domains, 
 simulations), with ``sim_regret`` (the prior's mean loss of the mixture the simulated fit ranks
 best among the 64, minus the best of the 64) reported alongside. The candidate with the lowest
 ``sim_error`` wins. Validated on synthetic ground truth in tests/test_dm_plan.py and by
-leave-one-scale-out on the ladder table (docs/data_mixture.md, "Planning").
+leave-one-scale-out on the ladder table (docs/mixture/commands.md, "Planning").
 
 Protocols (``protocol`` in the plan JSON): runs **from scratch** (every run trains a fresh model
 on its mixture), or **mid-training**: at each size one *base* is pretrained on a base mixture
@@ -38,7 +38,7 @@ term. The bases count once in the FLOPs. Either protocol can replicate runs with
 seeds ``seed .. seed + K - 1``, at every size or only at ``seed_sizes``); replicates are simulated
 with independent noise.
 
-The plan JSON (schema in docs/data_mixture.md, "Planning") lists every run with the overrides
+The plan JSON (schema in docs/mixture/commands.md, "Planning") lists every run with the overrides
 ``launch.sh`` needs; the sweep runner executes it.
 """
 
@@ -589,7 +589,7 @@ def continuation_runs(spec: PlanSpec, preset: str, mixtures: Mapping[str, Mappin
 
 def _protocol_record(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
                      optim) -> dict[str, Any]:
-    """The plan's top-level ``protocol`` object (docs/data_mixture.md, "Mid-training plans")."""
+    """The plan's top-level ``protocol`` object (docs/mixture/commands.md, "Mid-training plans")."""
     sizes = list(dict.fromkeys(r["preset"] for r in runs))
     out: dict[str, Any] = {
         "kind": "mid_training" if proto.mid else "scratch",
@@ -615,7 +615,7 @@ def _protocol_record(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], r
 
 
 def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
-    """The plan JSON (see docs/data_mixture.md, "Planning")."""
+    """The plan JSON (see docs/mixture/commands.md, "Planning")."""
     t0 = time.perf_counter()
     _check_numbers(spec)
     if spec.prior:

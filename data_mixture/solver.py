@@ -1,7 +1,7 @@
 """The solver every parametric law is fitted with: robust multi-start fitting (Huber on residuals,
 vmapped L-BFGS, bounds, bootstrap). ``fit.py`` builds on it: the Fit bundle of a whole runs table.
 
-Procedure (``docs/data_mixture.md``, "Fitting"):
+Procedure (``docs/mixture/laws.md``, "Fitting"):
 
 1. The objective of one problem is ``sum_r w_r huber_delta(pred_r - y_r) / (delta * sum_r w_r)``.
    For loss laws ``pred`` and ``y`` are log losses (residuals are relative errors), with

@@ -1,6 +1,6 @@
 """The runs table: one row per (run, checkpoint), read from CSV and validated before any fitting.
 
-Columns (``docs/data_mixture.md``, "Runs table"):
+Columns (``docs/mixture/tables.md``, "Runs table"):
 
 ==================  ===========================================================================
 ``run``             run name (non-empty); the unit the bootstrap resamples

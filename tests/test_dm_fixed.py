@@ -1,5 +1,5 @@
 """Fixed parameters, tables with one token budget per size, parameters at their bounds, and the
-bootstrap interval of the optimal mixture (``docs/data_mixture.md``, "Fitting" and "Optimisation").
+bootstrap interval of the optimal mixture (``docs/mixture/laws.md``, "Fitting", and ``docs/mixture/commands.md``, "Optimisation").
 
 The one-budget tables are drawn from a known additive law (RegMix-style: one checkpoint per run,
 so every run has its own single token count) with three sizes and ten mixtures per size; the

@@ -1,7 +1,7 @@
 """The layering of moejax, data_mixture and experiments, read from the source with ``ast``
 (nothing is imported).
 
-The rules (the layering is described in moejax/checks.py's docstring and the README's
+The rules (the layering is described in moejax/checks.py's docstring and docs/architecture.md,
 "Architecture"): the import graph of ``moejax/``, ``data_mixture/`` and ``experiments/`` has no
 circle; moejax imports nothing from data_mixture or experiments; the leaves ``moejax.errors`` and ``moejax.schema`` (the typed model
 configs, from whose field declarations ``moejax.config`` generates the ``model.*`` checks) import

@@ -6,7 +6,7 @@
 beside ``DM_RUNS`` when it is set, else ``$MOEJAX_CACHE/dm_notebooks``, ``~/.cache/moejax/dm_notebooks``
 without it: never inside the checkout); ``DM_TARGET``: what the mixture is chosen for when it is not
 every validation domain, a ``--target`` text (``heldout_qa``, ``code=0.6,prose=0.4``,
-``logprob:know_type``; docs/data_mixture.md, "Targets"): the notebooks fit and score the laws on it
+``logprob:know_type``; docs/mixture/tables.md, "Targets"): the notebooks fit and score the laws on it
 alone (:func:`target_table`). ``fmt`` prints a statistic, or ``n/a`` where it is undefined.
 The tests run every notebook through a Jupyter kernel on a small synthetic table with fast settings.
 

@@ -1,7 +1,7 @@
 """Sweep runner: a plan (``python -m data_mixture plan``) -> trained, evaluated runs -> runs table.
 
 ``python -m data_mixture sweep --plan plan.json --root sweeps/NAME [--backend local|ray]`` (docs/
-data_mixture.md, "Sweeps"). One module per job:
+mixture/commands.md, "Sweeps"). One module per job:
 
 - ``targets``     plan entries -> run targets (name, overrides, run dir), every entry's config
                   resolved and validated with moejax's own parser before anything is launched;

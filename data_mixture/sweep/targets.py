@@ -1,6 +1,6 @@
 """Plan entries -> run targets, every entry checked before anything is launched.
 
-A target is one training run of the plan (docs/data_mixture.md, "Planning": ``runs[]``): its
+A target is one training run of the plan (docs/mixture/commands.md, "Planning": ``runs[]``): its
 name (also its directory under the sweep root), the experiment file it starts from, its
 ``--config.KEY=VALUE`` overrides, and the config those resolve to. Every entry's config is
 resolved **in this process** with moejax's own config loader and validator
@@ -120,7 +120,7 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise SweepError(f"plan file {str(p)!r} does not exist. Make one with `python -m data_mixture plan ... --out "
-                         f"{p.name}` (schema: docs/data_mixture.md, \"Planning\").")
+                         f"{p.name}` (schema: docs/mixture/commands.md, \"Planning\").")
     try:
         plan = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:

@@ -1,6 +1,6 @@
 """MFU of the train step on one GPU (sized for an NVIDIA H200): a ~1B-total MoE in bfloat16.
 
-    MOEJAX_PYTHON=.venv-gpu/bin/python   # a jax[cuda12]==0.10.2 environment (README "Accelerators")
+    MOEJAX_PYTHON=.venv-gpu/bin/python   # a jax[cuda12]==0.10.2 environment (docs/accelerators.md)
     .venv-gpu/bin/python -m experiments.benchmarks.gpu_mfu [--steps 20] [--peak-tflops 989]
     .venv/bin/python -m experiments.benchmarks.gpu_mfu --smoke   # the same code path, tiny, on CPU
 
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     if jax.default_backend() == "cpu" and not args.smoke:
         raise SystemExit("gpu_mfu: no GPU found (jax.default_backend() is 'cpu'); run it with a CUDA build "
-                         "of jax (README, 'Accelerators'), or pass --smoke to check the script on CPU.")
+                         "of jax (docs/accelerators.md), or pass --smoke to check the script on CPU.")
     cfg = gpu_config(args.smoke)
     mesh = sharding.make_mesh(checks.validate(cfg, 1))
     run = setup(cfg, mesh)

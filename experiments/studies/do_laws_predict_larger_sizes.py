@@ -2,7 +2,7 @@
 
 Model sizes x training mixtures over the built-in domains (code, prose, math, knowledge), each
 trained for a short budget, evaluated at two checkpoints, and collected into one runs table
-(``experiments/studies/results/ladder_runs.csv``, the format of docs/data_mixture.md). It is the
+(``experiments/studies/results/ladder_runs.csv``, the format of docs/mixture/tables.md). It is the
 moejax-produced table the leave-one-scale-out comparison of the laws is run on. The committed
 table was made with (about 75 minutes of a 2-core machine shared with four other jobs for the
 first 15 runs, 13 minutes for the last 6):

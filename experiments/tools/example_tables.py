@@ -1,4 +1,4 @@
-"""Two small synthetic runs tables for the examples of docs/data_mixture.md ("Targets", "Repeated data").
+"""Two small synthetic runs tables for the examples of docs/mixture/tables.md ("Targets", "Repeated data").
 
     ./launch.sh python -m experiments.tools.example_tables --out results/dm_examples
 
