@@ -69,6 +69,8 @@ own token budget and pools (closer = predicted better; KL is infinite where the 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -483,6 +485,39 @@ def practitioner_mixtures(mix_domains, *, tokens: float, pools=None, target=None
                 continue
             out[name] = {"weights": dict(zip(mix_domains, w.tolist())),
                          "why": f"{note}; cap {k:g} epochs at {tokens:.4g} tokens" + (f"; {cap_note}" if cap_note else "")}
+    return out
+
+
+def target_pools(table, unique_tokens: Mapping[str, float] | None) -> dict[str, float]:
+    """{domain: unique tokens at the target}: ``unique_tokens``, else the table's largest pool per domain."""
+    domains = tuple(table.mix_domains)
+    if unique_tokens:
+        unknown = sorted(set(unique_tokens) - set(domains))
+        if unknown:
+            raise TableError(f"--unique-tokens names {', '.join(unknown)}, not a training domain of the table "
+                                 f"({', '.join(domains)}).")
+        for d, u in unique_tokens.items():
+            if not (math.isfinite(float(u)) and float(u) > 0):
+                raise TableError(f"--unique-tokens {d}={u!r}; allowed: a number of tokens > 0.")
+        return {d: float(u) for d, u in unique_tokens.items()}
+    u_rm = table.unique_rm()
+    return {d: float(u_rm[:, j].max()) for j, d in enumerate(domains) if np.isfinite(u_rm[:, j]).any()}
+
+
+def baseline_mixtures(table_t, size_column: str, target, tokens: float, pools: Mapping[str, float]) -> dict[str, dict]:
+    """{name: {"weights", "why"} or {"skipped"}} of every baseline mixture at the target."""
+    domains = tuple(table_t.mix_domains)
+    cells = build_cells(table_t, size_column)
+    out: dict[str, dict] = {"uniform": {"weights": {d: 1.0 / len(domains) for d in domains}, "why": "equal weights"}}
+    u_m = np.array([pools.get(d, np.inf) for d in domains])
+    if np.all(np.isfinite(u_m)):
+        out["proportional"] = {"weights": dict(zip(domains, (u_m / u_m.sum()).tolist())), "why": "in proportion to the pools"}
+        out["unimax"] = {"weights": dict(zip(domains, unimax_weights(u_m, tokens, UNIMAX_MAX_EPOCHS).tolist())),
+                         "why": f"UniMax, cap {UNIMAX_MAX_EPOCHS:g} epochs at the target's tokens"}
+    best, which = proxy_best(cells)
+    out["best_at_proxy"] = {"weights": dict(zip(domains, best.tolist())), "why": f"lowest target loss: {which}"}
+    out.update(practitioner_mixtures(domains, tokens=tokens, pools=pools, target=target,
+                                     loss_domains=table_t.loss_domains, proxy=(best, which)))
     return out
 
 

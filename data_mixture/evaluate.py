@@ -11,6 +11,9 @@ Hold-outs (``holdout``):
   interpolation); ``"runs=a,b"``: hold out named runs;
 - ``"each"``: every size above the two smallest is held out in turn, fitted on the sizes below
   it only (H extrapolations in one call; the report holds one evaluation per hold-out);
+- ``"kfold=K"`` (``"kfold"``: K = 5): out-of-fold predictions of every cell, (size, mixture)
+  groups in K random folds, scored at the largest size (:mod:`data_mixture.kfold`; for tables
+  with too few sizes to hold one out);
 - ``"none"``: fit and score every row, scored at the largest size (in-sample goodness of fit,
   *not* an extrapolation test).
 
@@ -127,7 +130,7 @@ def split_holdout(table: RunsTable, holdout: str, size_column: str) -> tuple[np.
         test = np.isin(table.run, names)
         what = f"runs {', '.join(names)}"
     else:
-        raise EvaluateError(f"--holdout {holdout!r}; allowed: largest | each | size=N | runs=a,b,... | none")
+        raise EvaluateError(f"--holdout {holdout!r}; allowed: largest | each | size=N | runs=a,b,... | kfold=K | none")
     if test.all() or not test.any():
         raise EvaluateError(f"hold-out {what} leaves {'nothing to fit' if test.all() else 'nothing to predict'}: the "
                             f"table has sizes {', '.join(f'{s:.4g}' for s in sizes)}; a leave-one-scale-out "
@@ -401,6 +404,14 @@ def _evaluate_laws(table: RunsTable, laws: Sequence[str], *, holdout: str, size_
     floor = noise_floor(build_cells(rows, size_column), rows.loss_domains)
     common = dict(laws=laws, size_column=size_column, seed=seed, starts=starts, tokens=tokens, resamples=resamples,
                   optimum=optimum, floor=floor, target=target)
+    if holdout == "kfold" or holdout.startswith("kfold="):
+        from data_mixture.kfold import FOLDS
+
+        k = holdout[6:] if holdout.startswith("kfold=") else str(FOLDS)
+        if not k.isdigit() or int(k) < 2:
+            raise EvaluateError(f"--holdout {holdout!r}; allowed: kfold=K with K >= 2 whole folds, e.g. kfold=5.")
+        return _evaluate_kfold(rows, int(k), laws=laws, size_column=size_column, seed=seed, starts=starts,
+                               resamples=resamples, floor=floor, target=target)
     if holdout != "each":
         test, what = split_holdout(rows, holdout, size_column)
         train = rows if holdout == "none" else rows.take(~test)
@@ -452,6 +463,50 @@ def _evaluate_one(train_t: RunsTable, test_t: RunsTable, what: str, *, laws, siz
         if got["pred_cv"] is not None:
             entry["predictions"] = _predictions(held, got["pred_cv"])
         report["baselines"][name], base_boots[name] = entry, boots
+    report["verdict"] = _verdicts(report, law_boots, base_boots, skipped, domains)
+    report["seconds"] = time.perf_counter() - t_start
+    return _jsonable(report)
+
+
+def _evaluate_kfold(rows: RunsTable, k: int, *, laws, size_column, seed, starts, resamples, floor,
+                    target) -> dict[str, Any]:
+    """One out-of-fold evaluation (:mod:`data_mixture.kfold`), scored as a hold-out is."""
+    from data_mixture.kfold import out_of_fold
+
+    t_start = time.perf_counter()
+    domains, mix_domains = tuple(rows.loss_domains), tuple(rows.mix_domains)
+    oof = out_of_fold(rows, k, laws=laws, size_column=size_column, seed=seed, starts=starts, target=target)
+    held, cells = oof["held"], oof["cells"]
+    decision = _Decision(held, float(held.size_c.max()), floor, domains, resamples, seed)
+    best = decision.idx_k[int(np.argmin(decision.obs_k))] if decision.k else int(np.argmin(held.obs_cv.mean(axis=1)))
+    report: dict[str, Any] = {
+        "holdout": f"kfold={k} (out-of-fold predictions of the {len(held)} cells at the largest size; its mixtures in "
+                   f"{k} folds, seed {seed})",
+        "size_column": size_column, "train_rows": len(rows), "test_rows": oof["test_rows"], "train_cells": len(cells),
+        "test_cells": len(held), "train_sizes": sorted(set(rows.size(size_column).tolist())),
+        "held_out_size": decision.size, "held_out_tokens": float(held.tokens_c[decision.idx_k].max()) if decision.k else None,
+        "loss_domains": list(domains), "mix_domains": list(mix_domains),
+        "observed_best": {"run": held.label(best), "mean_loss": float(held.obs_cv[best].mean()),
+                          "seeds": int(held.seeds_c[best]), "weights": dict(zip(mix_domains, held.mix_cm[best].tolist()))},
+        "decision": decision.describe(resamples), "noise_floor": floor, "seed": seed, "starts": starts,
+        "laws": {}, "baselines": {},
+    }
+    law_boots, base_boots, skipped = {}, {}, {}
+    for name, got in oof["laws"].items():
+        if "skipped" in got:
+            report["laws"][name] = got
+            continue
+        entry, law_boots[name] = score_method(held, decision, domains, got["pred_cv"], got["pred_cv"], got["pred_cv"].mean(axis=1))
+        entry.update(fit_seconds=got["seconds"], warnings=got["warnings"], predictions=_predictions(held, got["pred_cv"]))
+        report["laws"][name] = entry
+    for name, got in oof["baselines"].items():
+        entry = {"description": BASELINES[name]}
+        if "skipped" in got:
+            entry["skipped"] = skipped[name] = got["skipped"]
+        else:
+            scored, base_boots[name] = score_method(held, decision, domains, got["pred_cv"], got["rank_cv"], got["rank_c"])
+            entry.update(scored, notes=got["notes"])
+        report["baselines"][name] = entry
     report["verdict"] = _verdicts(report, law_boots, base_boots, skipped, domains)
     report["seconds"] = time.perf_counter() - t_start
     return _jsonable(report)

@@ -50,6 +50,8 @@ from typing import Any, Callable
 
 import numpy as np
 from scipy.optimize import minimize
+
+from data_mixture.simplex import check_feasible, project
 from moejax.errors import UserError
 
 FD_STEP = 1e-5
@@ -210,38 +212,6 @@ def feasible_bounds(domains: Sequence[str], constraints: Constraints, tokens: fl
     return lo, limit, notes
 
 
-def project(x_km: np.ndarray, lo_m: np.ndarray, hi_m: np.ndarray) -> np.ndarray:
-    """Euclidean projection of each row onto {lo <= w <= hi, sum w = 1} (assumed non-empty).
-
-    w = clip(x - tau, lo, hi) with tau found by bisection (the sum is monotone in tau); the last
-    rounding residual goes to a coordinate strictly inside its bounds, so bounds hold exactly.
-    """
-    x_km = np.atleast_2d(np.asarray(x_km, np.float64))
-    a = (x_km - hi_m).min(axis=1) - 1.0
-    b = (x_km - lo_m).max(axis=1) + 1.0
-    for _ in range(200):
-        mid = 0.5 * (a + b)
-        s = np.clip(x_km - mid[:, None], lo_m, hi_m).sum(axis=1)
-        big = s > 1.0
-        a = np.where(big, mid, a)
-        b = np.where(big, b, mid)
-    w = np.clip(x_km - (0.5 * (a + b))[:, None], lo_m, hi_m)
-    for k in range(w.shape[0]):
-        for _ in range(3):
-            r = 1.0 - w[k].sum()
-            if r == 0.0:
-                break
-            room = (hi_m - w[k]) if r > 0 else (w[k] - lo_m)
-            j = int(np.argmax(room))
-            w[k, j] = min(hi_m[j], max(lo_m[j], w[k, j] + r))
-    return w
-
-
-def check_feasible(w_m: np.ndarray, lo_m: np.ndarray, hi_m: np.ndarray, tol: float = 1e-12) -> None:
-    if not (np.all(w_m >= lo_m - tol) and np.all(w_m <= hi_m + tol) and abs(w_m.sum() - 1.0) <= 1e-9):
-        raise RuntimeError(f"internal error: optimum {w_m.tolist()} violates its bounds {lo_m.tolist()}..{hi_m.tolist()}")
-
-
 def _candidates(lo_m, hi_m, count: int, rng: np.random.Generator) -> np.ndarray:
     m = lo_m.shape[0]
     raw = [rng.dirichlet(np.ones(m), size=count), np.full((1, m), 1.0 / m), np.eye(m)]
@@ -370,7 +340,8 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
                      loss_weights: Mapping[str, float] | None = None, task_weights: Mapping[str, float] | None = None,
                      constraints: Constraints | None = None, starts: int = 16, seed: int = 0,
                      bootstrap: bool = True, interval: float = 0.9, target=None,
-                     unique_tokens: Mapping[str, float] | None = None) -> dict[str, Any]:
+                     unique_tokens: Mapping[str, float] | None = None, robust: str | None = "mean",
+                     baselines: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The optimal mixture and what the law predicts at it, as the JSON ``optimize`` writes.
 
     ``fit`` is a :class:`data_mixture.fit.Fit` (anything with ``mix_domains``, ``loss_domains``,
@@ -381,6 +352,11 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     weighted set of the fit's validation domains sets ``loss_weights``. ``unique_tokens``
     {domain: tokens}: each domain's pool at the target, for repetition-aware laws (default: the
     pools the fit recorded) and for ``Constraints.domain_epochs``.
+
+    ``robust`` (``"mean"``, default; ``"qNN"``; None: the point fit's optimum): with a bootstrap
+    (and ``objective="loss"``), ``weights`` is the robust pick of :mod:`data_mixture.robust` and
+    ``robust`` its report (agreement, odds against ``baselines`` {name: weights} -- default
+    :func:`default_baselines` -- and the members on a corner); ``point`` keeps the point optimum.
     """
     t0 = time.perf_counter()
     constraints = constraints or Constraints()
@@ -414,7 +390,20 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
 
     n_members = len(getattr(fit, "bootstrap", []) or [])
     members_w, at_star_loss, at_star_bench = [], [], []
-    if bootstrap and n_members:
+    robust_report = None
+    w_point = w_star
+    if robust and bootstrap and n_members and objective == "loss":
+        from data_mixture.robust import robust_pick
+
+        if baselines is None:
+            baselines = default_baselines(fit, a_v, target_json, tokens, unique_m)
+        robust_report = robust_pick(fit, size=size, tokens=tokens, a_v=a_v, lo_m=lo, hi_m=hi, unique_m=pred_unique,
+                                    robust=robust, point_w=w_star, baselines=baselines, seed=seed, interval=interval,
+                                    binding=notes["binding_upper"])
+        w_star = np.array([robust_report["weights"][d] for d in domains])
+        v_star = float(f(w_star[None])[0])
+        members_w = [np.array([o[d] for d in domains]) for o in robust_report["member_optima"]]
+    elif bootstrap and n_members:
         for b in range(n_members):
             fb = _objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique)
             wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
@@ -463,8 +452,30 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
            if unique_m is not None else {}),
         "predicted": predicted,
         "bootstrap": boot,
+        **({"point": dict(zip(domains, w_point.tolist())), "robust": robust_report} if robust_report else {}),
         "search": {**search, "seed": seed, "seconds": time.perf_counter() - t0},
     }
+
+
+def default_baselines(fit, a_v: np.ndarray, target_json: Mapping | None, tokens: float,
+                      unique_m: np.ndarray | None) -> dict[str, dict[str, float]]:
+    """The mixtures a robust pick is compared with when none are given: uniform; proportional and
+    UniMax when every domain's pool is known; the target-capped practitioner rules
+    (:mod:`data_mixture.baselines`; proxy-capped needs the runs table: ``recommend`` adds it)."""
+    from data_mixture.baselines import UNIMAX_MAX_EPOCHS, practitioner_mixtures, unimax_weights
+    from data_mixture.target import Target
+
+    domains = tuple(fit.mix_domains)
+    out = {"uniform": {d: 1.0 / len(domains) for d in domains}}
+    if unique_m is not None and np.all(np.isfinite(unique_m)):
+        out["proportional"] = dict(zip(domains, (unique_m / unique_m.sum()).tolist()))
+        out["unimax"] = dict(zip(domains, unimax_weights(unique_m, tokens, UNIMAX_MAX_EPOCHS).tolist()))
+    pools = {} if unique_m is None else {d: float(u) for d, u in zip(domains, unique_m) if np.isfinite(u)}
+    target = Target.from_json(target_json) if target_json else dict(zip(fit.loss_domains, np.asarray(a_v).tolist()))
+    for name, got in practitioner_mixtures(domains, tokens=tokens, pools=pools, target=target).items():
+        if "weights" in got:
+            out[name] = got["weights"]
+    return out
 
 
 def write_mixture(result: Mapping[str, Any], path: str | os.PathLike) -> None:

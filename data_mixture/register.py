@@ -115,6 +115,25 @@ def register(decision_rule: str | Mapping[str, Any], candidates: Mapping[str, Ma
     return reg
 
 
+def with_baselines(candidates: Mapping[str, Mapping[str, float]], table: RunsTable, *, metric: str, tokens: float,
+                   size_column: str, unique_tokens: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """``candidates`` plus every baseline mixture at the target that they do not name already
+    (:func:`data_mixture.recommend.baseline_mixtures`: uniform, proportional/UniMax, best-at-proxy and
+    the practitioner rules), from the proxy runs ``table`` for the rule's ``metric`` (``loss:mean``,
+    ``loss:<domain>`` or a target text)."""
+    from data_mixture.baselines import baseline_mixtures, target_pools
+
+    aim = None if metric == "loss:mean" else parse_target(metric)
+    rows = table.law_rows()
+    table_t = aim.apply(rows) if aim is not None else rows
+    got = baseline_mixtures(table_t, size_column, aim, tokens, target_pools(table, unique_tokens))
+    out = {n: dict(w) for n, w in candidates.items()}
+    for name, b in got.items():
+        if "weights" in b and name not in out:
+            out[name] = b["weights"]
+    return out
+
+
 def write(reg: Mapping[str, Any], path: str | Path) -> None:
     from data_mixture.user_files import write_text
 

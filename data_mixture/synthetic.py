@@ -227,3 +227,45 @@ def truth_optimum(loss_fn, size: float, tokens: float, m: int, step: float = 0.0
     g = simplex_grid(m, step)
     loss = loss_fn(np.full(len(g), size), np.full(len(g), tokens), g)
     return g[int(np.argmin(loss))]
+
+
+def user_style_table(mix_domains: Sequence[str] = ("web", "books", "code"), *, sizes: Sequence[float] = (2e5, 6e5),
+                     mixtures: int = 10, seed: int = 0, scarce: str | None = "books", pool: float = 2e6,
+                     noise: float = 0.004) -> RunsTable:
+    """A runs table as a user's own sweep writes it: ``mixtures`` Dirichlet mixtures of
+    ``mix_domains`` at every size of ``sizes`` (20 tokens per parameter, two checkpoints each), one
+    validation domain per training domain plus a held-out target ``heldout`` no run trains on, and
+    the ``scarce`` domain's pool ``unique:<scarce>``. The truth: a Chinchilla-like size/token term
+    plus, per validation domain, ``0.6 exp(-3 r_v^eff)``, with the held-out target scored by the
+    first two domains 0.7/0.3 and the scarce domain's effective share saturating past 4 epochs."""
+    rng = np.random.default_rng(seed)
+    m = len(mix_domains)
+    mix_km = np.concatenate([np.full((1, m), 1.0 / m), rng.dirichlet(np.ones(m), size=mixtures - 1)])
+    cols: dict[str, list] = {k: [] for k in ("run", "params_total", "params_active", "tokens", "seed")}
+    for d in mix_domains:
+        cols[f"mix:{d}"] = []
+    for n in sizes:
+        for k, w in enumerate(mix_km):
+            for frac in (0.5, 1.0):
+                cols["run"].append(f"n{n:g}_m{k}")
+                cols["params_total"].append(2 * n)
+                cols["params_active"].append(n)
+                cols["tokens"].append(20 * n * frac)
+                cols["seed"].append(0)
+                for j, d in enumerate(mix_domains):
+                    cols[f"mix:{d}"].append(float(w[j]))
+    n_r, d_r = np.asarray(cols["params_active"]), np.asarray(cols["tokens"])
+    w_rm = np.stack([np.asarray(cols[f"mix:{d}"]) for d in mix_domains], axis=1)
+    eff_rm = w_rm.copy()
+    if scarce is not None:
+        j = list(mix_domains).index(scarce)
+        epochs = w_rm[:, j] * d_r / pool
+        eff_rm[:, j] = np.where(epochs > 4, w_rm[:, j] * (4 + np.log1p(epochs - 4)) / epochs, w_rm[:, j])
+        cols[f"unique:{scarce}"] = [pool] * len(n_r)
+    base = 1.5 + 30 * n_r ** -0.3 + 60 * d_r ** -0.3
+    z = lambda: np.exp(noise * rng.standard_normal(len(n_r)))  # noqa: E731
+    for j, d in enumerate(mix_domains):
+        cols[f"loss:{d}"] = list((base + 0.6 * np.exp(-3 * eff_rm[:, j])) * z())
+    held = 0.7 * np.exp(-3 * eff_rm[:, 0]) + 0.3 * np.exp(-3 * eff_rm[:, 1 % m])
+    cols["loss:heldout"] = list((base + 0.8 * held) * z())
+    return from_columns(cols)

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from moejax.errors import ConfigError
 from moejax.eval.generator import length_bucket
 from moejax.log import add_verbosity_flags
 from moejax.model.transformer import DTYPES
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from moejax.trained import load
 
     def generate() -> None:
+        check_prompts(args.prompt)
         model = load(args.workdir, args.step)
         prompts = [model.tokenizer.encode(p) for p in args.prompt]
         if not args.beyond_context:
@@ -59,13 +61,25 @@ def main(argv: list[str] | None = None) -> int:
                interrupted="interrupted; nothing is saved by generation. Rerun the command.")
 
 
+def check_prompts(prompts: Sequence[str]) -> None:
+    """Refuses a prompt that is not valid UTF-8 text (the shell passed bytes of another encoding,
+    which Python keeps as surrogates), naming the prompt, the byte and its position."""
+    for number, prompt in enumerate(prompts, 1):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            byte = prompt.encode("utf-8", "surrogateescape")[len(prompt[:e.start].encode("utf-8"))]
+            raise ConfigError(
+                f"--prompt {number}: byte {byte:#04x} at position {e.start} is not valid UTF-8 (text in another "
+                "encoding, such as Latin-1): the tokenizers read UTF-8. Convert the text first (for example "
+                "iconv -f latin1 -t utf-8), or set the terminal to UTF-8.") from None
+
+
 def check_context(prompts: Sequence[np.ndarray], max_new_tokens: int, seq_len: int) -> None:
     """Refuses prompts plus new tokens longer than the trained context, naming the fix."""
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens <= seq_len:
         return
-    from moejax.errors import ConfigError
-
     room = seq_len - longest
     fix = (f"use --max-new-tokens {room} or fewer" if room > 0 else "shorten the prompt")
     raise ConfigError(

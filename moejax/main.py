@@ -305,6 +305,19 @@ def summary_line(summary: dict, workdir: str) -> str:
     return ", ".join(parts + [f"workdir {workdir}"])
 
 
+def summary_problem(summary: dict) -> str | None:
+    """Why a finished run's summary is not a result (a held-out loss that is not finite), or None."""
+    import math
+
+    bad = [f"{what} evaluation (step {pair[0]}) is {pair[1]}" for what, pair in
+           (("first", summary.get("first_eval")), ("last", summary.get("last_eval")))
+           if pair and not math.isfinite(pair[1])]
+    if not bad:
+        return None
+    return (f"the run reached step {summary['final_step']}, but its held-out loss is not finite: {'; '.join(bad)}. "
+            "This is not a result: check the data (moejax.data.verify_dataset(path)) and metrics.jsonl.")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     command = parse_command_line(argv)
@@ -318,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(command: CommandLine) -> int:
-    """Trains what the command line asks for; the exit status (0, 3 diverged, 74 a failed save, 128 + signal
-    preempted)."""
+    """Trains what the command line asks for; the exit status (0, 3 diverged or a non-finite held-out loss, 74 a
+    failed save, 128 + signal preempted)."""
     maybe_initialize_distributed()
     import jax
 
@@ -339,6 +352,10 @@ def _train(command: CommandLine) -> int:
         sys.stderr.write(f"moejax: {e}\n")
         return e.exit_code
     if jax.process_index() == 0:
+        problem = summary_problem(summary)
+        if problem:
+            sys.stderr.write(f"moejax: error: {problem}\n")
+            return 3
         print(summary_line(summary, command.workdir))
     return 0
 

@@ -37,7 +37,7 @@ def test_a_second_setup_replaces_the_first(capsys):
 
 
 def _argparse_commands():
-    from data_mixture.__main__ import EXAMPLES
+    from data_mixture.__main__ import COMMANDS
     from data_mixture.__main__ import main as data_mixture_main
     from moejax.data import export, l3_alloc, prepare
     from moejax.eval.__main__ import main as eval_main
@@ -47,7 +47,7 @@ def _argparse_commands():
     commands = {"eval": (eval_main, []), "generate": (generate_main, []), "prepare": (prepare.main, []),
                 "export": (export.main, []), "l3-alloc": (l3_alloc.main, []), "hf import": (hf_main, ["import"]),
                 "hf export": (hf_main, ["export"])}
-    commands.update({f"data-mixture {name}": (data_mixture_main, [name]) for name in EXAMPLES})
+    commands.update({f"data-mixture {name}": (data_mixture_main, [name]) for name in COMMANDS})
     return [pytest.param(main, argv, id=name) for name, (main, argv) in commands.items()]
 
 

@@ -354,7 +354,7 @@ def test_cli_prepares_verifies_and_reports_errors(sources, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:  # the command runner exits with the status
         prepare_main(["--out", str(out), "--verify"])
     assert stop.value.code == 2
-    assert f"{shard} does not match the checksum" in capsys.readouterr().err
+    assert f"shard file {shard} does not match the sha256 recorded in its manifest" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         prepare_main(["--source", "x=/missing", "--out", str(tmp_path / "new")])
     assert stop.value.code == 2

@@ -244,7 +244,7 @@ def test_each_needs_three_sizes(tmp_path):
 
 
 def test_runs_files_are_concatenated_and_must_share_columns(tmp_path):
-    from data_mixture.__main__ import _read_runs_files
+    from data_mixture.cli.evaluate import read_runs_files as _read_runs_files
     from data_mixture.table import TableError
 
     rows = [{"run": f"r{k}", "n": n, "mix": 0.5, "loss_code": 2.0, "loss_prose": 2.0} for k, n in enumerate((1e5, 2e5))]

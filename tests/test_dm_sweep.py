@@ -345,3 +345,25 @@ def test_sweep_help_shows_every_flag_and_an_example(capsys):
     for flag in ("--backend", "--parallel", "--retries", "--eval-args", "--ray-address", "--cpus-per-run",
                  "--gpus-per-run", "--lease-timeout", "--wait-others"):
         assert flag in out
+
+
+def test_checkpoints_at_the_evaluation_cadence_outlive_a_restart_s_extra_checkpoints(tmp_path):
+    """A sweep runner killed mid-run: its child saves an off-cadence checkpoint on the way out (and
+    again on each restart); retention must still keep every scheduled checkpoint until the attempt
+    evaluates them, not only the newest ``max_to_keep`` of all of them."""
+    import numpy as np
+
+    from data_mixture.sweep.targets import targets_from_plan
+    from moejax.train.checkpoint import Checkpointer
+
+    plan = {"runs": [{"name": "r", "overrides": {"train.steps": 30, "checkpoint.every_steps": 10}}]}
+    (target,) = targets_from_plan(plan, tmp_path / "root")
+    assert target.checkpoint_steps == (10, 20, 30)
+    keep = target.resolved_config["checkpoint"]
+    checkpointer = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=keep["max_to_keep"],
+                                keep_period=keep["keep_period"])
+    state = {"w": np.zeros(3, np.float32)}
+    for step in (10, 13, 17, 20, 24, 30):  # 13, 17, 24: SIGTERMed children saving where they were
+        checkpointer.save(step, state, {}, {})
+        checkpointer.wait()
+    assert {10, 20, 30} <= set(checkpointer.steps()), checkpointer.steps()

@@ -16,7 +16,8 @@ How to mark an example (for anyone writing README.md or a page under docs/):
   ``results/``, ``datasets/``, ``sweeps/``), so relative paths such as
   ``experiments/studies/results/ladder_runs.csv`` resolve and a block's outputs (``fit.json``,
   ``runs/NAME``) land in the temporary directory. Do not write into a linked folder.
-- Shell blocks run with ``bash -e`` (``-o pipefail``): ``./launch.sh`` is the repository's launch.sh
+- Blocks see one CPU device, as a user does (not the suite's 8 fake ones), and share the suite's
+  compilation cache. Shell blocks run with ``bash -e`` (``-o pipefail``): ``./launch.sh`` is the repository's launch.sh
   with this test's Python (``MOEJAX_PYTHON``), and ``python``, ``moejax`` and ``data-mixture`` are
   this environment's. Python blocks run as a script with this Python. A block passes when it exits
   with status 0; a failure names the page, the block's line and its output.
@@ -116,6 +117,9 @@ def _workspace(tmp: Path) -> dict[str, str]:
     launch.write_text(f'#!/usr/bin/env bash\nexec {str(ROOT / "launch.sh")!r} "$@"\n')
     launch.chmod(0o755)
     env = dict(os.environ)
+    # One CPU device, as a user has (conftest's 8 fake devices are for the in-process tests); the
+    # suite's compile settings and caches stay, so a block reuses what the tests compiled.
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
     env.update(MOEJAX_PYTHON=sys.executable, MOEJAX_CHECK_PINS="0",
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
     return env
@@ -149,6 +153,14 @@ def test_the_parser_finds_marked_blocks(tmp_path):
     assert [(b.line, b.kind, b.tier, b.code) for b in blocks] == [
         (3, "shell", "default", "echo one\n"), (11, "python", "slow", "print(2)\n")]
     assert len(problems) == 2 and "runnable: slo" in problems[0] and "page.md:18" in problems[1]
+
+
+def test_the_front_pages_stay_short():
+    """The README is read in five minutes and the mixture tutorial is one page: details go to the
+    pages they link, dated measurements to experiments/benchmarks/LOG.md."""
+    for page, limit in (("README.md", 150), ("docs/data_mixture.md", 200)):
+        lines = len((ROOT / page).read_text(encoding="utf-8").splitlines())
+        assert lines <= limit, f"{page} has {lines} lines; at most {limit}: move details to a linked page"
 
 
 def test_the_readme_workflows_are_marked():
@@ -220,3 +232,15 @@ def test_docs_links_resolve():
     targets = [*pages(), ROOT / "experiments" / "README.md", ROOT / "experiments" / "benchmarks" / "README.md"]
     problems = [p for path in targets for p in broken_links(path)]
     assert not problems, "\n".join(problems)
+
+
+def test_docs_pages_named_in_code_exist():
+    """A docs page that a docstring, help text or message names exists."""
+    named = re.compile(r"\bdocs/[\w/.-]+?\.md\b")
+    missing = []
+    for package in ("moejax", "data_mixture", "experiments", "tests"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                missing += [f"{path.relative_to(ROOT)}:{number}: {page}" for page in named.findall(line)
+                            if not (ROOT / page).is_file()]
+    assert not missing, "pages named but missing:\n" + "\n".join(missing)

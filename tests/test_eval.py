@@ -299,3 +299,14 @@ def test_masked_experts_get_zero_load(erun, ckpt, scorer):
     assert not np.allclose(after["logprob_b"], before["logprob_b"])
     with pytest.raises(ValueError, match="fewer than the 2 each token chooses"):
         mask_state(ckpt.balance, least_used(counts, 3), moe.experts_per_token)
+
+
+def test_eval_draws_no_progress_bars_into_a_file(workdir, tmp_path, capsys):
+    """stderr redirected to a file (not a terminal): no tqdm redraws in it, without --no-progress."""
+    import shutil
+
+    run = shutil.copytree(workdir, tmp_path / "run")
+    capsys.readouterr()
+    eval_cli.main(["--workdir", str(run), "--tasks", "--loss-batches", "1"])
+    err = capsys.readouterr().err
+    assert "\r" not in err and "batch/s" not in err and "it/s" not in err, err[-500:]

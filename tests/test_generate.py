@@ -101,3 +101,13 @@ def test_text_streams_as_tokens_come_and_a_split_character_prints_once_whole():
     stream(np.array(tokenizer.encode("x")))  # after the stop id: nothing
     assert "".join(written) == "ab é c" and len(written) >= 4  # piece by piece, never a broken character
     assert "\ufffd" not in "".join(written)
+
+
+def test_a_prompt_that_is_not_utf8_is_one_paragraph_before_loading(tmp_path, capsys):
+    prompt = b"caf\xe9 ok".decode("utf-8", "surrogateescape")  # what Python makes of a Latin-1 argument
+    with pytest.raises(SystemExit) as exit_:
+        generate_cli.main(["--workdir", str(tmp_path / "none"), "--prompt", "fine", "--prompt", prompt])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moejax.generate: error: --prompt 2") and "Traceback" not in err, err
+    assert "byte 0xe9 at position 3 is not valid UTF-8" in err and len(err.strip().splitlines()) == 1

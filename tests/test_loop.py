@@ -257,3 +257,56 @@ def test_records_of_redone_steps_replace_the_old_ones(tmp_path, cache_dir, small
     assert steps == sorted(set(steps)) == list(range(7))
     assert [(r.get("loss"), r.get("eval_loss")) for r in read_metrics(workdir)] == \
         [(r.get("loss"), r.get("eval_loss")) for r in read_metrics(small_run)]  # the same run, bit for bit
+
+
+# --- a nan is never a result ---------------------------------------------------------------------
+
+def _nan_batches(monkeypatch, module, when=lambda n: True):
+    """Batches handed to the device through ``module.to_global`` get a nan loss mask (every
+    non-finite loss there is), on the calls ``when(n)`` picks (n counts from 1)."""
+    original, calls = module.to_global, []
+
+    def damaged(batch, *args):
+        calls.append(1)
+        if when(len(calls)):
+            batch = dict(batch, loss_mask=np.full_like(batch["loss_mask"], np.nan))
+        return original(batch, *args)
+
+    monkeypatch.setattr(module, "to_global", damaged)
+
+
+def test_a_non_finite_evaluation_stops_the_run_naming_the_step_and_the_domains(tmp_path, cache_dir, small_run,
+                                                                             monkeypatch):
+    from moejax.train import default_hooks
+    from moejax.train.default_hooks import BadEvaluation
+
+    workdir = copy_run(small_run, tmp_path / "run")  # checkpoints at 3 and 6
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "6"))  # redo steps 4-6: the evaluation at 6
+    _nan_batches(monkeypatch, default_hooks)
+    with pytest.raises(BadEvaluation, match=r"the evaluation at step 6 gave a non-finite held-out loss "
+                                            r"\(eval_loss/code nan.*\).*cause: "):
+        train(small_run_cfg(cache_dir), workdir)
+    assert BadEvaluation.exit_code == 3
+    assert not os.path.isdir(os.path.join(workdir, "checkpoints", "6"))  # no checkpoint of a nan result
+    assert all(np.isfinite(r.get("eval_loss", 0.0)) for r in read_metrics(workdir))  # and no nan record
+
+
+def test_a_run_whose_last_step_is_non_finite_stops_instead_of_ending_on_nan(tmp_path, cache_dir, small_run,
+                                                                         monkeypatch):
+    from moejax.train import startup
+
+    workdir = copy_run(small_run, tmp_path / "run")
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "6"))  # redo steps 4-6, the last one non-finite
+    _nan_batches(monkeypatch, startup, when=lambda n: n == 3)
+    with pytest.raises(Diverged, match=r"the last step \(6\) had a non-finite loss or gradient.*"
+                                       r"The newest checkpoint \(step 3\)"):
+        train(small_run_cfg(cache_dir), workdir)
+
+
+def test_a_summary_with_nan_is_not_a_success():
+    from moejax.main import summary_problem
+
+    fine = {"final_step": 6, "first_eval": (0, 5.5), "last_eval": (6, 4.1)}
+    assert summary_problem(fine) is None
+    problem = summary_problem({"final_step": 6, "first_eval": (0, float("nan")), "last_eval": (6, float("nan"))})
+    assert problem and "step 0" in problem and "step 6" in problem and "not finite" in problem

@@ -124,3 +124,20 @@ def test_heldout_warning_suggests_the_fraction_that_reaches_the_minimum():
     # max(20 / 600, 8192 / 85000) = 0.0964, with a 20% margin: 0.12
     assert "Rerun the prepare command with --heldout-fraction 0.12 (now 0.01)" in message
     assert small_heldout_message("logs", 40, 9000, total_documents=600, total_tokens=85_000, fraction=0.1) == ""
+
+
+def test_a_disk_that_fills_during_prepare_is_one_paragraph(sources, tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(task):  # what a worker's np.save raises when the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(prepare_lib, "tokenize_shard", full)
+    out = tmp_path / "ds"
+    with pytest.raises(SystemExit) as exit_:
+        prepare_main(["--source", f"good={sources / 'good'}", "--out", str(out), "--workers", "1", "--shard-mb", "0.002"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prepare: error: ") and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"the disk holding {out} is full" in err and "No space left on device" in err and "free" in err
+    assert f"Nothing was left behind: {out} was removed." in err and not out.exists()

@@ -46,7 +46,7 @@ def test_ctrl_c_is_one_line_and_exit_130_when_the_command_says_what_was_kept(cap
 def test_every_input_error_of_moejax_and_data_mixture_is_a_user_error():
     """Caught by the class, not looked up by name: a renamed or new kind is caught as long as it
     subclasses UserError (as each of these does)."""
-    from data_mixture.__main__ import UsageError
+    from data_mixture.cli.flags import UsageError
     from data_mixture.collect import CollectError
     from data_mixture.evaluate import EvaluateError
     from data_mixture.fit import FitFileError

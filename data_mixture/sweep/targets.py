@@ -24,8 +24,11 @@ resumes from them.
 The checkpoint cadence is the plan's (``checkpoint.every_steps``, half the steps in plans made by
 ``plan``). The laws want every checkpoint evaluated, so when the plan does not set
 ``checkpoint.max_to_keep`` and moejax's default would delete some of the scheduled checkpoints
-before they are evaluated, ``checkpoint.max_to_keep`` is raised to their number (recorded as an
-added override in the run's ``record.json``).
+before they are evaluated, ``checkpoint.max_to_keep`` is raised to their number, and when it does
+not set ``checkpoint.keep_period``, that is the cadence: a run stopped and resumed (a SIGTERM, a
+killed runner) saves checkpoints off the cadence too, which count towards ``max_to_keep`` and would
+otherwise push the oldest scheduled one out before evaluation. Both are recorded as added
+overrides in the run's ``record.json``.
 """
 
 from __future__ import annotations
@@ -187,6 +190,9 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
     if "checkpoint.max_to_keep" not in overrides and int(cfg.checkpoint.max_to_keep) < len(scheduled):
         added["checkpoint.max_to_keep"] = len(scheduled)
         cfg.checkpoint.max_to_keep = len(scheduled)
+    if "checkpoint.keep_period" not in overrides and not int(cfg.checkpoint.keep_period):
+        added["checkpoint.keep_period"] = every
+        cfg.checkpoint.keep_period = every
     from moejax import config as config_lib
 
     return dataclasses.replace(target, added_overrides=added, resolved_config=config_lib.to_dict(cfg), steps=steps,

@@ -12,7 +12,9 @@ Modules, in the order data flows through them:
   :mod:`moejax.eval.benchmarks`.
 - ``sources`` (which files a ``DOMAIN=PATH`` names, and their documents), ``layout`` (where a
   prepared dataset keeps its files) and ``prepare`` (``python -m moejax.data.prepare``).
-- ``dataset``: ``open_dataset(path)``, one view of the built-in corpus or a prepared dataset.
+- ``dataset``: ``open_dataset(path)``, one view of the built-in corpus or a prepared dataset;
+  ``verify_dataset(path)`` checks every shard file of a prepared dataset against its manifest
+  (training checks each the first time it reads it: ``shard_check``).
 - ``streams``: documents -> ``TokenStream``; ``packing``: windows -> packed examples.
 - ``mixture``: weights and schedules; ``pipeline``: ``MixtureIterator`` (grain mixture of
   domains, staged, resumable, per-process rows) and ``make_eval_batches``.
@@ -33,6 +35,7 @@ _EXPORTS = {
     "TokenDataset": "dataset",
     "describe_dataset": "dataset",
     "open_dataset": "dataset",
+    "verify_dataset": "dataset",
     "TrainData": "from_config",
     "check_data_config": "from_config",
     "make_data": "from_config",

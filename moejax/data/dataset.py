@@ -26,6 +26,7 @@ import numpy as np
 
 from moejax.data import corpus as corpus_lib
 from moejax.data import layout
+from moejax.data.shard_check import ShardCheck, check_checksum
 from moejax.data.streams import TokenStream
 from moejax.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from moejax.errors import DataError
@@ -160,7 +161,7 @@ def open_dataset(
         manifests[domain] = manifest
         for split in layout.SPLITS:
             shards[(domain, split)] = tuple(
-                _open_shard(directory / domain, shard["splits"][split], manifest["dtype"])
+                _open_shard(directory / domain, shard["splits"][split], manifest["dtype"], info.tokenizer.vocab_size)
                 for shard in manifest["shards"]
             )
     return TokenDataset(info, {**dataset, "domain_manifests": manifests}, dataset["sha256"], shards)
@@ -169,27 +170,20 @@ def open_dataset(
 def verify_dataset(path: str | os.PathLike[str]) -> int:
     """Recompute the sha256 of every shard file of a prepared dataset; returns the file count.
 
-    Raises a ``DataError`` naming the first file that differs from its manifest.
+    Raises a ``DataError`` naming the first file that differs from its manifest (what training
+    does for each shard the first time it reads it, here for all of them at once).
     """
     info = describe_dataset(path)
     if not info.path:
-        raise DataError("verify_dataset checks prepared datasets; the built-in corpus is rebuilt "
-                        "from its seed (compare manifest hashes instead).")
+        raise DataError("verify_dataset checks prepared datasets; the built-in corpus cache is checked "
+                        "against its manifest every time it is loaded (and rebuilt if damaged).")
     checked = 0
     for domain in info.domains:
         manifest = _domain_manifest(Path(path), domain)
         for shard in manifest["shards"]:
             for split in layout.SPLITS:
                 for file in shard["splits"][split]["files"].values():
-                    file_path = Path(path) / domain / file["name"]
-                    h = hashlib.sha256()
-                    with open(file_path, "rb") as f:
-                        for block in iter(lambda: f.read(1 << 20), b""):
-                            h.update(block)
-                    if h.hexdigest() != file["sha256"]:
-                        raise DataError(f"{file_path} does not match the checksum in its "
-                                        "manifest: the file is corrupt. Delete it and its shard "
-                                        "record (shard-NNNNN.json) and rerun prepare.")
+                    check_checksum(Path(path) / domain / file["name"], file["sha256"])
                     checked += 1
     return checked
 
@@ -253,8 +247,9 @@ def _domain_manifest(directory: Path, domain: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def _open_shard(directory: Path, entry: Mapping[str, Any], dtype: str) -> TokenStream:
-    """Memory-map one shard split, checking it against its manifest entry."""
+def _open_shard(directory: Path, entry: Mapping[str, Any], dtype: str, vocab_size: int) -> TokenStream:
+    """Memory-map one shard split, checking it against its manifest entry; its content (checksum,
+    id range) is checked when the pipeline first reads it (``shard_check.ShardCheck``)."""
     arrays = {}
     for name, expected_dtype, length in (("tokens", dtype, entry["tokens"]),
                                          ("doc_starts", "int32", entry["documents"])):
@@ -267,4 +262,6 @@ def _open_shard(directory: Path, entry: Mapping[str, Any], dtype: str) -> TokenS
             raise DataError(f"{path} holds {array.dtype}[{array.shape}], but its manifest says "
                             f"{expected_dtype}[{length}]; rerun the prepare command to rewrite it.")
         arrays[name] = array
-    return TokenStream(tokens=arrays["tokens"], doc_starts=arrays["doc_starts"])
+    tokens_file = entry["files"]["tokens"]
+    check = ShardCheck(str(directory / tokens_file["name"]), tokens_file.get("sha256"), vocab_size)
+    return TokenStream(tokens=arrays["tokens"], doc_starts=arrays["doc_starts"], check=check)

@@ -105,10 +105,14 @@ class WindowPacker:
         self.seq_len = seq_len
         self.domain = domain
         self.num_windows = num_windows(stream.num_tokens, seq_len)
+        self._unchecked = stream.check is not None
 
     def __call__(self, index: int) -> Example:
         if not 0 <= index < self.num_windows:
             raise IndexError(f"window {index} out of range [0, {self.num_windows})")
+        if self._unchecked:  # the stream's file verified the first time a window is read from it
+            self.stream.check()  # type: ignore[misc]
+            self._unchecked = False
         start, length = int(index) * self.seq_len, self.seq_len + 1
         window = self.stream.tokens[start : start + length]
         starts = window_starts_mask(self.stream.doc_starts, start, length)

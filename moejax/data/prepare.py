@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -111,14 +112,35 @@ def _leaves_nothing_on_failure(prepare):
         try:
             return prepare(sources, out_dir, **kwargs)
         except Exception as e:
-            if not _remove_new(out, before):
-                raise
+            removed = _remove_new(out, before)
             note = (f" Nothing was left behind: {out} was removed." if before is None else
                     f" The files this run had written to {out} were removed; what was there before is untouched.")
+            if isinstance(e, OSError) and e.errno in _DISK_FULL:  # in a worker or here: one paragraph
+                raise DataError(_disk_full_message(e, out) + (note if removed else "")) from None
+            if not removed:
+                raise
             if isinstance(e, UserError):  # the one-paragraph errors the command prints
                 e.args = (f"{e}{note}",)
             raise
     return wrapper
+
+
+_DISK_FULL: Final = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _disk_full_message(error: OSError, out: Path) -> str:
+    """A write that failed for want of space (a full disk, a quota, a file size limit), as one paragraph."""
+    where = out.resolve()
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    try:
+        free = f"{shutil.disk_usage(where).free / MB:,.1f} MB free there now"
+    except OSError:
+        free = "its free space unknown"
+    file = f", writing {error.filename}" if error.filename else ""
+    return (f"the disk holding {out} is full ({error.strerror or error}{file}; {free}). Free some space, or "
+            "choose an --out on a disk with room (a prepared dataset takes about 2-4 bytes per token, and "
+            "byte tokens are one per input byte), then rerun the same command.")
 
 
 def _snapshot(out: Path) -> set[str] | None:

@@ -1,16 +1,20 @@
-"""A prepared dataset's shards checked where training reads them, before anything is compiled.
+"""A prepared dataset's shards checked where training reads them.
 
 ``check_shards(path, vocab_size)`` is cheap enough to run at every start (``check_data_config``
-calls it): every shard file's ``.npy`` header and byte size against its manifest entry (a
-truncated or cut-short file is named), and, for the first shard of each domain split (what the
-first batches read), the sha256 recorded when it was written and the token ids against the
-vocabulary. A file whose bytes were replaced (header intact) would otherwise train on garbage ids:
-every step non-finite and skipped. ``verify_dataset`` (moejax.data.dataset) checks every file's
-checksum, at the cost of reading the whole dataset.
+calls it, before anything is compiled): every shard file's ``.npy`` header and byte size against
+its manifest entry (a truncated or cut-short file is named), and, for the first shard of each
+domain split (what the first batches read), the sha256 recorded when it was written and the token
+ids against the vocabulary. Every other shard gets the same content check the first time the
+pipeline reads a window of it (``ShardCheck``, which ``dataset.open_dataset`` attaches to each
+token stream): a file whose bytes were replaced (header intact) would otherwise train on garbage
+ids, its steps non-finite and skipped. Each file is hashed once per process (the cost is one read
+of the dataset, spread over the first batches that touch each shard; the data-throughput
+benchmark reports it). ``verify_dataset`` (moejax.data) checks every file at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -45,7 +49,32 @@ def check_shards(path: str | os.PathLike[str], vocab_size: int) -> None:
                     file_path = directory / domain / file["name"]
                     _check_size(file_path, np.dtype(dtype), int(length))
                     if index == 0 and array == "tokens":
-                        _check_content(file_path, file.get("sha256"), vocab_size)
+                        ShardCheck(str(file_path), file.get("sha256"), vocab_size)()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCheck:
+    """One token file's content check: its sha256 against the manifest's (when recorded) and its
+    ids against the vocabulary; raises a ``DataError`` naming the file and the fix. Cheap to call
+    again: a file is hashed once per process (keyed by path, size and modification time)."""
+
+    path: str
+    sha256: str | None
+    vocab_size: int
+
+    def __call__(self) -> None:
+        _check_content(Path(self.path), self.sha256, self.vocab_size)
+
+
+def check_checksum(file_path: Path, sha256: str) -> None:
+    """Raises a ``DataError`` unless the file's sha256 is ``sha256`` (what its manifest recorded)."""
+    h = hashlib.sha256()
+    with open(file_path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    if h.hexdigest() != sha256:
+        raise DataError(f"shard file {file_path} does not match the sha256 recorded in its manifest when it was "
+                        f"written: its bytes changed. {_fix(file_path)}")
 
 
 def _fix(file_path: Path) -> str:
@@ -81,13 +110,7 @@ def _check_content(file_path: Path, sha256: str | None, vocab_size: int) -> None
     if key in _VERIFIED:
         return
     if sha256:
-        h = hashlib.sha256()
-        with open(file_path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        if h.hexdigest() != sha256:
-            raise DataError(f"shard file {file_path} does not match the sha256 recorded in its manifest when it was "
-                            f"written: its bytes changed. {_fix(file_path)}")
+        check_checksum(file_path, sha256)
     tokens = np.load(file_path, mmap_mode="r", allow_pickle=False)
     top = int(tokens.max()) if tokens.size else -1
     if top >= vocab_size:

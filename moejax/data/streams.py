@@ -9,7 +9,7 @@ segment ids.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -24,11 +24,14 @@ class TokenStream:
     ``tokens`` is int32, or uint16 where the vocabulary fits (prepared datasets store that to
     halve the disk and page-cache footprint). ``doc_starts`` is sorted, starts at 0 when there
     is at least one document, and ``tokens[doc_starts[i + 1] - 1]`` is the EOS that ends
-    document ``i``.
+    document ``i``. ``check`` (optional) verifies the file behind ``tokens`` once, on first read.
     """
 
     tokens: npt.NDArray[np.integer]
     doc_starts: npt.NDArray[np.int32]
+    # Called before the first window is read (a prepared dataset's shard: its checksum and id range
+    # against the manifest, ``shard_check.ShardCheck``); raises ``DataError`` on a damaged file.
+    check: Callable[[], None] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

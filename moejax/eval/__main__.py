@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 
 from moejax import paths
 from moejax.config import BENCHMARK_VERSIONS
@@ -53,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="held-out batches per domain (default: the run's train.eval_batches)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per benchmark batch")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="exact-match budget")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (there are none when stderr is not a terminal)")
     parser.add_argument("--force", action="store_true",
                         help="replace an eval/step_N.json made with other settings (default: refuse)")
     add_verbosity_flags(parser)
@@ -83,7 +85,8 @@ def _evaluate(args: argparse.Namespace) -> None:
         erun, tasks=args.tasks, max_items=args.max_items, loss_batches=args.loss_batches,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, benchmarks=args.benchmarks,
     )
-    evaluator = Evaluator(erun, settings, progress=not args.no_progress)
+    # bars only on a terminal: redirected to a file, a bar's redraws would fill it
+    evaluator = Evaluator(erun, settings, progress=not args.no_progress and sys.stderr.isatty())
     # the default: the newest checkpoint that reads (a damaged latest one is reported and skipped)
     loaded = {ckpt.step: ckpt for ckpt in [erun.load(None)]} if not args.all and args.step is None else {}
     steps = erun.steps if args.all else list(loaded) or [args.step]

@@ -113,11 +113,11 @@ class Checkpointer:
             max_to_keep=max_to_keep, keep_period=keep_period or None, create=True,
             cleanup_tmp_directories=owner,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
-        self._saving: int | None = None  # the step of the save started last
-        absl_logger = logging.getLogger("absl")
+        absl_logger = logging.getLogger("absl")  # before the manager, which reads every step's metadata
         if _orbax_errors_hidden not in absl_logger.filters:
             absl_logger.addFilter(_orbax_errors_hidden)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
+        self._saving: int | None = None  # the step of the save started last
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -251,9 +251,12 @@ class Checkpointer:
 def _orbax_errors_hidden(record: logging.LogRecord) -> bool:
     """A filter on the ``absl`` logger: orbax's own error reports (a traceback from each thread of a
     failed save) are left out, because moejax reports every checkpoint failure itself in one
-    paragraph (``SaveFailed``, an unreadable checkpoint set aside); ``-v`` shows them."""
-    return (record.levelno < logging.ERROR or "orbax" not in record.pathname
-            or logging.getLogger("moejax").isEnabledFor(logging.DEBUG))
+    paragraph (``SaveFailed``, an unreadable checkpoint set aside), and so are its notes on a step
+    without its ``_CHECKPOINT_METADATA`` file (the step reads without it, or is reported as
+    unreadable); ``-v`` shows them."""
+    if "orbax" not in record.pathname or logging.getLogger("moejax").isEnabledFor(logging.DEBUG):
+        return True
+    return record.levelno < logging.ERROR and not str(record.msg).startswith("Metadata file does not exist")
 
 
 def any_process(flag: bool) -> bool:

@@ -21,6 +21,7 @@ At the last step every hook fires once (:mod:`moejax.train.hooks`).
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +42,13 @@ log = logging.getLogger(__name__)
 
 
 class Diverged(RunStopped):
-    """Too many consecutive steps (or every step of the run) had a non-finite loss or gradient."""
+    """Too many consecutive steps (or every step of the run, or its last) had a non-finite loss or gradient."""
+
+    exit_code = 3
+
+
+class BadEvaluation(RunStopped):
+    """An evaluation gave a non-finite held-out loss: never logged or saved as a result."""
 
     exit_code = 3
 
@@ -95,7 +102,7 @@ def begin(tr: Training) -> None:
     if tr.step < t.steps and tr.is_main:  # from here a SIGTERM stops the run after its next step
         log.info(f"moejax: training (the steps compiled in {tr.compile_s:.1f} s, while the data loaded)")
     if tr.step == 0:
-        first_eval = evaluate(tr.eval_step, tr.state, tr.data.eval_batches, tr.eval_sharding, t.global_batch_size)
+        first_eval = checked_evaluation(tr, tr.state, 0)
         tr.logger.log(0, first_eval)
         tr.summary["initial_eval_loss"] = first_eval["eval_loss"]
     tr.clock.restart()
@@ -155,8 +162,7 @@ def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
         info.record.update(record)
 
     def evaluate_(info: StepInfo) -> None:
-        info.record.update(evaluate(tr.eval_step, info.state, tr.data.eval_batches, tr.eval_sharding,
-                                    t.global_batch_size))
+        info.record.update(checked_evaluation(tr, info.state, info.step, bool(info.metrics["skipped"])))
 
     def trackers(info: StepInfo) -> None:
         if info.record:  # evaluation and logging are not training time: restart the clock after them
@@ -164,10 +170,10 @@ def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
             tr.summary.update(info.record)
             tr.clock.restart()
 
-    def stop_if_diverged(info: StepInfo) -> None:
-        if "diverged" in info.events:
+    def stop_if_diverged(info: StepInfo) -> None:  # a run never ends on a skipped step either
+        if "diverged" in info.events or (info.last and tr.bad_streak):
             raise Diverged(_diverged_message(tr.bad_streak, info.step, tr.checkpointer.latest_step(),
-                                             every_step=tr.bad_streak == info.step))
+                                             every_step=tr.bad_streak == info.step, last="diverged" not in info.events))
 
     def preemption_and_saves(info: StepInfo) -> None:
         # A signal or a failed save may reach some hosts only, or at other steps: all stop together.
@@ -201,9 +207,45 @@ def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
     ]
 
 
-def _diverged_message(bad_streak: int, step: int, latest: int | None, every_step: bool = False) -> str:
+def checked_evaluation(tr: Training, state, step: int, step_skipped: bool = False) -> dict[str, float]:
+    """``evaluate`` at ``step``; a ``BadEvaluation`` naming the step, the domains and the likely
+    cause when a held-out loss is not finite (before it is logged or a checkpoint is saved)."""
+    t = tr.cfg.train
+    out = evaluate(tr.eval_step, state, tr.data.eval_batches, tr.eval_sharding, t.global_batch_size)
+    bad = {key: value for key, value in out.items() if key != "eval_loss" and not math.isfinite(value)}
+    if not bad:
+        return out
+    vocab = tr.cfg.model.vocab_size
+    outside = [key.split("/", 1)[1] for key in bad
+               if any(int(np.max(b["targets"])) >= vocab or int(np.min(b["targets"])) < 0
+                      for b in tr.data.eval_batches[key.split("/", 1)[1]])]
+    if outside:
+        cause = (f"data: the held-out batches of {', '.join(outside)} hold token ids outside the model's "
+                 f"vocabulary of {vocab}; check the dataset (moejax.data.verify_dataset(path)) or model.vocab_size")
+    elif step_skipped:
+        cause = ("divergence: this step's training loss is non-finite too; lower optim.lr or lengthen "
+                 "optim.warmup_steps")
+    else:
+        cause = ("the data or the model: the parameters are finite (a non-finite update is never applied), so "
+                 "the forward pass overflows on those held-out batches; check the dataset "
+                 "(moejax.data.verify_dataset(path)), then lower optim.lr")
+    latest = tr.checkpointer.latest_step()
+    raise BadEvaluation(
+        f"the evaluation at step {step} gave a non-finite held-out loss "
+        f"({', '.join(f'{key} {value}' for key, value in bad.items())}); it was not logged and no checkpoint of "
+        f"step {step} was saved. Likely cause: {cause}. "
+        + (f"The newest checkpoint is step {latest}." if latest is not None else "No checkpoint was saved."))
+
+
+def _diverged_message(bad_streak: int, step: int, latest: int | None, every_step: bool = False,
+                      last: bool = False) -> str:
     """Why the run stopped, and what a rerun will do with the checkpoints there are."""
-    if every_step:
+    if last and not every_step:
+        steps = "the last step" if bad_streak == 1 else f"the last {bad_streak} steps"
+        head = (f"{steps} ({step}) had a non-finite loss or gradient; " if bad_streak == 1 else
+                f"{steps} (up to step {step}) had a non-finite loss or gradient; ")
+        head += "each was skipped, so the run does not end on a result."
+    elif every_step:
         head = (f"every step of the run ({bad_streak}, up to step {step}) had a non-finite loss or "
                 "gradient; each was skipped, so nothing was learned and the run stops here.")
     else:

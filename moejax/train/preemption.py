@@ -16,13 +16,28 @@ class Preempted(Exception):
         self.signum, self.step = signum, step
 
 
+def _say(line: str) -> None:
+    """One line on stderr, safely from a signal handler or a timer thread."""
+    try:
+        os.write(2, f"moejax: {line}\n".encode())
+    except OSError:
+        pass
+
+
+def _exit(code: int, line: str) -> None:
+    _say(line)
+    os._exit(code)
+
+
 class PreemptionGuard:
     """Context manager that turns SIGTERM/SIGINT into a flag the training loop polls.
 
     If the loop has not finished its checkpoint ``grace_seconds`` after the signal, the process
-    exits anyway (orbax commits a checkpoint only when it is complete, so a cut-off save leaves the
-    older checkpoints intact). A second signal exits at once. Handlers are installed only in the
-    main thread (signals cannot be caught elsewhere) and restored on exit.
+    exits anyway, saying so (orbax commits a checkpoint only when it is complete, so a cut-off save
+    leaves the older checkpoints intact). A second SIGTERM (schedulers and ``kill`` repeat
+    themselves) does not cut that save short: it is answered with one line. A second Ctrl-C is a
+    person who wants out: it exits at once, saying that the checkpoint was not saved. Handlers are
+    installed only in the main thread (signals cannot be caught elsewhere) and restored on exit.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -37,10 +52,18 @@ class PreemptionGuard:
         return self.signum is not None
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self.signum is not None:
-            os._exit(128 + signum)
+            if signum == signal.SIGINT:
+                _exit(128 + signum, f"second {name}: exiting at once, without the checkpoint of this step (the "
+                                    "older checkpoints are intact).")
+            _say(f"second {name}: still saving the checkpoint asked for by the first (at most "
+                 f"{self.grace_seconds:g} s, checkpoint.grace_seconds); SIGKILL stops at once.")
+            return
         self.signum = signum
-        timer = threading.Timer(self.grace_seconds, os._exit, args=(128 + signum,))
+        timer = threading.Timer(self.grace_seconds, _exit, args=(
+            128 + signum, f"the checkpoint was not saved within checkpoint.grace_seconds={self.grace_seconds:g} s "
+                          f"of {name}; exiting without it (the older checkpoints are intact)."))
         timer.daemon = True
         timer.start()
 

@@ -1,0 +1,50 @@
+"""Smaller cases of "no silent result": a second SIGTERM while the first one's checkpoint is saved,
+orbax's notes about a checkpoint without metadata, a relative script path given to launch.sh."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+from tests.test_train import small_run  # noqa: F401 (shared fixture)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_second_sigterm_does_not_cut_the_first_ones_save_short():
+    """Two SIGTERMs 0.3 s apart (a scheduler that repeats itself): the first one's save goes on, and
+    the second is answered with one line saying so; a second Ctrl-C still exits at once, saying so."""
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        from moejax.train.preemption import PreemptionGuard
+        sig = getattr(signal, sys.argv[1])
+        with PreemptionGuard(grace_seconds=30) as guard:
+            os.kill(os.getpid(), sig)
+            time.sleep(0.3)
+            os.kill(os.getpid(), sig)
+            time.sleep(0.3)
+            print("still saving", guard.signum, flush=True)
+    """)
+    term = subprocess.run([sys.executable, "-c", script, "SIGTERM"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert term.returncode == 0 and "still saving 15" in term.stdout, (term.returncode, term.stderr)
+    assert "second SIGTERM" in term.stderr and "checkpoint" in term.stderr and len(term.stderr.splitlines()) == 1
+    ctrl_c = subprocess.run([sys.executable, "-c", script, "SIGINT"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert ctrl_c.returncode == 130 and "still saving" not in ctrl_c.stdout
+    assert "second SIGINT" in ctrl_c.stderr and "without" in ctrl_c.stderr, ctrl_c.stderr
+
+
+def test_a_checkpoint_without_its_metadata_file_gives_no_absl_notes(small_run, tmp_path, caplog):  # noqa: F811
+    from moejax.train.checkpoint import Checkpointer
+
+    workdir = shutil.copytree(small_run, tmp_path / "run")
+    os.remove(os.path.join(workdir, "checkpoints", "6", "_CHECKPOINT_METADATA"))
+    with caplog.at_level(logging.INFO):
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3)
+        assert checkpointer.latest_step() == 6
+    assert "Metadata file does not exist" not in caplog.text
