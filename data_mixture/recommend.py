@@ -44,7 +44,7 @@ import numpy as np
 
 from moejax.errors import UserError
 
-CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix")
+CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix", "log_linear")
 REPETITION_LAWS = ("camel+repfit", "additive+repfit")
 BOOTSTRAP = 50
 KFOLD_BELOW_SIZES = 3  # tables with fewer sizes are scored out of fold

@@ -120,3 +120,18 @@ def test_scoring_on_a_hand_checkable_case():
     parts = folds(11, 5, seed=0)
     assert sorted(np.concatenate(parts).tolist()) == list(range(11)) and sorted(map(len, parts)) == [2, 2, 2, 2, 3]
     assert all((a == b).all() for a, b in zip(parts, folds(11, 5, seed=0)))
+
+
+def test_baseline_scores_follow_the_held_out_rows():
+    """The baselines score cells (sorted by mixture), the benchmark scores rows: the mapping puts
+    each score on its own run (uniform: sum r log r of the row's own mixture)."""
+    from data_mixture.baselines import uniform_score
+    from experiments.benchmarks.olmix_swarms import baseline_scores
+
+    t = read_runs(RESULTS / "dclm_runs.csv")
+    train, test = t.take(np.arange(20, 60)), t.take(np.arange(0, 20)[::-1])
+    scores, skipped = baseline_scores(train, test, "mean_bpb")
+    np.testing.assert_allclose(scores["uniform"][0], uniform_score(test.mix_rm))
+    best = train.mix_rm[np.argmin(train.loss("mean_bpb"))]
+    np.testing.assert_allclose(scores["proxy_capped_4"][0], 0.5 * np.abs(test.mix_rm - best).sum(1), atol=1e-12)
+    assert "target_capped_4" in skipped and "best_at_proxy" in skipped

@@ -6,7 +6,7 @@
 
 Reads the converted tables (``experiments/tools/olmix_swarms.py``: 127 runs x 24 DCLM topics and
 512 runs x 64 domains, one 30M size, BPB on 110 tasks, and the aggregates Olmix optimises) and
-writes ``oof.json`` and ``oof.md`` beside them.
+writes ``oof_<table>.json`` for each table and ``oof.md`` (every table's JSON found) beside them.
 
 Protocol: the runs are split into ``--folds`` folds (a seeded permutation); every method is fitted
 (or set up) on the other folds and scores the fold's runs. Per fold: the Spearman correlation
@@ -114,18 +114,22 @@ def baseline_scores(train: RunsTable, test: RunsTable, target: str) -> tuple[dic
     train_t, test_t = resolve(target).apply(train), resolve(target).apply(test)
     out: dict[str, tuple[np.ndarray, bool]] = {}
     skipped: dict[str, str] = {}
-    for name, b in compute_baselines(build_cells(train_t, "params_total"), build_cells(test_t, "params_total"),
-                                     test_t.loss_domains, test_t.mix_domains).items():
+    held = build_cells(test_t, "params_total")
+    row = {r: i for i, r in enumerate(test.run)}
+    row_c = np.array([row[runs[0]] for runs in held.runs])  # cells come sorted by key; one run per cell here
+    for name, b in compute_baselines(build_cells(train_t, "params_total"), held, test_t.loss_domains, test_t.mix_domains).items():
         if "skipped" in b:
             skipped[name] = b["skipped"]
-        else:  # one row per cell: these tables have one row per run and no replicates
-            out[name] = (np.asarray(b["rank_c"] if b.get("pred_cv") is None else b["pred_cv"][:, 0], np.float64), b.get("pred_cv") is not None)
+        else:
+            score_r = np.empty(len(test))
+            score_r[row_c] = b["rank_c"] if b.get("pred_cv") is None else b["pred_cv"][:, 0]
+            out[name] = (score_r, b.get("pred_cv") is not None)
     dist = np.abs(test.mix_rm[:, None, :] - train.mix_rm[None, :, :]).sum(-1)
     out["nearest_run"] = (train.loss(target)[np.argmin(dist, axis=1)], True)
     return out, skipped
 
 
-def run_table(table: RunsTable, targets, k: int, seed: int, laws) -> dict:
+def run_table(table: RunsTable, targets, k: int, seed: int, laws, starts: int = 64) -> dict:
     """Out-of-fold scores of every method on one table: {method: {target: {...}}}."""
     idx = folds(len(table), k, seed)
     pred: dict[str, dict[str, np.ndarray]] = {}
@@ -146,7 +150,7 @@ def run_table(table: RunsTable, targets, k: int, seed: int, laws) -> dict:
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # one size: no size trend to warn about here
-                fits = get_law(law).fit_domains(train, list(targets), seed=seed)
+                fits = get_law(law).fit_domains(train, list(targets), seed=seed, starts=starts)
                 for t in targets:
                     record(law, t, test_i, fits[t].predict(test.params_total, test.tokens, test.mix_rm), True)
             fit_seconds[law] = fit_seconds.get(law, 0.0) + time.perf_counter() - t0
@@ -178,27 +182,31 @@ def _cell(d: dict, fmt: str) -> str:
     return f"{d['mean']:{fmt}} [{d['lo']:{fmt}}, {d['hi']:{fmt}}]" if d["n"] else "-"
 
 
-def markdown(result: dict) -> str:
-    lines = [f"# Olmix swarms: {result['folds']}-fold out-of-fold scores", "",
-             f"Commit {result['commit']}, {result['date']}; load average {result['load_avg'][0]:.1f} -> {result['load_avg'][1]:.1f} "
-             f"on {result['machine']['cpus']} shared cores. Spearman and regret@1 (BPB): mean over folds [95 % t interval]; "
-             "pooled: one Spearman over every run's out-of-fold prediction.", ""]
-    for name, res in result["tables"].items():
-        methods = res["methods"]
-        meta = result["table_shapes"][name]
-        lines += [f"## {name} ({meta['runs']} runs, {meta['mix_domains']} domains)", ""]
-        for t in result["targets"]:
-            best = max(methods[m]["targets"][t]["spearman"]["mean"] for m in methods)
-            lines += [f"### {t}", "", "| method | Spearman per fold | pooled | regret@1 (BPB) | MAE |", "|---|---|---:|---|---:|"]
-            order = sorted(methods, key=lambda m: -methods[m]["targets"][t]["spearman"]["mean"])
-            for m in order:
-                e = methods[m]["targets"][t]
-                mark = "**" if e["spearman"]["mean"] == best else ""
-                mae = f"{e['mae']:.4f}" if "mae" in e else "-"
-                lines.append(f"| {mark}{m}{mark} | {_cell(e['spearman'], '.3f')} | {e['pooled_spearman']:.3f} | {_cell(e['regret'], '.4f')} | {mae} |")
-            lines.append("")
-        lines += ["Skipped baselines (the reason, as `data_mixture.baselines` gives it):", ""]
-        lines += [f"- {k}: {v}" for k, v in res["skipped"].items()] + [""]
+def markdown(results: list[dict]) -> str:
+    """The report of one or more per-table results (``oof_<table>.json``)."""
+    lines = ["# Olmix swarms: out-of-fold scores", "",
+             "Spearman and regret@1 (BPB): mean over folds [95 % t interval; regret's lower end at 0 at least]; pooled: one "
+             "Spearman over every run's out-of-fold prediction. Laws: point fits, seed 0. Best mean Spearman in bold.", ""]
+    for result in results:
+        for name, res in result["tables"].items():
+            methods = res["methods"]
+            meta = result["table_shapes"][name]
+            lines += [f"## {name} ({meta['runs']} runs, {meta['mix_domains']} domains)", "",
+                      f"{result['folds']} folds (seed {result['seed']}), {result['starts']} random starts per parametric fit; commit "
+                      f"{result['commit']}, {result['date']}; load average {result['load_avg'][0]:.1f} -> {result['load_avg'][1]:.1f} "
+                      f"on {result['machine']['cpus']} shared cores.", ""]
+            for t in result["targets"]:
+                best = max(methods[m]["targets"][t]["spearman"]["mean"] for m in methods)
+                lines += [f"### {t}", "", "| method | Spearman per fold | pooled | regret@1 (BPB) | MAE |", "|---|---|---:|---|---:|"]
+                for m in sorted(methods, key=lambda m: -methods[m]["targets"][t]["spearman"]["mean"]):
+                    e = methods[m]["targets"][t]
+                    mark = "**" if e["spearman"]["mean"] == best else ""
+                    mae = f"{e['mae']:.4f}" if "mae" in e else "-"
+                    lines.append(f"| {mark}{m}{mark} | {_cell(e['spearman'], '.3f')} | {e['pooled_spearman']:.3f} | "
+                                 f"{_cell(e['regret'], '.4f')} | {mae} |")
+                lines.append("")
+            lines += ["Skipped baselines (the reason, as `data_mixture.baselines` gives it):", ""]
+            lines += [f"- {k}: {v}" for k, v in res["skipped"].items()] + [""]
     lines += ["## Published figures", "", "| source | figure | what it measures | same quantity as ours? |", "|---|---|---|---|"]
     for p in PUBLISHED:
         lines.append(f"| {p['source']} | {p['figure']} | {p['what']} | {'yes (another swarm)' if p['comparable'] else 'no'} |")
@@ -216,28 +224,29 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", default=",".join(TABLES))
     ap.add_argument("--targets", default=",".join(TARGETS))
-    ap.add_argument("--laws", default=None, help="comma-separated (default: every law that fits one size)")
+    ap.add_argument("--laws", default=None, help="comma-separated (default: every law that fits one size; '' for the baselines alone)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--starts", type=int, default=64, help="random starts of the parametric laws (log_linear adds its 5 least-squares starts)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    laws = args.laws.split(",") if args.laws else one_size_laws()
-    targets = args.targets.split(",")
-    load0 = os.getloadavg()[0]
-    result: dict = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "folds": args.folds, "seed": args.seed,
-                    "targets": targets, "laws": laws, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                    "tables": {}, "table_shapes": {}, "published": PUBLISHED}
+    laws = [x for x in args.laws.split(",") if x] if args.laws is not None else one_size_laws()
+    args.out.mkdir(parents=True, exist_ok=True)
     for name in args.tables.split(","):
         table = read_runs(RESULTS / f"{name}_runs.csv")
         print(f"{name}: {len(table)} runs x {len(table.mix_domains)} domains", flush=True)
-        result["table_shapes"][name] = {"runs": len(table), "mix_domains": len(table.mix_domains)}
-        result["tables"][name] = run_table(table, targets, args.folds, args.seed, laws)
-    result["load_avg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "oof.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "oof.md").write_text(markdown(result))
-    print(markdown(result))
-    return result
+        load0 = os.getloadavg()[0]
+        result = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "folds": args.folds,
+                  "seed": args.seed, "starts": args.starts, "targets": args.targets.split(","), "laws": laws,
+                  "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "published": PUBLISHED,
+                  "table_shapes": {name: {"runs": len(table), "mix_domains": len(table.mix_domains)}},
+                  "tables": {name: run_table(table, args.targets.split(","), args.folds, args.seed, laws, args.starts)}}
+        result["load_avg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+        (args.out / f"oof_{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    results = [json.loads((args.out / f"oof_{n}.json").read_text()) for n in TABLES if (args.out / f"oof_{n}.json").exists()]
+    (args.out / "oof.md").write_text(markdown(results))
+    print(markdown(results))
+    return {"results": results}
 
 
 if __name__ == "__main__":
