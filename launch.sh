@@ -9,7 +9,15 @@
 #       Run the test suite (CPU, 8 fake devices, 2 pytest-xdist workers; MOEJAX_TEST_WORKERS=0
 #       for one process). Slow drills are left out; add -m slow to run them.
 #   ./launch.sh python [arguments]
-#       Any other command in the same environment, e.g. ./launch.sh python -m moejax.eval --workdir DIR
+#       Any other command in the same environment, e.g. ./launch.sh python -m moejax.eval --workdir DIR;
+#       ./launch.sh python my_script.py runs my_script.py of the directory you are in.
+#   ./launch.sh gpu-check [--out FILE] [--venv DIR]
+#       On an NVIDIA GPU machine: makes DIR (default .venv-gpu) with $MOEJAX_BASE_PYTHON (default python3)
+#       and the pinned jax[cuda12] plus tokamax, unless it exists (with MOEJAX_PYTHON set, that environment
+#       is used instead), then runs MFU (dense; MoE at 8, 64, 128 experts, ragged_dot and tokamax), LLEP and
+#       the peer step into one JSON (default results/gpu_check.json) and prints a table
+#       (experiments/benchmarks/gpu_check.py; docs/performance.md). --smoke: the same code path at tiny
+#       sizes on this machine's CPU, in ./.venv (no install).
 #
 # Every process started here runs with mimalloc preloaded (LD_PRELOAD): XLA:CPU takes a fresh
 # buffer for each step's temporaries, which glibc's malloc maps and unmaps every step, so the step
@@ -162,10 +170,33 @@ use_mimalloc() {
   return 0
 }
 
+if [[ "${1:-}" == "gpu-check" ]]; then
+  shift
+  if [[ " $* " != *" --smoke "* ]]; then  # the GPU run: its own environment, made by gpu_check.py
+    if [[ -n "${MOEJAX_PYTHON:-}" ]]; then
+      check_python "$MOEJAX_PYTHON" "MOEJAX_PYTHON"
+      MOEJAX_CALLER_CWD=$caller exec "$MOEJAX_PYTHON" -m experiments.benchmarks.gpu_check --in-env "$@"
+    fi
+    base=${MOEJAX_BASE_PYTHON:-python3} label=python3
+    [[ -n "${MOEJAX_BASE_PYTHON:-}" ]] && label=MOEJAX_BASE_PYTHON
+    check_python "$base" "$label"
+    MOEJAX_CALLER_CWD=$caller exec "$base" experiments/benchmarks/gpu_check.py "$@"
+  fi
+  python_env ""
+  use_mimalloc
+  MOEJAX_CALLER_CWD=$caller exec "$PY" -m experiments.benchmarks.gpu_check "$@"
+fi
+
 python_env "${1:-}"
 use_mimalloc
 if [[ "${1:-}" == "python" ]]; then
   shift
+  # A relative script path means the user's directory, as every other path does (the repository's
+  # when only it has the file, so experiments/... works from anywhere).
+  if [[ $# -gt 0 && "$1" != -* && "$1" != /* && "$caller" != "$PWD" ]] \
+      && [[ -f "$caller/$1" || ! -e "$1" ]]; then
+    set -- "$caller/$1" "${@:2}"
+  fi
   MOEJAX_CALLER_CWD=$caller exec "$PY" "$@"
 fi
 if [[ "${1:-}" == "test" ]]; then

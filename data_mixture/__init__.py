@@ -8,6 +8,8 @@ Pipeline (``docs/data_mixture.md``, the tutorial; reference in ``docs/mixture/``
 CORE modules: ``table`` (runs table), ``laws/`` (one file per law, registry), ``solver``
 (the robust multi-start solver every parametric law is fitted with), ``bench_law`` (loss ->
 benchmark), ``fit`` (the Fit bundle: a law fitted to every validation domain, its bootstrap).
+``data_mixture.recommend(runs, size=..., tokens=..., target=...)`` (``recommendation``) is the
+whole path from a runs table to a mixture in one call.
 
 Importing the package imports none of them (nor numpy or JAX): each public name below is imported
 from its module on first use (``from data_mixture import fit_table`` works as before), so the
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from data_mixture.bench_law import BenchFit, fit_bench
     from data_mixture.fit import Fit, fit_table
     from data_mixture.laws import LAWS, Law, LawFit, get_law
+    from data_mixture.recommendation import recommend
     from data_mixture.table import RunsTable, TableError, from_columns, read_runs, write_runs
 
 # public name -> the module that defines it (imported on first use)
@@ -36,11 +39,12 @@ _PUBLIC = {
     "BenchFit": "bench_law", "fit_bench": "bench_law",
     "Fit": "fit", "fit_table": "fit",
     "LAWS": "laws", "Law": "laws", "LawFit": "laws", "get_law": "laws",
+    "recommend": "recommendation",
     "RunsTable": "table", "TableError": "table", "from_columns": "table", "read_runs": "table", "write_runs": "table",
 }
 
 __all__ = ["LAWS", "BenchFit", "Fit", "Law", "LawFit", "RunsTable", "TableError", "fit_bench", "fit_table", "from_columns",
-           "get_law", "read_runs", "write_runs"]
+           "get_law", "read_runs", "recommend", "write_runs"]
 
 
 def __getattr__(name: str) -> Any:

@@ -384,10 +384,12 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
                 if d not in validation_only:
                     row["mix:" + d] = mix.get(d, 0.0)
                 row["loss:" + d] = float(domain_losses[d]["loss"])
+                _standard_error(row, d, domain_losses[d])
             for d, v in ((result.get("losses") or {}).get("targets") or {}).items():  # target sets: loss only
                 if d not in loss_domains:
                     loss_domains.append(d)
                 row["loss:" + d] = float(v["loss"])
+                _standard_error(row, d, v)
             for d, u in pools.items():
                 if d not in pooled:
                     pooled.append(d)
@@ -422,6 +424,7 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
              + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks]
              + ["logprob:" + t for t in logprob_tasks] + [f"{k}:{d}" for d in pooled for k in ("unique", "epochs")]
+             + [LOSS_SE + d for d in loss_domains if any(LOSS_SE + d in r for r in rows)]
              + protocol
              + ["step", "loss_source", "workdir", "started_at"])
     for col in order:
@@ -437,6 +440,15 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             "validation domains (different datasets). Collect them into separate tables."
         )
     return Collected(columns=columns, unevaluated=unevaluated, skipped=skipped)
+
+
+LOSS_SE = "loss_se:"  # the evaluation's own standard error of loss:<domain> (moejax.eval's loss_se)
+
+
+def _standard_error(row: dict[str, Any], domain: str, losses: Mapping[str, Any]) -> None:
+    """``row[loss_se:<domain>]``: the evaluation's standard error of the domain's loss, where it has one."""
+    if losses.get("loss_se") is not None:
+        row[LOSS_SE + domain] = float(losses["loss_se"])
 
 
 def run_pools(cfg, workdir: Path) -> dict[str, int]:

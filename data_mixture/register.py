@@ -118,7 +118,7 @@ def register(decision_rule: str | Mapping[str, Any], candidates: Mapping[str, Ma
 def with_baselines(candidates: Mapping[str, Mapping[str, float]], table: RunsTable, *, metric: str, tokens: float,
                    size_column: str, unique_tokens: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
     """``candidates`` plus every baseline mixture at the target that they do not name already
-    (:func:`data_mixture.recommend.baseline_mixtures`: uniform, proportional/UniMax, best-at-proxy and
+    (:func:`data_mixture.baselines.baseline_mixtures`: uniform, proportional/UniMax, best-at-proxy and
     the practitioner rules), from the proxy runs ``table`` for the rule's ``metric`` (``loss:mean``,
     ``loss:<domain>`` or a target text)."""
     from data_mixture.baselines import baseline_mixtures, target_pools

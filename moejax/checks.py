@@ -7,7 +7,8 @@ a prepared dataset's own mixture) when the user did not choose it:
 1. ``moejax.config.check_values``: the schema (unknown keys, types, choices) and the generic
    per-key checks; it resolves the mesh shape;
 2. ``moejax.model.balancing.check_config``: the balancing objectives build for this model;
-3. ``moejax.model.l3.check_config``: L3 positions, table sizes, the allocation file;
+3. ``moejax.model.l3.check_config``: L3 positions, table sizes, the allocation file; and
+   ``moejax.model.grouped_matmul.check_config``: the chosen grouped matmul's library is installed;
 4. ``checkpoint.init_from`` (here): it exists, unless the run resumes its own checkpoints;
 5. ``moejax.data.from_config.check_data_config``: the dataset, the mixture or schedule against
    its domains, the vocabulary against its tokenizer.
@@ -39,7 +40,7 @@ from moejax.data.dataset import DatasetInfo
 from moejax.data.from_config import check_data_config
 from moejax.derive import derive_from_dataset
 from moejax.errors import ConfigError
-from moejax.model import balancing, l3
+from moejax.model import balancing, grouped_matmul, l3
 
 
 def validate(cfg, num_devices: int, *, changed: Any = (), notes: bool = True) -> dict[str, int]:
@@ -53,6 +54,7 @@ def validate(cfg, num_devices: int, *, changed: Any = (), notes: bool = True) ->
     mesh_shape = config_lib.check_values(cfg, num_devices, changed=changed, notes=notes)
     balancing.check_config(cfg)
     l3.check_config(cfg.model, mesh_shape)
+    grouped_matmul.check_config(cfg.model, mesh_shape)
     return mesh_shape
 
 

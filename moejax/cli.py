@@ -14,6 +14,7 @@ command        same as                            does
 ``export``     ``python -m moejax.data.export``   a prepared dataset back to JSONL
 ``l3-alloc``   ``python -m moejax.data.l3_alloc`` rows per token for Large Lookup Layers
 ``hf``         ``python -m moejax.interop.hf``    Hugging Face checkpoints in and out
+``upcycle``    ``python -m moejax.upcycle``       a dense model made into an MoE (a new workdir)
 ``configs``                                       list the built-in configs
 =============  =================================  ==========================================
 
@@ -55,6 +56,8 @@ COMMANDS = {
     "lm-eval": ("moejax.eval.lm_eval.__main__", "run lm-evaluation-harness tasks on a checkpoint (offline; "
                                                 "the eval extra)"),
     "prune": ("moejax.prune.cli", "remove experts from a checkpoint (Schur-A*, Step, least-used) into a new workdir"),
+    "upcycle": ("moejax.upcycle.cli", "make a dense model (workdir or HF Llama/Qwen2/Qwen3) into an MoE in a new "
+                                      "workdir (copy or drop upcycling)"),
     "configs": ("", "list the built-in configs"),
 }
 

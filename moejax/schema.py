@@ -183,7 +183,7 @@ def declared_keys(cls: type[TypedConfig], prefix: str) -> Iterator[tuple[str, da
 # The dispatch backends, in the order their error messages list them (the command line lists the
 # default first: see moejax.config).
 BACKENDS = ("capacity", "dropless", "expert_parallel")
-IMPLS = ("auto", "ragged", "tiled", "hybrid")  # grouped matmul implementations
+IMPLS = ("auto", "ragged", "tokamax", "tiled", "hybrid")  # grouped matmul implementations
 COMMS = ("all_to_all", "all_gather")  # how tokens travel over the expert axis
 BALANCES = ("drop", "llep")  # what happens to assignments past the expert-parallel buffers
 
@@ -197,11 +197,12 @@ class DispatchConfig(TypedConfig):
     backend: str = hparam("dropless", check=one_of(*BACKENDS),
                           doc="dropless (sort + grouped matmul) | capacity (GShard) | expert_parallel")
     capacity_factor: float = hparam(1.25, check=positive(), doc="capacity: slots per expert = ceil(cf * T * k / E)")
-    # Dropless matmul: auto (ragged on GPU/TPU; on CPU hybrid, or tiled under 256 rows per expert) |
-    # ragged | tiled | hybrid (each expert's first even-share rows in one batched matmul, the rest
-    # tiled); moejax/model/grouped_matmul.py.
+    # Dropless matmul: auto (GPU/TPU: tokamax when installed and on one device, else ragged; CPU: hybrid, or tiled
+    # under 256 rows per expert) | ragged (jax.lax.ragged_dot) | tokamax (tokamax.ragged_dot, Pallas
+    # kernels; the kernels extra) | tiled | hybrid (each expert's first even-share rows in one
+    # batched matmul, the rest tiled); moejax/model/grouped_matmul.py.
     impl: str = hparam("auto", check=one_of(*IMPLS), key="grouped_matmul",
-                       doc="grouped matmul of dropless and expert_parallel: auto | ragged | tiled | hybrid")
+                       doc="grouped matmul of dropless and expert_parallel: auto | ragged | tokamax | tiled | hybrid")
     tile_size: int = hparam(64, check=positive(int), doc="tiled grouped matmul (and hybrid's overflow): rows per tile")
     ep_comm: str = hparam("all_to_all", check=one_of(*COMMS), doc="expert_parallel: how tokens travel")
     # expert_parallel: slots each device keeps for each of the mesh.expert devices = ceil(factor x its

@@ -313,17 +313,17 @@ def test_bad_arguments_raise_clear_errors():
     args = (jnp.zeros((G, T, D)), *_routing(0), *_expert_weights(0))
     w_edf, x_md, sizes_e = args[3], jnp.zeros((4, D)), jnp.array([4, 0, 0, 0])
     assert BACKENDS == ("capacity", "dropless", "expert_parallel")
-    assert IMPLS == ("auto", "ragged", "tiled", "hybrid")
+    assert IMPLS == ("auto", "ragged", "tokamax", "tiled", "hybrid")
     with pytest.raises(
         ValueError,
         match=r"backend must be one of \('capacity', 'dropless', 'expert_parallel'\), got 'sorted'",
     ):
         dispatch(*args, cfg=DispatchConfig(backend="sorted"))
     with pytest.raises(
-        ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\), got 'pallas'"
+        ValueError, match=r"impl must be one of \('auto', 'ragged', 'tokamax', 'tiled', 'hybrid'\), got 'pallas'"
     ):
         dispatch(*args, cfg=DispatchConfig(backend="dropless", impl="pallas"))
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tiled', 'hybrid'\)"):
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'ragged', 'tokamax', 'tiled', 'hybrid'\)"):
         grouped_matmul(x_md, w_edf, sizes_e, impl="dense")
     with pytest.raises(ValueError, match="tile_size must be a positive int, got 0"):
         grouped_matmul(x_md, w_edf, sizes_e, tile_size=0)

@@ -11,7 +11,8 @@ import shlex
 import pytest
 
 from data_mixture.__main__ import main
-from data_mixture.recommend import RecommendError, recommend
+from data_mixture import recommend
+from data_mixture.recommendation import RecommendError
 from data_mixture.synthetic import user_style_table
 from moejax.data.mixture import read_mixture_file
 
@@ -90,3 +91,20 @@ def test_recommend_errors():
                   laws=["regmix_linear"], progress=False)
     with pytest.raises(RecommendError, match="--tokens -1"):
         recommend(user_style_table(), size=2e6, tokens=-1, progress=False)
+
+
+@pytest.mark.slow  # trains two steps through launch.sh
+def test_the_printed_command_trains(ladder, tmp_path):
+    import subprocess
+    import sys
+
+    _, text = ladder
+    line = next(x for x in text.splitlines() if x.startswith("train with: "))[len("train with: "):]
+    command = shlex.split(line)
+    command[command.index("--workdir") + 1] = str(tmp_path / "w")
+    short = ["--config.train.steps=2", "--config.train.global_batch_size=8", "--config.train.seq_len=32",
+             "--config.train.eval_batches=1"]  # a few steps of the printed command
+    proc = subprocess.run(["bash", *command, *short], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "MOEJAX_PYTHON": sys.executable})  # from the user's directory
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done: step 2" in proc.stdout

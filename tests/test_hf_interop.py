@@ -35,6 +35,12 @@ COMMON = dict(
 
 def hf_config(name):
     """One tiny config per architecture, each exercising that architecture's features."""
+    if name == "llama":  # dense: every layer a SwiGLU MLP
+        return transformers.LlamaConfig(**COMMON, intermediate_size=48)
+    if name == "qwen2":  # dense, q/k/v biases, tied embeddings
+        return transformers.Qwen2Config(**COMMON, intermediate_size=48, tie_word_embeddings=True)
+    if name == "qwen3":  # dense, qk-norm, explicit head_dim
+        return transformers.Qwen3Config(**COMMON, head_dim=24, intermediate_size=48)
     if name == "mixtral":
         return transformers.MixtralConfig(**COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
     if name == "qwen2_moe":  # q/k/v biases, gated shared expert, a dense first layer, no top-k renorm
@@ -112,11 +118,14 @@ def import_dir(path):
     return model_cfg, interop.params_from_hf(tensors, model_cfg, hf["model_type"]), tensors
 
 
-@pytest.mark.parametrize("name", interop.SUPPORTED)
+@pytest.mark.parametrize("name", interop.IMPORTABLE)
 def test_import_computes_transformers_logits(name, root):
     path, reference = hf_checkpoint(name, root)
     model_cfg, params, _ = import_dir(path)
     assert max_diff(moejax_logits(params, model_cfg), reference) < TOLERANCE
+    if name in interop.DENSE:  # every layer dense: no router, no experts
+        assert model_cfg.first_k_dense == model_cfg.num_layers
+        assert not any("router" in "/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "qwen3_moe"])
@@ -190,8 +199,12 @@ def test_mla_and_unsupported_architectures_are_refused_by_name():
     deepseek = transformers.DeepseekV3Config(num_hidden_layers=2).to_dict()
     with pytest.raises(interop.InteropError, match="multi-head latent attention"):
         interop.model_config_from_hf(deepseek)
-    with pytest.raises(interop.InteropError, match="model_type 'llama'; supported: mixtral, qwen2_moe"):
-        interop.model_config_from_hf({"model_type": "llama"})
+    with pytest.raises(interop.InteropError, match="model_type 'gpt2'; supported: mixtral, qwen2_moe, .*, llama"):
+        interop.model_config_from_hf({"model_type": "gpt2"})
+    with pytest.raises(interop.InteropError, match="attention_bias=True; moejax supports only false"):
+        interop.model_config_from_hf(transformers.LlamaConfig(**COMMON, attention_bias=True).to_dict())
+    with pytest.raises(interop.InteropError, match="mlp_bias=True"):
+        interop.model_config_from_hf(transformers.LlamaConfig(**COMMON, mlp_bias=True).to_dict())
 
 
 @pytest.mark.parametrize("change, message", [

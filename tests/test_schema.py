@@ -35,7 +35,7 @@ def test_from_config_converts_the_defaults_and_an_override():
 
 def test_config_checks_are_generated_from_the_declarations():
     assert CHOICES["model.moe.backend"] == ("dropless", "capacity", "expert_parallel")  # default first
-    assert CHOICES["model.moe.grouped_matmul"] == ("auto", "ragged", "tiled", "hybrid")
+    assert CHOICES["model.moe.grouped_matmul"] == ("auto", "ragged", "tokamax", "tiled", "hybrid")
     assert "model.moe.tile_size" in POSITIVE and "model.moe.ep_spill_slots" in POSITIVE
     assert "model.moe.num_shared_experts" in NON_NEGATIVE and "model.logits_z_loss" in NON_NEGATIVE
     assert "train.steps" in POSITIVE  # keys outside model.* keep their hand lists

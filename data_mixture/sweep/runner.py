@@ -325,7 +325,8 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
         return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0, summary,
                            gates["blocked"], gates["waiting"])
     blocked, waiting = gates["blocked"], {k: v for k, v in gates["waiting"].items() if k not in succeeded}
-    runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded], by_name)
+    runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded], by_name,
+                                             validation_only=plan.get("validation_only") or ())
     lines = [f"sweep: {len(targets)} runs: {len(succeeded)} done ({len(skipped)} skipped as already done, "
              f"{len([n for n in launched if n in succeeded])} run now), {len(failed)} failed, "
              + (f"{len(blocked)} blocked by a failed base, " if blocked else "")
@@ -521,17 +522,19 @@ def _finish(t: RunTarget, result, owner, stopping, retries, tries, queue, succee
     record.release(t.run_dir, owner)
 
 
-def _collect(root: Path, done: Sequence[RunTarget], by_name: dict[str, RunTarget]) -> tuple[str | None, int, str | None]:
+def _collect(root: Path, done: Sequence[RunTarget], by_name: dict[str, RunTarget],
+             validation_only: Sequence[str] = ()) -> tuple[str | None, int, str | None]:
     """ROOT/runs.csv from every finished target (written to a temporary file, then renamed). The
     plan says which runs are mid-training runs of which base (other warm starts, e.g. MergeMix's
-    experts, are collected as ordinary runs)."""
+    experts, are collected as ordinary runs), and which domains no run trains on (its
+    ``validation_only``: a held-out target gets a loss: column and no mix: column)."""
     if not done:
         return None, 0, None
     from data_mixture.collect import CollectError, collect, write_columns
 
     bases = {str(t.run_dir): str(by_name[t.base].run_dir) for t in done if t.base}
     try:
-        got = collect([str(t.run_dir) for t in done], bases=bases)
+        got = collect([str(t.run_dir) for t in done], bases=bases, validation_only=tuple(validation_only))
     except CollectError as e:
         return None, 0, str(e)
     out = root / "runs.csv"

@@ -16,13 +16,12 @@ more robust number). Compilation is excluded.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
 import numpy as np
 
+from experiments.benchmarks.timing import write_json
 from experiments.studies.which_balancing_objective import front_config, study_config
 from moejax import checks, sharding
 from moejax.data.pipeline import make_train_iterator
@@ -107,12 +106,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['objectives']:<14} {1e3 * r['median_step_s']:>17.1f} {r['ratio_vs_none']:>14.3f} "
               f"{r['paired_ratio_vs_none']:>13.3f}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "model": args.model,
-                   "batch": [args.batch, 256],
-                   "rounds": args.rounds, "rows": rows}, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"backend": jax.default_backend(), "devices": jax.device_count(), "model": args.model,
+                          "batch": [args.batch, 256], "rounds": args.rounds, "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":

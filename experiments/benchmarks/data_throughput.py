@@ -18,7 +18,6 @@ each shard is checked against its manifest's checksum, ``moejax.data.shard_check
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -27,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.benchmarks.timing import write_json
 from moejax.data.corpus import DOMAINS, default_cache_dir
 from moejax.data.dataset import open_dataset
 from moejax.data.export import export_corpus
@@ -132,10 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"prepared dataset: {result['prepared']['tokens_per_s']:>12,.0f} tokens/s "
           f"({result['prepared']['tokenizer']}); open {result['prepared']['open_or_build_s']:.2f} s, first "
           f"{args.warmup} batches {result['prepared']['warmup_s']:.2f} s")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from data_mixture.evaluate import evaluate_laws
+from experiments.benchmarks.timing import write_json
 from data_mixture.laws import LAWS
 from data_mixture.synthetic import ROBUST_DOMAINS, ROBUST_TRUTHS, draw_design, synthetic_table
 
@@ -108,7 +109,7 @@ def main(argv=None) -> dict:
         for m, acc in got["mean_decision_accuracy"].items():
             print(f"    {m:16s} decision accuracy per hold-out {_r(got['decision_accuracy'][m])}  mean {_r(acc)}  MAE {_r(got['mae'][m])}")
         print(f"    {got['verdict']}", flush=True)
-        out.write_text(json.dumps(result, indent=2))  # after every setting, so a cut-short run keeps its numbers
+        write_json(out, result, announce=False)  # after every setting, so a cut-short run keeps its numbers
     print(f"wrote {out}")
     return result
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
-import os
 import time
 
 import jax
@@ -44,6 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
+from experiments.benchmarks.timing import write_json  # noqa: E402
 from moejax import sharding  # noqa: E402
 from moejax.model.dispatch import dispatch  # noqa: E402
 from moejax.schema import DispatchConfig  # noqa: E402
@@ -163,10 +162,8 @@ def main() -> None:
                   f"x{row['vs_dropless_1dev']:5.2f} vs dropless 1dev  x{row['vs_dropless_mesh']:5.2f} vs mesh  "
                   f"drop {row['drop_rate']:.3f}  temp {row['temp_bytes_per_device'] / 2**20:6.1f} MiB/device",
                   flush=True)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"platform": jax.default_backend(), "devices": n, "mesh": dict(mesh.shape),
-                   "args": vars(args), "rows": rows}, f, indent=2)
+    write_json(args.out, {"platform": jax.default_backend(), "devices": n, "mesh": dict(mesh.shape),
+                          "args": vars(args), "rows": rows}, announce=False)
     print(f"wrote {args.out}")
 
 

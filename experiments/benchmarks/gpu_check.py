@@ -1,31 +1,35 @@
-"""A GPU run in one command: its own jax[cuda12] environment, then the GPU benchmarks, one JSON.
+"""A GPU run in one command: its own jax[cuda12] environment, then the GPU benchmarks, one JSON and a table.
 
-    python3 experiments/benchmarks/gpu_check.py [--out results/gpu_check.json] [--venv .venv-gpu]
-    .venv/bin/python experiments/benchmarks/gpu_check.py --smoke     # the same steps, tiny, on CPU
+    ./launch.sh gpu-check [--out results/gpu_check.json] [--venv .venv-gpu]
+    ./launch.sh gpu-check --smoke                          # the same steps, tiny, on CPU (in the test suite)
+
+(``launch.sh`` runs this file with ``$MOEJAX_BASE_PYTHON``, default ``python3``, for the GPU run,
+and with ./.venv's Python for ``--smoke``.)
 
 Without ``--smoke`` (on a machine with an NVIDIA GPU and its driver; run from the repository):
 
 1. Makes ``--venv`` (default ``.venv-gpu``) unless it exists, with the Python running this script,
-   and installs moejax with the pinned JAX for CUDA 12 into it:
-   ``pip install -c constraints.txt -e . "jax[cuda12]==<the jax pin of constraints.txt>"``
+   and installs moejax with its ``kernels`` extra (tokamax) and the pinned JAX for CUDA 12 into it:
+   ``pip install -c constraints.txt -e ".[kernels]" "jax[cuda12]==<the jax pin of constraints.txt>"``
    (pip's ordinary client; the CUDA libraries come as pip wheels, nothing system-wide changes).
 2. Re-runs itself in that environment, which checks that JAX sees a GPU (or stops, naming what
    it sees), then runs, each as its own process so that one failure leaves the others' results:
 
-   - ``gpu_mfu``: MFU of a 0.97B-total / 0.27B-active bfloat16 MoE train step, dropless through
-     ``jax.lax.ragged_dot`` (``grouped_matmul=auto`` off CPU), attention through
-     ``jax.nn.dot_product_attention`` (cuDNN's fused kernel where it applies);
+   - ``gpu_mfu``: MFU of bfloat16 train steps on one GPU (:mod:`.gpu_mfu`): a dense model and
+     MoEs of 8, 64 and 128 experts of equal active FLOPs, each MoE through ``jax.lax.ragged_dot``
+     and through tokamax; attention through ``jax.nn.dot_product_attention``;
    - ``llep``: LLEP against standard expert parallelism on the real devices (needs at least 2
      devices: on one GPU it is recorded as skipped);
    - ``peer_step``: the PyTorch peer's architecture (:mod:`.peer_arch`) as a moejax train step,
      dropless, capacity and the dense model of equal active FLOPs, interleaved (no torch here).
 
-3. Writes one JSON (``--out``): every part's JSON, return code and last output lines, and the
-   machine (``nvidia-smi`` if present, JAX devices).
+3. Writes one JSON (``--out``): every part's JSON, return code and last output lines, the
+   machine (``nvidia-smi`` if present, JAX devices) and the host; prints one table of them.
 
 ``--smoke`` skips the environment and runs the same three parts at tiny sizes on this
-environment's CPU (``gpu_mfu --smoke``; ``llep`` on 8 fake CPU devices, small shapes, one round;
-the peer step, one round): a check that the command works end to end, not a measurement.
+environment's CPU (``gpu_mfu --smoke`` at 8 experts; ``llep`` on 8 fake CPU devices, small shapes,
+one round; the peer step with 2 layers at a tiny batch, one round): a check that the command works end to end,
+not a measurement.
 """
 
 from __future__ import annotations
@@ -57,11 +61,11 @@ def make_env(venv: str) -> str:
     python = os.path.join(venv, "bin", "python")
     if os.path.exists(python):
         return python
-    print(f"gpu_check: making {venv} with jax[cuda12]=={jax_pin()} (pip; a few minutes)", flush=True)
+    print(f"gpu_check: making {venv} with jax[cuda12]=={jax_pin()} and tokamax (pip; a few minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    subprocess.run([python, "-m", "pip", "install", "--upgrade", "pip"], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-c", "constraints.txt", "--upgrade", "pip"], check=True, cwd=REPO)
     subprocess.run(
-        [python, "-m", "pip", "install", "-c", "constraints.txt", "-e", ".", f"jax[cuda12]=={jax_pin()}"],
+        [python, "-m", "pip", "install", "-c", "constraints.txt", "-e", ".[kernels]", f"jax[cuda12]=={jax_pin()}"],
         check=True, cwd=REPO,
     )
     return python
@@ -72,10 +76,12 @@ def parts(smoke: bool, tmp: str) -> dict[str, list[str]]:
     out = lambda name: ["--out", os.path.join(tmp, f"{name}.json")]
     if smoke:
         return {
-            "gpu_mfu": ["-m", "experiments.benchmarks.gpu_mfu", "--smoke", "--steps", "2", *out("gpu_mfu")],
-            "llep": ["-m", "experiments.benchmarks.llep", "--rounds", "1", "--tokens", "512", "--seq", "64",
-                     "--d-model", "32", "--expert-dim", "32", *out("llep")],
-            "peer_step": ["-m", "experiments.benchmarks.gpu_check", "--peer-step", "--rounds", "1", *out("peer_step")],
+            "gpu_mfu": ["-m", "experiments.benchmarks.gpu_mfu", "--smoke", "--steps", "1", "--experts", "8",
+                        *out("gpu_mfu")],
+            "llep": ["-m", "experiments.benchmarks.llep", "--rounds", "1", "--tokens", "256", "--seq", "32",
+                     "--d-model", "16", "--expert-dim", "16", *out("llep")],
+            "peer_step": ["-m", "experiments.benchmarks.gpu_check", "--peer-step", "--rounds", "1", "--smoke",
+                          *out("peer_step")],
         }
     return {
         "gpu_mfu": ["-m", "experiments.benchmarks.gpu_mfu", *out("gpu_mfu")],
@@ -84,19 +90,27 @@ def parts(smoke: bool, tmp: str) -> dict[str, list[str]]:
     }
 
 
-def peer_step(rounds: int, out: str) -> None:
-    """The peer architecture's moejax train steps on this process's first device, interleaved."""
+def peer_step(rounds: int, out: str, smoke: bool = False) -> None:
+    """The peer architecture's moejax train steps on this process's first device, interleaved
+    (``smoke``: 2 layers, 2 sequences of 32 tokens)."""
     from experiments.benchmarks import peer_arch
     from experiments.benchmarks.peer import moejax_stepper
     from experiments.benchmarks.timing import interleaved, machine, write_json
     from moejax.model.transformer import flops_per_token
 
-    fns = {name: moejax_stepper(peer_arch.moejax_config("dropless", dense=True) if name == "dense"
-                                else peer_arch.moejax_config(name))
-           for name in ("dropless", "capacity", "dense")}
-    secs = interleaved(fns, rounds, warmup=2)
-    tokens = peer_arch.BATCH * peer_arch.SEQ
-    flops = flops_per_token(peer_arch.moejax_config().model, peer_arch.SEQ) * tokens
+    def config(name):
+        cfg = peer_arch.moejax_config("dropless", dense=True) if name == "dense" else peer_arch.moejax_config(name)
+        if smoke:
+            cfg.train.global_batch_size, cfg.train.seq_len = 2, 32
+            cfg.model.num_layers = 2
+            cfg.model.first_k_dense = min(cfg.model.first_k_dense, 2)
+        return cfg
+
+    fns = {name: moejax_stepper(config(name)) for name in ("dropless", "capacity", "dense")}
+    secs = interleaved(fns, rounds, warmup=1 if smoke else 2)
+    cfg = config("dropless")
+    tokens = cfg.train.global_batch_size * cfg.train.seq_len
+    flops = flops_per_token(cfg.model, cfg.train.seq_len) * tokens
     rows = [{"candidate": n, "step_s": s, "tokens_per_sec": tokens / s, "model_tflops": flops / s / 1e12,
              "ratio_to_dense": secs["dense"] / s} for n, s in secs.items()]
     for r in rows:
@@ -105,8 +119,36 @@ def peer_step(rounds: int, out: str) -> None:
     write_json(out, {"rows": rows, "rounds": rounds, "model_flops_per_step": flops, "machine": machine()})
 
 
+def summary(report: dict) -> str:
+    """One table of the parts' headline numbers (each part's JSON has the rest)."""
+    lines = [f"gpu_check on {report['backend']} ({len(report['devices'])} device(s)){' [smoke]' if report['smoke'] else ''}",
+             f"{'part':10s} {'candidate':16s} {'step ms':>9s} {'tokens/s':>11s} {'MFU / ratio':>12s}"]
+    for name, entry in report["parts"].items():
+        result = entry.get("result")
+        if result is None:
+            why = entry.get("skipped") or f"exit {entry.get('returncode')}: see output_tail"
+            lines.append(f"{name:10s} {why}")
+        elif name == "gpu_mfu":
+            for variant, r in result["rows"].items():
+                if "error" in r:
+                    lines.append(f"{name:10s} {variant:16s} {r['error']}")
+                else:
+                    lines.append(f"{name:10s} {variant:16s} {r['step_time_s'] * 1e3:9.1f} {r['tokens_per_sec']:11,.0f} "
+                                 f"{r['mfu']:11.1%} MFU")
+        elif name == "llep":
+            for what, value in result["targets"].items():
+                lines.append(f"{name:10s} {what}: {value:.3f}")
+        else:
+            for r in result["rows"]:
+                lines.append(f"{name:10s} {r['candidate']:16s} {r['step_s'] * 1e3:9.1f} {r['tokens_per_sec']:11,.0f} "
+                             f"{r['ratio_to_dense']:8.2f} x dense")
+    return "\n".join(lines)
+
+
 def run_parts(smoke: bool, out: str) -> None:
     import jax
+
+    from experiments.benchmarks.timing import write_json
 
     devices = [str(d) for d in jax.devices()]
     if not smoke and jax.default_backend() != "gpu":
@@ -134,16 +176,14 @@ def run_parts(smoke: bool, out: str) -> None:
                 entry["result"] = json.load(f)
         report["parts"][name] = entry
         print(f"gpu_check: {name}: exit {proc.returncode} in {entry['seconds']:.0f} s", flush=True)
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {out}")
+    print(summary(report))
+    write_json(out, report)
     failed = [n for n, e in report["parts"].items() if e.get("returncode", 0) != 0]
     if failed:
         raise SystemExit(f"gpu_check: error: {', '.join(failed)} failed; their output is in {out}")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny sizes on this environment's CPU; no install")
     p.add_argument("--venv", default=".venv-gpu", help="the GPU environment (made if missing)")
@@ -151,15 +191,16 @@ def main() -> None:
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)  # running inside --venv
     p.add_argument("--peer-step", action="store_true", help=argparse.SUPPRESS)  # one part, run by the others
     p.add_argument("--rounds", type=int, default=7, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    # A relative --out means what it means where the user ran launch.sh (it runs from the repository).
+    args.out = os.path.join(os.environ.get("MOEJAX_CALLER_CWD", os.getcwd()), args.out)
     if args.peer_step:
-        peer_step(args.rounds, args.out)
+        peer_step(args.rounds, args.out, args.smoke)
     elif args.smoke or args.in_env:
         run_parts(args.smoke, args.out)
     else:
         python = make_env(os.path.join(REPO, args.venv) if not os.path.isabs(args.venv) else args.venv)
-        out = os.path.abspath(args.out)
-        sys.exit(subprocess.run([python, "-m", "experiments.benchmarks.gpu_check", "--in-env", "--out", out],
+        sys.exit(subprocess.run([python, "-m", "experiments.benchmarks.gpu_check", "--in-env", "--out", args.out],
                                 cwd=REPO).returncode)
 
 

@@ -18,7 +18,6 @@ size with the best worst-case GFLOP/s over all cases.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks.timing import write_json
 from moejax.model.grouped_matmul import grouped_matmul
 
 
@@ -126,12 +126,8 @@ def main() -> None:
             f"{cells[c]:14.1f}" if c in cells else f"{'-':>14s}" for c in columns))
     print(f"best tile size (highest worst-case GFLOP/s): {best_tile_size}")
 
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(dict(backend=jax.default_backend(), jax=jax.__version__, cpus=os.cpu_count(),
-                       machine=platform.machine(), best_tile_size=best_tile_size, results=rows),
-                  fh, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, dict(backend=jax.default_backend(), jax=jax.__version__, cpus=os.cpu_count(),
+                              machine=platform.machine(), best_tile_size=best_tile_size, results=rows))
 
 
 if __name__ == "__main__":

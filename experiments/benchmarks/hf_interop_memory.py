@@ -220,9 +220,9 @@ def main() -> None:
             report["checkpoints"].append(info)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    from experiments.benchmarks.timing import write_json  # here: the children measure the import floor
+
+    write_json(args.out, report, announce=False)
     print("floor (import jax + moejax.interop): " + ", ".join(
         f"{k} {v['peak_rss_bytes'] / 1e9:.2f} GB" for k, v in report["floor"].items()))
     print(f"wrote {args.out}")

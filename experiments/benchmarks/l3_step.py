@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import time
@@ -39,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.benchmarks.timing import write_json
 from moejax import checks, config as config_lib, sharding
 from moejax.model.l3 import l3_forward_flops
 from moejax.model.layers import MLP, RMSNorm
@@ -170,10 +170,7 @@ def main() -> None:
         print(f"{name:8s} {row['params']:10,d} {row['step_time_s'] * 1e3:9.1f} {layer} {row['tokens_per_sec']:10.0f} "
               f"{row['temp_bytes'] / 2**20:9.1f} {row['argument_bytes'] / 2**20:10.1f}")
     print(f"l3 / dense tokens/s: {ratio:.3f} (target >= 0.8)")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

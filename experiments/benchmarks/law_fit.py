@@ -16,13 +16,13 @@ load alongside: on a shared machine wall-clock numbers are upper bounds, and CPU
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from pathlib import Path
 
 from data_mixture.fit import fit_table
+from experiments.benchmarks.timing import write_json
 from data_mixture.laws import LAWS, LawFit
 from data_mixture.synthetic import draw_design, synthetic_table
 
@@ -73,8 +73,7 @@ def main(argv=None) -> dict:
         print(f"{law:14s} {seconds:8.1f} s  cpu {cpu:8.1f} s  phases {rows[-1]['phase_seconds']}  (params/domain {rows[-1]['num_params_per_domain']}, load {load0:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
         result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": rows}
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))  # after every law, so a cut-short run keeps its numbers
+        write_json(out, result, announce=False)  # after every law, so a cut-short run keeps its numbers
     print(f"wrote {out}")
     return result
 

@@ -46,6 +46,7 @@ from data_mixture.decisions import pairwise_accuracy
 from data_mixture.laws import LAWS, get_law
 from data_mixture.synthetic import ROBUST_DOMAINS, ROBUST_TRUTHS, draw_design, synthetic_table, truth_optimum
 from data_mixture.table import TableError
+from experiments.benchmarks.timing import write_json
 
 SIZES = tuple(float(x) for x in 1e7 * 10 ** (np.arange(4) / 3))  # 1e7, 2.15e7, 4.64e7, 1e8
 TARGET = 1e9
@@ -267,11 +268,13 @@ def main(argv=None) -> dict:
     result = json.loads(path.read_text()) if path.exists() else {"cells": {}}
     cells = result["cells"]
     todo = [(t, d, law, s) for t in truths for d in designs for s in seeds for law in laws if cell_key(t, d, law, s) not in cells]
+    if todo:  # cells are fitted on this host: the file is then this run's (write_json adds it)
+        result.pop("host", None)
     load0 = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
     for t, d, law, s in tqdm(todo, desc="robustness cells"):
         cells[cell_key(t, d, law, s)] = run_cell(t, d, law, s, args.starts)
-        path.write_text(json.dumps(result, indent=1))  # after every cell: a cut-short run keeps its cells
+        write_json(path, result, indent=1, announce=False)  # after every cell: a cut-short run keeps its cells
     tinfo = truth_info()
     all_truths = [t for t in ROBUST_TRUTHS if any(k.startswith(t + "|") for k in cells)]
     all_seeds = sorted({int(k.split("|")[3]) for k in cells})
@@ -286,7 +289,7 @@ def main(argv=None) -> dict:
     if not todo and "meta" in result:  # nothing new was fitted: keep the date and load of the run that fitted the cells
         meta = result["meta"]
     result.update(meta=meta, truths=tinfo, summary=summary, goal={k: goal_check(r) for k, r in summary.items()})
-    path.write_text(json.dumps(result, indent=1))
+    write_json(path, result, indent=1, announce=False)
     (out / "robustness.md").write_text(markdown(summary, tinfo, list(LAWS), meta))
     print(markdown(summary, tinfo, list(LAWS), meta))
     print(f"wrote {path} and {out / 'robustness.md'} ({len(todo)} cells in {meta['seconds_this_run']} s)")

@@ -45,6 +45,7 @@ import numpy as np
 from data_mixture.laws import LAWS, get_law
 from data_mixture.synthetic import ROBUST_DOMAINS, ROBUST_D_REF, ROBUST_N_REF, draw_design, simplex_grid, synthetic_table
 from data_mixture.table import TableError
+from experiments.benchmarks.timing import write_json
 from experiments.benchmarks import law_robustness as lr
 
 R_STAR = 15.4  # Muennighoff et al. 2023's fitted R*
@@ -228,10 +229,12 @@ def main(argv=None) -> dict:
     cells = result["cells"]
     todo = [(t, d, law, s) for t in truths for d in designs for s in seeds for law in laws
             if lr.cell_key(t, d, law, s) not in cells]
+    if todo:  # cells are fitted on this host: the file is then this run's (write_json adds it)
+        result.pop("host", None)
     load0, t0, c0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
     for t, d, law, s in todo:
         cells[lr.cell_key(t, d, law, s)] = run_cell(t, d, law, s, args.starts)
-        path.write_text(json.dumps(result, indent=1))
+        write_json(path, result, indent=1, announce=False)
         print(f"{t} {d} {law} {s}: {cells[lr.cell_key(t, d, law, s)].get('rel_err', 'refused')}", flush=True)
     tinfo = truth_info()
     summary = lr.summarise(cells, [t for t in OOS_TRUTHS if t in truths], lr.DESIGNS, list(LAWS), seeds)
@@ -243,7 +246,7 @@ def main(argv=None) -> dict:
     if not todo and "meta" in result:
         meta = {**result["meta"], "law_hashes": lr.law_hashes(), "changed_laws": lr.changed_laws(frozen)}
     result.update(meta=meta, truths=tinfo, summary=summary, goal={k: lr.goal_check(r) for k, r in summary.items()})
-    path.write_text(json.dumps(result, indent=1))
+    write_json(path, result, indent=1, announce=False)
     md = markdown(summary, tinfo, list(LAWS), meta)
     (out / "oos.md").write_text(md)
     print(md)

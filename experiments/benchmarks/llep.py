@@ -46,8 +46,6 @@ device, which ``computed max/mean`` predicts.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
@@ -60,7 +58,7 @@ import numpy as np  # noqa: E402
 import functools  # noqa: E402
 
 from experiments.benchmarks.expert_parallel import place  # noqa: E402
-from experiments.benchmarks.timing import machine  # noqa: E402
+from experiments.benchmarks.timing import machine, write_json  # noqa: E402
 from moejax import sharding  # noqa: E402
 from moejax.model import llep  # noqa: E402
 from moejax.model.dispatch import dispatch  # noqa: E402
@@ -240,12 +238,9 @@ def main() -> None:
     }
     for what, value in targets.items():
         print(f"{what}: {value:.3f}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"platform": jax.default_backend(), "devices": n, "mesh": dict(mesh.shape),
-                   "machine_before": before, "machine_after": machine(), "args": vars(args),
-                   "targets": targets, "rows": rows}, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"platform": jax.default_backend(), "devices": n, "mesh": dict(mesh.shape),
+                          "machine_before": before, "machine_after": machine(), "args": vars(args),
+                          "targets": targets, "rows": rows})
 
 
 if __name__ == "__main__":

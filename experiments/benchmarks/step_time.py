@@ -16,14 +16,12 @@ config fits a device.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import jax
 import numpy as np
 
-from experiments.benchmarks.timing import machine, matmul_peak_flops
+from experiments.benchmarks.timing import machine, matmul_peak_flops, write_json
 from experiments.configs import small_moe, tiny_moe
 from moejax import checks, sharding
 from moejax.data.pipeline import make_train_iterator
@@ -112,10 +110,7 @@ def main() -> None:
                 f"peak mem {row['peak_memory_mib']:7.0f} MiB  (compile {row['compile_and_first_step_s']:.1f} s)",
                 flush=True,
             )
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "matmul_peak_flops": peak, "machine": machine()}, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"rows": rows, "matmul_peak_flops": peak, "machine": machine()})
 
 
 if __name__ == "__main__":

@@ -74,6 +74,21 @@ class Generator:
         logits_bv = self._allowed(logits_b1v[:, 0])
         return next_token(logits_bv, key, temperature, top_p), logits_bv, cache
 
+    def trace(self, params, balance, batch: int, prompt_len: int) -> dict:
+        """The prefill and the one-token step, traced (not run) for ``batch`` rows of prompts of
+        ``prompt_len`` tokens: ``{"prefill": Traced, "decode": Traced}``. ``params`` and ``balance``
+        may be ``jax.ShapeDtypeStruct`` trees (with shardings); lower the results with
+        ``.lower(lowering_platforms=(...))`` to check another platform's lowering
+        (experiments/tools/lower_check.py)."""
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        scalar = jax.ShapeDtypeStruct((), jnp.float32)
+        cache = jax.eval_shape(lambda: init_cache(self._model_cfg, batch, self.max_len, self._dtype))
+        return {
+            "prefill": self._prefill.trace(params, balance, i32(batch, prompt_len), i32(batch), key, scalar, scalar),
+            "decode": self._step.trace(params, balance, cache, i32(batch), i32(batch), key, scalar, scalar),
+        }
+
     def _allowed(self, logits_bv):
         """Logits with the ids past the tokenizer's vocabulary at -inf."""
         if self._num_tokens is None or self._num_tokens >= logits_bv.shape[-1]:

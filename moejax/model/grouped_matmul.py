@@ -4,7 +4,7 @@ The rows of ``x_md`` are sorted by expert: the first ``group_sizes_e[0]`` rows b
 the next ``group_sizes_e[1]`` to expert 1, and so on. A grouped matmul multiplies each row by its
 own expert's weight matrix. Rows past ``sum(group_sizes_e)`` belong to no expert and give zeros.
 
-Three implementations, chosen by ``impl``:
+The implementations, chosen by ``impl``:
 
 - ``"ragged"``: ``jax.lax.ragged_dot``. XLA lowers it to a grouped kernel on GPU and TPU, but on
   CPU it computes every expert densely over all rows (against a batched per-expert einsum:
@@ -21,9 +21,16 @@ Three implementations, chosen by ``impl``:
   expert once, so it equals ``"tiled"`` up to float reassociation. Memory: about ``m`` rows of
   expert activations for the batched part (``e * c``) plus the loop's tiles (recomputed in its
   backward pass), like ``"tiled"``.
-- ``"auto"``: ``"ragged"`` on GPU/TPU; on CPU ``"hybrid"``, or ``"tiled"`` when an even share of
-  rows per expert is under ``HYBRID_MIN_SHARE`` (256) rows, where the batched part no longer
-  pays for its gathers (``jax.default_backend()``; :func:`resolve_impl`).
+- ``"tokamax"``: ``tokamax.ragged_dot`` (the optional ``kernels`` extra: Google's Pallas kernel
+  library, Apache-2.0), which picks its kernel from the device it is traced on: Mosaic GPU on
+  Hopper/Blackwell, Triton on NVIDIA GPUs from Ampere, Mosaic TPU from TPU v5, else its XLA reference
+  (``jax.lax.ragged_dot_general``, which is what it computes on CPU).
+- ``"auto"``: on GPU/TPU ``"tokamax"`` when it is installed and the step runs on one device
+  (:func:`one_device`), else ``"ragged"``; on CPU
+  ``"hybrid"``, or ``"tiled"`` when an even share of rows per expert is under
+  ``HYBRID_MIN_SHARE`` (256) rows, where the batched part no longer pays for its gathers
+  (:func:`resolve_impl`; the platform is :func:`moejax.model.platform.current`, which a
+  cross-platform lowering sets).
 
 All are differentiable with respect to the rows and the weights and agree to float tolerance.
 
@@ -48,10 +55,14 @@ c rows per expert of the hybrid's batched part.
 
 from __future__ import annotations
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from moejax.errors import ConfigError
+from moejax.model import platform
 from moejax.schema import IMPLS  # declared with the dispatch config
 
 # "auto" on CPU: "hybrid" when an even share of rows per expert is at least this many, else
@@ -62,16 +73,62 @@ HYBRID_MIN_SHARE = 256
 DEFAULT_TILE_SIZE = 64
 
 
+def tokamax_installed() -> bool:
+    """Whether the ``tokamax`` package (the ``kernels`` extra) can be imported."""
+    return importlib.util.find_spec("tokamax") is not None
+
+
+def one_device() -> bool:
+    """Whether the computation being traced runs on one device (no mesh, or every axis of size 1).
+
+    tokamax 0.0.12's kernels serve only there: a Pallas kernel has no sharding rule (XLA:TPU refuses
+    to partition it, "Mosaic kernels cannot be automatically partitioned"; XLA:GPU would gather
+    its operands onto every device), and inside expert parallelism's ``shard_map`` its kernels'
+    output shapes carry no mesh-axis types, which ``shard_map``'s type check rejects
+    (experiments/tools/lower_check.py finds both).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or all(size == 1 for size in mesh.shape.values())
+
+
+def check_config(model_cfg, mesh_shape: dict[str, int]) -> None:
+    """Raise ConfigError when ``model.moe.grouped_matmul="tokamax"`` cannot serve: the package is
+    not installed, or the mesh has more than one device (:func:`one_device`)."""
+    moe = model_cfg.moe
+    if moe.grouped_matmul != "tokamax":
+        return
+    others = ", ".join(i for i in IMPLS if i != "tokamax")
+    if not tokamax_installed():
+        raise ConfigError(
+            "config key 'model.moe.grouped_matmul' has value 'tokamax', but the tokamax package is not installed; "
+            f'install the kernels extra (pip install -c constraints.txt -e ".[kernels]") or choose one of {others}'
+        )
+    devices = 1
+    for size in mesh_shape.values():
+        devices *= size
+    if devices > 1:
+        raise ConfigError(
+            f"config key 'model.moe.grouped_matmul' has value 'tokamax' on a mesh of {devices} devices; allowed "
+            "on one device only: tokamax's kernels have no sharding rule (XLA:TPU cannot partition them, XLA:GPU "
+            "would gather every row onto every device) and fail shard_map's type check inside expert "
+            "parallelism. Choose grouped_matmul 'auto' (it takes ragged_dot on several devices)."
+        )
+
+
 def resolve_impl(impl: str, num_rows: int | None = None, num_experts: int | None = None) -> str:
-    """Map ``impl`` to a concrete implementation. ``"auto"`` is ``"ragged"`` on GPU/TPU; on CPU it
-    is ``"hybrid"``, or ``"tiled"`` when given ``num_rows`` sorted rows over ``num_experts``
-    experts whose even share is under ``HYBRID_MIN_SHARE`` rows."""
+    """Map ``impl`` to a concrete implementation. ``"auto"`` on GPU/TPU is ``"tokamax"`` when it
+    is installed and the step runs on :func:`one_device`, else ``"ragged"``; on CPU it is
+    ``"hybrid"``, or ``"tiled"`` when given ``num_rows`` sorted rows over ``num_experts`` experts
+    whose even share is under ``HYBRID_MIN_SHARE`` rows."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "tokamax" and not tokamax_installed():
+        raise ValueError('grouped_matmul "tokamax" needs the tokamax package: pip install -c constraints.txt '
+                         '-e ".[kernels]" (or choose auto, ragged, tiled or hybrid)')
     if impl != "auto":
         return impl
-    if jax.default_backend() != "cpu":
-        return "ragged"
+    if platform.current() != "cpu":
+        return "tokamax" if tokamax_installed() and one_device() else "ragged"
     if num_rows is not None and num_rows < HYBRID_MIN_SHARE * num_experts:
         return "tiled"
     return "hybrid"
@@ -232,6 +289,20 @@ def _hybrid(x_md: jax.Array, group_sizes_e: jax.Array, tile_fn, ws_e: tuple, til
     return y_mf + row_tile_loop(tile_fn, x_md, ws_e, tiles, tile_size).astype(y_mf.dtype)
 
 
+def _ragged_dot(impl: str):
+    """``ragged_dot(x_md, w_edf, group_sizes_e)`` of ``"ragged"`` (XLA's) or ``"tokamax"``."""
+    if impl == "ragged":
+        return lax.ragged_dot
+    import tokamax  # the kernels extra; imported only when chosen (it takes seconds)
+    from absl import flags
+
+    # tokamax reads its options as absl flags and, when no program has parsed them, parses
+    # sys.argv itself, failing on a command's own arguments ("Unknown command line flag").
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return tokamax.ragged_dot
+
+
 def _check_grouped_args(x_md: jax.Array, w_edf: jax.Array, group_sizes_e: jax.Array) -> None:
     if x_md.ndim != 2:
         raise ValueError(f"x_md must be 2-D [m, d], got shape {x_md.shape}")
@@ -259,7 +330,7 @@ def grouped_matmul(
       w_edf: [e, d, f] one weight matrix per expert.
       group_sizes_e: int [e] consecutive rows per expert; sums to at most m (rows past the sum
         give zeros).
-      impl: ``"auto"``, ``"ragged"``, ``"tiled"`` or ``"hybrid"`` (see the module docstring).
+      impl: ``"auto"``, ``"ragged"``, ``"tokamax"``, ``"tiled"`` or ``"hybrid"`` (see the module docstring).
       tile_size: rows per tile for ``"tiled"``.
 
     Returns:
@@ -269,8 +340,8 @@ def grouped_matmul(
     check_tile_size(tile_size)
     group_sizes_e = jnp.asarray(group_sizes_e, jnp.int32)
     _check_grouped_args(x_md, w_edf, group_sizes_e)
-    if impl == "ragged":
-        return lax.ragged_dot(x_md, w_edf, group_sizes_e)
+    if impl in ("ragged", "tokamax"):
+        return _ragged_dot(impl)(x_md, w_edf, group_sizes_e)
     if impl == "hybrid":
         return _hybrid(x_md, group_sizes_e, jnp.matmul, (w_edf,), tile_size)
     return _tiled(x_md, group_sizes_e, jnp.matmul, (w_edf,), tile_size)
@@ -314,10 +385,11 @@ def grouped_ffn(
     if w_down_efd.shape != (e, f, d):
         raise ValueError(f"w_down_efd must have shape {(e, f, d)}, got {w_down_efd.shape}")
 
-    if impl == "ragged":
-        gate_mf = lax.ragged_dot(x_md, w_gate_edf, group_sizes_e)
-        up_mf = lax.ragged_dot(x_md, w_up_edf, group_sizes_e)
-        return lax.ragged_dot(jax.nn.silu(gate_mf) * up_mf, w_down_efd, group_sizes_e)
+    if impl in ("ragged", "tokamax"):
+        ragged_dot = _ragged_dot(impl)
+        gate_mf = ragged_dot(x_md, w_gate_edf, group_sizes_e)
+        up_mf = ragged_dot(x_md, w_up_edf, group_sizes_e)
+        return ragged_dot(jax.nn.silu(gate_mf) * up_mf, w_down_efd, group_sizes_e)
 
     if impl == "hybrid":
         return _hybrid(x_md, group_sizes_e, swiglu, (w_gate_edf, w_up_edf, w_down_efd), tile_size)

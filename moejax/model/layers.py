@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.model import platform
 from moejax.sharding import constrain
 
 # Query block of causal_attention: key blocks above the diagonal are skipped. Larger blocks skip
@@ -165,7 +166,7 @@ class Attention(nnx.Module):
     def __call__(self, x_btd, positions_bt, segment_ids_bt):
         dt = self.dtype
         q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
-        if jax.default_backend() == "cpu":
+        if platform.current() == "cpu":
             o_btnh = causal_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, attention_block(x_btd.shape[1]))
         else:  # GPU/TPU: XLA's or cuDNN's fused attention kernels
             t = x_btd.shape[1]

@@ -6,10 +6,11 @@
 3. ``progress``: the progress bar; 4. ``stage``: a line when a ``data.schedule`` stage begins.
 5. ``log_metrics`` (every ``train.log_every`` steps, and on the events above): loss, throughput,
    routing health, tokens per domain into the step's record.
-6. ``evaluate`` (every ``train.eval_every`` steps): held-out loss per domain into the record.
+6. ``evaluate`` (every ``train.eval_every`` steps): held-out loss per domain into the record; a
+   loss that is not finite stops the run before it is logged (``BadEvaluation``, exit 3).
 7. the user's hooks (they may add to the record);
 8. ``trackers``: writes the record (metrics.jsonl, TensorBoard, W&B, MLflow) and the log line.
-9. ``stop_if_diverged``.
+9. ``stop_if_diverged``: after ``train.max_bad_steps`` skipped steps in a row, or a skipped last step.
 10. ``preemption_and_saves``: SIGTERM/SIGINT on any process; a background save that failed stops
     the run (``SaveFailed``, one paragraph).
 11. ``checkpoint`` (every ``checkpoint.every_steps`` steps, and when preempted; never during a

@@ -124,6 +124,8 @@ def make_eval_step(cfg, run: Run) -> Callable:
     def call(params, batch, balance=None):
         return jitted(*args(params, batch, balance))
 
-    # The same call, lowered: compiled ahead of the first call by moejax.train.precompile.
+    # The same call, lowered: compiled ahead of the first call by moejax.train.precompile; and traced
+    # (experiments/tools/lower_check.py lowers the trace for other platforms).
     call.lower = lambda params, batch, balance=None: jitted.lower(*args(params, batch, balance))
+    call.trace = lambda params, batch, balance=None: jitted.trace(*args(params, batch, balance))
     return call

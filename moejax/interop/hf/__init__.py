@@ -5,7 +5,9 @@
 
 Supported ``model_type`` values: ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` and ``dots1`` (the
 DeepSeek-V3 MoE -- sigmoid scores, selection bias, group-limited top-k, scaled routed output,
-shared experts, leading dense layers -- with standard grouped-query attention). Conversion is
+shared experts, leading dense layers -- with standard grouped-query attention); the dense
+``llama``, ``qwen2`` and ``qwen3`` are imported (every layer dense) but not exported: upcycle
+them into an MoE with ``moejax upcycle`` (:mod:`moejax.upcycle`). Conversion is
 exact or refused: every config value moejax cannot reproduce (a sliding window, RoPE scaling, an
 o_proj bias, multi-head latent attention, ...) is an :class:`InteropError` that names the key.
 Only numpy and safetensors are needed (no torch). Mapping table and limitations:
@@ -30,7 +32,9 @@ from moejax.interop.hf.configs import (
     CLASS_NAMES,
     COMMON_DEFAULTS,
     DEFAULTS,
+    DENSE,
     FROM_HF,
+    IMPORTABLE,
     REQUIRES,
     STALE_KEYS,
     SUPPORTED,
@@ -75,7 +79,7 @@ from moejax.interop.hf.workdir import (
 )
 
 __all__ = [
-    "CLASS_NAMES", "COMMON_DEFAULTS", "DEFAULTS", "DEFAULT_MAX_SHARD_SIZE", "HFTensors", "EXPERIMENT_DOC", "EXPERIMENT_FILE", "FROM_HF", "HF_CONFIG_COPY",
+    "CLASS_NAMES", "COMMON_DEFAULTS", "DEFAULTS", "DENSE", "IMPORTABLE", "DEFAULT_MAX_SHARD_SIZE", "HFTensors", "EXPERIMENT_DOC", "EXPERIMENT_FILE", "FROM_HF", "HF_CONFIG_COPY",
     "IGNORED_SUFFIXES", "INDEX_FILE", "LINEAR_IN", "LINEAR_OUT", "MOE_NAMES", "REQUIRES", "ROW", "SAME", "SINGLE_FILE",
     "STALE_KEYS", "SUPPORTED", "SavedParams", "TOP_LEVEL", "TO_HF", "VECTOR", "InteropError", "Layout", "Names", "abstract_params",
     "adapt_params", "adapted_config", "architecture", "cannot_express", "check_export_target", "choose_architecture",

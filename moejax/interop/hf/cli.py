@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
                            "complete). Rerun the command.")
 
 
+def _kind(m) -> str:
+    if m.first_k_dense >= m.num_layers:
+        return "all dense; make an MoE of it with: moejax upcycle --from WORKDIR --workdir OUT --experts E --top-k K"
+    return f"{m.moe.num_experts} experts"
+
+
 def _convert(args: argparse.Namespace) -> None:
     """``import`` or ``export``, and the lines saying what was written."""
     if args.command == "import":
@@ -62,7 +68,7 @@ def _convert(args: argparse.Namespace) -> None:
         experiment = paths.user_path(os.path.join(args.workdir, workdir.EXPERIMENT_FILE))
         print(f"imported {args.hf_dir} into {args.workdir} (step 0); train from it with: "
               f"{train_command(experiment, 'runs/NAME', [])}"
-              f" ({cfg.model.num_layers} layers, {cfg.model.moe.num_experts} experts)")
+              f" ({cfg.model.num_layers} layers, {_kind(cfg.model)})")
         if os.path.isdir(os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)):
             print(f"its tokenizer is in {os.path.join(args.workdir, tokenizer_files.TOKENIZER_DIR)}; prepare data for "
                   f"it with: {tokenizer_files.prepare_command(args.workdir)}, and train with "

@@ -12,7 +12,11 @@ from moejax.config import ConfigDict
 from moejax.interop.hf.errors import InteropError
 from moejax.model.transformer import is_moe_layer
 
-SUPPORTED = ("mixtral", "qwen2_moe", "qwen3_moe", "dots1")
+SUPPORTED = ("mixtral", "qwen2_moe", "qwen3_moe", "dots1")  # MoE: import and export
+# Dense architectures: imported as a moejax model whose layers are all dense
+# (model.first_k_dense = num_layers), e.g. to upcycle it (moejax.upcycle); not exported.
+DENSE = ("llama", "qwen2", "qwen3")
+IMPORTABLE = SUPPORTED + DENSE
 
 # What transformers 5.24 assumes when a config.json omits a key (configuration_<model>.py).
 # Sizes have no default here: a config.json without them is an error.
@@ -35,6 +39,9 @@ DEFAULTS = {
         "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "routed_scaling_factor": 1.0,
         "sliding_window": 4096, "max_window_layers": 62,
     },
+    "llama": {"rope_theta": 1e4, "rms_norm_eps": 1e-6, "attention_bias": False, "mlp_bias": False},
+    "qwen2": {"rope_theta": 1e4, "rms_norm_eps": 1e-6, "use_sliding_window": False},
+    "qwen3": {"rope_theta": 1e4, "rms_norm_eps": 1e-6, "attention_bias": False, "use_sliding_window": False},
 }
 # Keys that name the expert count (transformers' attribute_map aliases), and legacy keys that
 # export replaces: all are dropped from an imported config.json before export writes its own.
@@ -48,10 +55,11 @@ def architecture(hf: Mapping[str, Any]) -> str:
         raise InteropError(
             f"model_type {model_type!r} uses multi-head latent attention (MLA: config keys "
             "kv_lora_rank/q_lora_rank), which moejax does not implement. Supported: "
-            f"{', '.join(SUPPORTED)}; for the DeepSeek-V3 MoE with standard attention use 'dots1'."
+            f"{', '.join(IMPORTABLE)}; for the DeepSeek-V3 MoE with standard attention use 'dots1'."
         )
-    if model_type not in SUPPORTED:
-        raise InteropError(f"config.json has model_type {model_type!r}; supported: {', '.join(SUPPORTED)}.")
+    if model_type not in IMPORTABLE:
+        raise InteropError(f"config.json has model_type {model_type!r}; supported: {', '.join(IMPORTABLE)} "
+                           f"(the dense {', '.join(DENSE)} are imported only).")
     return model_type
 
 
@@ -150,8 +158,34 @@ def _dots1_from_hf(get, m: ConfigDict) -> None:
     moe.routed_scaling = float(get("routed_scaling_factor"))
 
 
+def _dense_from_hf(get, m: ConfigDict) -> None:
+    """Llama, Qwen2, Qwen3: every layer a dense SwiGLU of width ``intermediate_size``."""
+    m.mlp_dim = get("intermediate_size")
+    m.moe.num_shared_experts = 0
+
+
+def _llama_from_hf(get, m: ConfigDict) -> None:
+    _dense_from_hf(get, m)
+    _reject_attention_bias(get)
+    if get("mlp_bias"):
+        raise _unsupported("mlp_bias", True, "false (moejax's MLP has no biases)")
+
+
+def _qwen2_from_hf(get, m: ConfigDict) -> None:
+    _dense_from_hf(get, m)
+    m.attn_bias = True  # Qwen2 always biases q, k and v (and never o)
+
+
+def _qwen3_from_hf(get, m: ConfigDict) -> None:
+    _dense_from_hf(get, m)
+    _reject_attention_bias(get)
+    m.qk_norm = True
+
+
 def _hf_moe_layers(get, arch: str, num_layers: int) -> list[bool]:
     """Which layers are MoE, by each architecture's own rule (modeling_<model>.py)."""
+    if arch in DENSE:
+        return [False] * num_layers
     if arch == "mixtral":
         return [True] * num_layers
     if arch == "dots1":
@@ -178,7 +212,7 @@ def _layer_pattern(moe_layers: list[bool]) -> tuple[int, int]:
 
 FROM_HF = {
     "mixtral": _mixtral_from_hf, "qwen2_moe": _qwen2_moe_from_hf, "qwen3_moe": _qwen3_moe_from_hf,
-    "dots1": _dots1_from_hf,
+    "dots1": _dots1_from_hf, "llama": _llama_from_hf, "qwen2": _qwen2_from_hf, "qwen3": _qwen3_from_hf,
 }
 
 
@@ -195,7 +229,8 @@ def model_config_from_hf(hf: Mapping[str, Any]) -> ConfigDict:
     m.head_dim = get("head_dim") or m.d_model // m.num_heads
     m.rope_theta, m.norm_eps = _rope_theta(get), float(get("rms_norm_eps"))
     m.init_std, m.tie_embeddings = float(get("initializer_range")), bool(get("tie_word_embeddings"))
-    m.moe.experts_per_token = get("num_experts_per_tok")
+    if arch not in DENSE:
+        m.moe.experts_per_token = get("num_experts_per_tok")
     _check_full_attention(get, arch, m.num_layers)
     FROM_HF[arch](get, m)
     m.first_k_dense, m.moe_every = _layer_pattern(_hf_moe_layers(get, arch, m.num_layers))
@@ -251,6 +286,9 @@ def adapted_config(m: ConfigDict, arch: str) -> ConfigDict:
 def cannot_express(m: ConfigDict, arch: str) -> list[str]:
     """Why ``arch`` cannot compute what moejax model config ``m`` computes ([] if it can)."""
     m = adapted_config(m, arch)
+    if not any(is_moe_layer(m, layer) for layer in range(m.num_layers)):
+        return ["every layer is dense (dense models are imported, not exported; `moejax upcycle` makes an MoE "
+                "of one)"]
     problems = [
         f"model.{key}={_value(m, key)!r} (needs {want!r})"
         for key, want in REQUIRES[arch].items() if _value(m, key) != want

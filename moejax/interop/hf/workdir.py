@@ -44,7 +44,7 @@ Continue training from the imported parameters (fresh optimizer, moejax data):
     ./launch.sh {workdir}/experiment.py --workdir runs/NAME"""
 
 
-def _one_device_run(cfg: ConfigDict):
+def one_device_run(cfg: ConfigDict):
     """Validated config on a one-device mesh: orbax reshards to any mesh when the state is read."""
     cfg = config_lib.from_dict(config_lib.to_dict(cfg))
     for axis in config_lib.MESH_AXES:
@@ -69,7 +69,7 @@ def import_to_workdir(hf_dir: str, workdir: str, *, force: bool = False, with_op
     cfg = config_lib.default_config()
     cfg.model = model_config_from_hf(hf)
     tokenizer = tokenizer_files.source_tokenizer(hf_dir, cfg.model.vocab_size)
-    cfg, run = _one_device_run(cfg)  # config errors before any tensor is read
+    cfg, run = one_device_run(cfg)  # config errors before any tensor is read
     params = params_from_hf(tensors, cfg.model, hf["model_type"])
     if with_optimizer:
         state = init_state(cfg, run)
@@ -193,7 +193,7 @@ def export_from_workdir(
     if raw is None:
         raise InteropError(f"--workdir {workdir} has no config.json; is it a moejax workdir?")
     check_export_target(workdir, config_lib.from_dict(raw), hf_dir, force)
-    cfg, run = _one_device_run(config_lib.from_dict(raw))
+    cfg, run = one_device_run(config_lib.from_dict(raw))
     checkpoint_dir = os.path.join(workdir, "checkpoints")
     steps = sorted(ocp.utils.checkpoint_steps(checkpoint_dir)) if os.path.isdir(checkpoint_dir) else []
     step = steps[-1] if step is None and steps else step

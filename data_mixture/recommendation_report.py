@@ -57,7 +57,7 @@ def _acc_table(result: Mapping[str, Any]) -> list[str]:
 
 
 def recommendation_md(result: Mapping[str, Any]) -> str:
-    """The one-page report (see :mod:`data_mixture.recommend`)."""
+    """The one-page report (see :mod:`data_mixture.recommendation`)."""
     t, d = result["target"], result["decision"]
     aim = t["target"]["text"] if t.get("target") else "the mean validation loss"
     lines = [f"# Recommended mixture: {result['source']}", "",
