@@ -46,7 +46,7 @@ import numpy as np
 
 from moejax.errors import UserError
 
-CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix")
+CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix", "log_linear")
 REPETITION_LAWS = ("camel+repfit", "additive+repfit")
 BOOTSTRAP = 50
 MAX_EPOCHS = 16.0  # the law's pick: at most this many epochs of each pool (the practitioner rules' larger cap)

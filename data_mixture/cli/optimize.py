@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
 
         pw = ", ".join(f"{d} {v:.3f}" for d, v in result["point"].items())
         print("\n".join([*format_robust(result["robust"]), f"  (the point fit's optimum: {pw})"]))
-    elif boot.get("weights"):
+    if boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
     from data_mixture.sweep.targets import mixture_command
