@@ -9,7 +9,8 @@
 #       Run the test suite (CPU, 8 fake devices, 2 pytest-xdist workers; MOEJAX_TEST_WORKERS=0
 #       for one process). Slow drills are left out; add -m slow to run them.
 #   ./launch.sh python [arguments]
-#       Any other command in the same environment, e.g. ./launch.sh python -m moejax.eval --workdir DIR
+#       Any other command in the same environment, e.g. ./launch.sh python -m moejax.eval --workdir DIR;
+#       ./launch.sh python my_script.py runs my_script.py of the directory you are in.
 #   ./launch.sh gpu-check [--out FILE] [--venv DIR]
 #       On an NVIDIA GPU machine: makes DIR (default .venv-gpu) with $MOEJAX_BASE_PYTHON (default python3)
 #       and the pinned jax[cuda12] plus tokamax, unless it exists (with MOEJAX_PYTHON set, that environment
@@ -190,6 +191,12 @@ python_env "${1:-}"
 use_mimalloc
 if [[ "${1:-}" == "python" ]]; then
   shift
+  # A relative script path means the user's directory, as every other path does (the repository's
+  # when only it has the file, so experiments/... works from anywhere).
+  if [[ $# -gt 0 && "$1" != -* && "$1" != /* && "$caller" != "$PWD" ]] \
+      && [[ -f "$caller/$1" || ! -e "$1" ]]; then
+    set -- "$caller/$1" "${@:2}"
+  fi
   MOEJAX_CALLER_CWD=$caller exec "$PY" "$@"
 fi
 if [[ "${1:-}" == "test" ]]; then

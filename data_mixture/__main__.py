@@ -22,7 +22,7 @@ from types import ModuleType
 
 from moejax.cli import preload_allocator
 from moejax.log import add_verbosity_flags
-from moejax.runner import run
+from moejax.runner import one_line_warnings, run
 
 from data_mixture.cli.flags import PROG
 
@@ -53,19 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
     """``data-mixture COMMAND ...`` (= ``python -m data_mixture COMMAND ...``): bad input (a
     :class:`moejax.errors.UserError`, which every error kind of data_mixture subclasses, or a
-    missing file) ends in one paragraph and exit 2, Ctrl-C in one line and exit 130."""
+    missing file) ends in one paragraph and exit 2, Ctrl-C in one line and exit 130.
+    ``command_line``: this process is the command (not a test or notebook calling it): our own
+    warnings print as one line (:func:`moejax.runner.one_line_warnings`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if command_line:
+        one_line_warnings(f"{PROG} {args.command}")
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     def command() -> None:
-        from data_mixture.user_files import check_inputs, check_outputs, resolve_paths
+        from data_mixture.user_files import check_inputs, check_outputs
 
-        resolve_paths(args)
-        check_inputs(args)
+        check_inputs(args)  # the paths are the user's already (data_mixture.cli.flags' path types)
         check_outputs(args)
         args.func(args)
 
@@ -80,8 +83,8 @@ def console(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if argv is None and not any(a in ("-h", "--help") for a in args[:1]):
         preload_allocator()
-    return main(args)
+    return main(args, command_line=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(command_line=True)

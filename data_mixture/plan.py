@@ -5,7 +5,8 @@ FLOPs (forward 2, backward 4 per parameter per token; attention and embeddings i
 the usual scaling-law accounting). The plan's total never exceeds ``--budget-flops``.
 
 Candidate allocations: size presets (model overrides; ``params_total``/``params_active`` from
-moejax's own ``param_counts``) below the target size, sorted by size. A candidate is a
+moejax's own ``param_counts`` of ``--config`` with the overrides and the vocabulary moejax derives
+from ``--dataset``'s tokenizer, :func:`preset_sizes`) below the target size, sorted by size. A candidate is a
 *contiguous window* of presets (at least the law's ``min_sizes``), a tokens-per-parameter ratio
 r (D = r x N, N in the prior's size column), and the largest number n of runs per size the
 budget affords for that window (equal at every size, at least ``--min-runs-per-size`` and the
@@ -37,6 +38,11 @@ mixture of a size, so its contribution is a function of the size and is absorbed
 term. The bases count once in the FLOPs. Either protocol can replicate runs with ``seeds`` (train
 seeds ``seed .. seed + K - 1``, at every size or only at ``seed_sizes``); replicates are simulated
 with independent noise.
+
+Training and validation-only domains (:func:`split_domains`): a held-out target (a domain no run
+trains on, e.g. ``--dataset DIR --target qa``) is recorded in ``validation_only``, left out of every
+mixture, and simulated by the default prior as the mean of the training domains' losses
+(:func:`heldout_truth`); the sweep collects it as a ``loss:`` column without a ``mix:`` column.
 
 The plan JSON (schema in docs/mixture/commands.md, "Planning") lists every run with the overrides
 ``launch.sh`` needs; the sweep runner executes it.
@@ -130,6 +136,12 @@ class PlanSpec:
     # proxy repeats each scarce domain as many times as the target run will at the same weight.
     unique_tokens: Mapping[str, float] = dataclasses.field(default_factory=dict)
     match_repetition: bool = False
+    # A prepared dataset every run trains on (data.path): its tokenizer sizes the models, its
+    # domains are the training domains (less the validation-only ones) unless --domains or a prior say.
+    dataset: str | None = None
+    # Domains no run trains on (held-out targets): evaluated, never weighted. None: derived
+    # (a --target naming one dataset domain, with no --domains, is held out; :func:`split_domains`).
+    validation_only: Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,15 +182,26 @@ def checkpoint_fractions(checkpoints: int) -> tuple[float, ...]:
     return tuple((k + 1) / checkpoints for k in range(checkpoints))
 
 
-def preset_sizes(presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """params_total/params_active of each preset, from moejax's default config + its overrides."""
-    from moejax.config import default_config
+def preset_sizes(presets: Mapping[str, Mapping[str, Any]], config_file: str | None = None,
+                 dataset: str | None = None) -> dict[str, dict[str, float]]:
+    """params_total/params_active of each preset: the experiment file ``config_file`` (default:
+    moejax's default config) plus the preset's overrides, with the values moejax derives from the
+    prepared ``dataset`` (``model.vocab_size`` from its tokenizer) as training will derive them, so
+    the FLOPs and tokens per parameter are those of the models the sweep trains."""
+    from moejax.config import default_config, load
+    from moejax.derive import derive_from_dataset
     from moejax.errors import ConfigError
     from moejax.model.transformer import param_counts
 
     out = {}
     for name, overrides in presets.items():
-        cfg = default_config()
+        if config_file:
+            try:
+                cfg, _ = load(config_file)
+            except ConfigError as e:
+                raise PlanError(f"--config {config_file!r}: {e}") from None
+        else:
+            cfg = default_config()
         for key, value in overrides.items():
             parts = key.split(".")
             group = cfg
@@ -190,6 +213,9 @@ def preset_sizes(presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
                 group[parts[-1]] = value
             except (KeyError, TypeError, ConfigError):
                 raise PlanError(f"preset {name!r}: override {key!r} is not a moejax config key (see moejax/config.py).") from None
+        if dataset:
+            cfg.data.path = dataset
+            derive_from_dataset(cfg, changed=tuple(overrides), notes=False)
         counts = param_counts(cfg.model)
         out[name] = {"params_total": float(counts["total"]), "params_active": float(counts["active"])}
     return out
@@ -458,6 +484,62 @@ def _plan_target(spec: PlanSpec):
         raise PlanError(str(e)) from None
 
 
+HELDOUT_PRIOR = "L_target = the mean of the training domains' L_v (the default prior has no held-out domain)"
+
+
+def heldout_truth(truth: Callable, n_mix: int) -> Callable:
+    """The default prior's loss of a held-out target (a domain no run trains on): the mean of the
+    training domains' prior losses, a target that every training domain serves alike
+    (``HELDOUT_PRIOR``). A ``--prior`` fitted on a pilot that evaluated the target replaces it."""
+    return lambda v, n_r, d_r, mix_rm: np.mean([np.asarray(truth(u, n_r, d_r, mix_rm)) for u in range(n_mix)], axis=0)
+
+
+def _single_domain(target) -> str | None:
+    """The loss domain of a target that is one validation domain (``--target qa``), else None."""
+    parts = target.loss_domains() if target is not None else {}
+    return next(iter(parts)) if len(parts) == 1 else None
+
+
+def split_domains(spec: PlanSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(training domains, validation-only domains) of a plan without a prior fit.
+
+    Training domains: ``--domains``, else the ``--dataset``'s domains less the validation-only ones.
+    Validation-only: ``--validation-only``, else, when the domains come from the dataset, a
+    ``--target`` that is one of its domains (a single-domain target a run trains on makes the choice
+    trivial: weight that domain; a weighted set such as ``code=0.6,prose=0.4`` keeps its domains
+    trained). A single-domain target that is not a training domain (the built-in corpus's
+    ``heldout_qa``, or a dataset domain left out of ``--domains``) is validation-only too."""
+    target = _plan_target(spec)
+    held = list(spec.validation_only or ())
+    if spec.domains:
+        mix = [x.strip() for x in spec.domains.split(",") if x.strip()]
+    elif spec.dataset:
+        from moejax.data import describe_dataset
+
+        every = list(describe_dataset(spec.dataset).domains)
+        if spec.validation_only is None and _single_domain(target) in every:
+            held = [str(_single_domain(target))]
+        unknown = [d for d in held if d not in every]
+        if unknown:
+            raise PlanError(f"--validation-only {','.join(unknown)}: not a domain of dataset {spec.dataset}; its domains: "
+                            f"{', '.join(every)}.")
+        mix = [d for d in every if d not in held]
+    else:
+        raise PlanError("without --prior, give the training domains with --domains (e.g. --domains "
+                        "code,prose,math,knowledge) or a prepared dataset with --dataset (its domains).")
+    both = [d for d in held if d in mix]
+    if both:
+        raise PlanError(f"{', '.join(both)} is both a training domain (--domains) and validation-only "
+                        "(--validation-only); allowed: one or the other.")
+    single = _single_domain(target)
+    if single is not None and single not in mix and single not in held:
+        held.append(single)
+    if len(mix) < 2:
+        raise PlanError(f"training domains {', '.join(mix) or 'none'} (validation-only: {', '.join(held) or 'none'}): "
+                        "a mixture needs at least 2; allowed: --domains naming 2 or more.")
+    return tuple(mix), tuple(held)
+
+
 def target_truth(truth: Callable, loss_domains: Sequence[str], target) -> Callable:
     """The prior's loss of ``target`` (one validation domain) from its per-domain losses."""
     if target.domain in loss_domains:
@@ -569,7 +651,7 @@ def continuation_runs(spec: PlanSpec, preset: str, mixtures: Mapping[str, Mappin
     domains = list(next(iter(mixtures.values())))
     proto = _protocol(spec, domains, presets)
     optim = _experiment_optim(spec.config)
-    sizes = {preset: preset_sizes({preset: presets[preset]})[preset]}
+    sizes = {preset: preset_sizes({preset: presets[preset]}, spec.config, spec.dataset)[preset]}
     n, per_step = sizes[preset]["params_active"], spec.batch * spec.seq_len
     base = _run(spec, f"{preset}_base", preset, presets, sizes, _steps(proto.base_goal(n), per_step),
                 spec.seed + BASE_SEED_OFFSET, dict(proto.base_mixture), "base")
@@ -614,10 +696,10 @@ def _protocol_record(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], r
     return out
 
 
-def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
-    """The plan JSON (see docs/mixture/commands.md, "Planning")."""
-    t0 = time.perf_counter()
-    _check_numbers(spec)
+def _prior(spec: PlanSpec):
+    """What the plan simulates from: the prior's loss function, size column, training and
+    validation domains, the validation-only domains, the law planned for, and a record of the
+    prior (a fit, or the default)."""
     if spec.prior:
         from data_mixture.fit import Fit
 
@@ -628,16 +710,27 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         prior_desc = {"kind": "fit", "path": str(spec.prior), "law": prior.law}
         if spec.domains and tuple(x.strip() for x in spec.domains.split(",")) != mix_domains:
             raise PlanError(f"--domains {spec.domains!r} differs from the prior fit's training domains {', '.join(mix_domains)}.")
+        held_out = tuple(spec.validation_only or ())
     else:
-        if not spec.domains:
-            raise PlanError("without --prior, give the training domains with --domains, e.g. --domains code,prose,math,knowledge.")
-        mix_domains = tuple(x.strip() for x in spec.domains.split(",") if x.strip())
+        mix_domains, held_out = split_domains(spec)
         loss_domains, size_column = mix_domains, "params_active"
         truth, law = default_prior(mix_domains), spec.law or "camel"
         prior_desc = {"kind": "default", "formula": DEFAULT_PRIOR_FORMULA}
+    return truth, size_column, mix_domains, loss_domains, held_out, law, prior_desc
+
+
+def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
+    """The plan JSON (see docs/mixture/commands.md, "Planning")."""
+    t0 = time.perf_counter()
+    _check_numbers(spec)
+    truth, size_column, mix_domains, loss_domains, held_out, law, prior_desc = _prior(spec)
     target = _plan_target(spec)
     if target is not None:
-        truth, loss_domains = target_truth(truth, loss_domains, target), (target.domain,)
+        if not spec.prior and target.domain in held_out:  # the default prior knows no held-out domain
+            truth, loss_domains = heldout_truth(truth, len(mix_domains)), (target.domain,)
+            prior_desc["heldout_target"] = HELDOUT_PRIOR
+        else:
+            truth, loss_domains = target_truth(truth, loss_domains, target), (target.domain,)
     _check_pools(spec, mix_domains)
     from data_mixture.laws import get_law
 
@@ -646,7 +739,7 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
     presets = dict(spec.presets or DEFAULT_PRESETS)
     proto = _protocol(spec, mix_domains, presets)
     optim = _experiment_optim(spec.config) if proto.mid else None
-    sizes = preset_sizes(presets)
+    sizes = preset_sizes(presets, spec.config, spec.dataset)
     cands = _candidates(spec, proto, sizes, size_column, max(spec.min_sizes, law_obj.min_sizes()),
                         law_obj.min_runs(len(mix_domains)))
     bar = None
@@ -671,6 +764,8 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
                 for r in runs]
     elif spec.unique_tokens:
         runs = [fixed_pools(r, spec.unique_tokens) for r in runs]
+    if spec.dataset:  # every run trains on the user's dataset (moejax derives its vocabulary size from it)
+        runs = [{**r, "overrides": {**r["overrides"], "data.path": spec.dataset}} for r in runs]
     total = float(sum(r["flops"] for r in runs))
     if total > spec.budget_flops:
         raise PlanError(f"the chosen runs need {total:.4g} FLOPs, over --budget-flops {spec.budget_flops:.4g}: the "
@@ -686,7 +781,9 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
                    **({"unique_tokens": {d: float(v) for d, v in spec.unique_tokens.items()}} if spec.unique_tokens else {}),
                    **({"match_repetition": True} if spec.match_repetition else {})},
         "law": law, "prior": prior_desc,
-        "mix_domains": list(mix_domains), "loss_domains": list(loss_domains),
+        "mix_domains": list(mix_domains), "loss_domains": list(loss_domains), "validation_only": list(held_out),
+        **({"dataset": spec.dataset} if spec.dataset else {}),
+        "eval_windows": "sampled",  # train.eval_windows of every run (a plan without the key: first)
         "bounds": {"min_weight": dict(zip(mix_domains, lo.tolist())), "max_weight": dict(zip(mix_domains, hi.tolist()))},
         "method": {"checkpoints": spec.checkpoints, "noise": spec.noise, "simulations": spec.simulations, "sim_starts": spec.sim_starts,
                    "test_mixtures": TEST_MIXTURES, "score": "sim_error"},
@@ -695,5 +792,19 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         "chosen": {k: best[k] for k in chosen_keys + tuple(k for k in ("base_flops", "seeds") if k in best)},
         "candidates": cands,
         "runs": runs,
+        "warnings": evaluation_warnings(best["sizes"], law_obj.min_sizes()),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def evaluation_warnings(sizes: Sequence[str], law_min_sizes: int) -> list[str]:
+    """What the plan's sizes leave unchecked: ``evaluate`` and ``recommend`` score a law by holding
+    out the largest size and fitting the rest, so a plan needs one size more than the laws' minimum
+    (2 for camel, additive, mixing_law and the trend baseline) for every law to be scored."""
+    need = max(law_min_sizes, 2) + 1
+    if len(sizes) >= need:
+        return []
+    return [f"the plan's {len(sizes)} size(s) ({', '.join(sizes)}) cannot be checked by `evaluate` or `recommend`: "
+            f"holding out the largest leaves {len(sizes) - 1} size(s) to fit, and camel, additive, mixing_law and the "
+            f"trend baseline need 2. Plan --min-sizes {need} (with the --budget-flops it needs) to score the laws at a "
+            "held-out size."]

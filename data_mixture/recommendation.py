@@ -16,7 +16,9 @@
 4. fits the best law on the whole table with ``bootstrap`` members and makes its robust pick at the
    target (:mod:`data_mixture.robust`) with its odds against every baseline mixture at the target
    (uniform, proportional and UniMax when every pool is known, best-at-proxy, the practitioner
-   rules);
+   rules); the pick obeys the same cap as the rules, at most ``max_epochs`` (default
+   :data:`MAX_EPOCHS` = 16) epochs of each pool at the target's tokens, so that a law blind to
+   repetition cannot pick a pool repeated past the point where repeats are worth little (None: no cap);
 5. recommends the law's robust pick when the law beats the rule, else the rule's mixture at the
    target, saying so; and writes ``mixture.json`` (``{"weights": ...}`` that training reads as
    ``data.mixture_file``, plus the evidence), ``recommendation.md`` (one page) with
@@ -44,11 +46,11 @@ import numpy as np
 
 from moejax.errors import UserError
 
-CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix")
+CANDIDATE_LAWS = ("camel", "additive", "mixing_law", "regmix_linear", "regmix", "log_linear")
 REPETITION_LAWS = ("camel+repfit", "additive+repfit")
 BOOTSTRAP = 50
+MAX_EPOCHS = 16.0  # the law's pick: at most this many epochs of each pool (the practitioner rules' larger cap)
 KFOLD_BELOW_SIZES = 3  # tables with fewer sizes are scored out of fold
-BATCH, SEQ_LEN = 16, 256  # the plan's defaults (data_mixture.plan.PlanSpec): tokens per step of the command
 
 
 class RecommendError(UserError):
@@ -137,12 +139,13 @@ def recommend(runs, *, size: float, tokens: float, target: str | None = None,
               unique_tokens: Mapping[str, float] | None = None, size_column: str = "params_active",
               laws: Sequence[str] | None = None, bootstrap: int = BOOTSTRAP, robust: str = "mean", seed: int = 0,
               starts: int = 16, resamples: int = 1000, out: str | os.PathLike | None = None,
-              config: str | None = None, dataset: str | None = None, progress: bool = True) -> dict[str, Any]:
+              config: str | None = None, dataset: str | None = None, progress: bool = True,
+              max_epochs: float | None = MAX_EPOCHS) -> dict[str, Any]:
     """The recommendation as a dict (the ``mixture.json`` written under ``out`` when given).
     ``runs``: a runs-table path, a list of paths (concatenated) or a RunsTable."""
     from data_mixture.baselines import baseline_mixtures, target_pools
     from data_mixture.fit import fit_table
-    from data_mixture.optimize import optimize_mixture
+    from data_mixture.optimize import Constraints, optimize_mixture
     from data_mixture.robust import parse_robust
     from data_mixture.table import RunsTable, read_runs
     from data_mixture.target import parse_target
@@ -152,6 +155,8 @@ def recommend(runs, *, size: float, tokens: float, target: str | None = None,
     for name, v in (("--size", size), ("--tokens", tokens)):
         if not (math.isfinite(float(v)) and float(v) > 0):
             raise RecommendError(f"{name} {v!r}; allowed: a number > 0.")
+    if max_epochs is not None and not (math.isfinite(float(max_epochs)) and float(max_epochs) > 0):
+        raise RecommendError(f"--max-epochs {max_epochs!r}; allowed: a number of epochs > 0 (0 on the command line: no cap).")
     if bootstrap < 2:
         raise RecommendError(f"--bootstrap {bootstrap}; allowed: >= 2 (the robust pick needs members; {BOOTSTRAP} advised).")
     parse_robust(robust)
@@ -180,8 +185,9 @@ def recommend(runs, *, size: float, tokens: float, target: str | None = None,
                         progress=progress and sys.stderr.isatty(), target=target_obj)
         say("robust pick over the members")
         with_weights = {n: b["weights"] for n, b in bases.items() if "weights" in b}
+        caps = Constraints(domain_epochs={d: max_epochs for d in pools} if max_epochs else {})
         pick = optimize_mixture(fit, size=size, tokens=tokens, unique_tokens=pools or None, robust=robust,
-                                baselines=with_weights, seed=seed, interval=0.9)
+                                baselines=with_weights, seed=seed, interval=0.9, constraints=caps)
     result = _result(decision, pick, bases, report, skipped, size=size, tokens=tokens, size_column=size_column,
                      target=target_obj, pools=pools)
     result["seconds"] = time.perf_counter() - t0
@@ -212,15 +218,11 @@ def _result(decision, pick, bases, report, skipped, *, size, tokens, size_column
 
 
 def training_command(mixture_path: Path, tokens: float, *, config: str | None, dataset: str | None) -> str:
-    """The command that trains the recommended mixture for ``tokens`` tokens (runnable as printed)."""
-    from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command
+    """The command that trains the recommended mixture for ``tokens`` tokens (runnable as printed:
+    :func:`data_mixture.sweep.targets.mixture_command`, which ``optimize`` prints too)."""
+    from data_mixture.sweep.targets import mixture_command
 
-    steps = max(1, math.ceil(tokens / (BATCH * SEQ_LEN)))
-    overrides: dict[str, Any] = {"data.mixture_file": str(Path(mixture_path).resolve()), "train.steps": steps,
-                                 "train.global_batch_size": BATCH, "train.seq_len": SEQ_LEN}
-    if dataset not in (None, "builtin"):
-        overrides = {"data.path": os.path.abspath(str(dataset)), **overrides}
-    return launch_command(config or DEFAULT_CONFIG, "runs/recommended", overrides)
+    return mixture_command(Path(mixture_path).resolve(), tokens, "runs/recommended", config=config, dataset=dataset)
 
 
 def write_recommendation(result: dict, report: Mapping[str, Any], out: str | os.PathLike, *, config: str | None = None,

@@ -305,7 +305,10 @@ def robust_warnings(r: Mapping[str, Any]) -> list[str]:
         by_kind: dict[str, list[str]] = {}
         for b, c in corner.items():
             by_kind.setdefault("; ".join(c), []).append(b)
-        parts = [f"{', '.join(bs)} ({kind})" for kind, bs in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))]
+        def names(bs):
+            return ", ".join(bs) if len(bs) <= 12 else f"{', '.join(bs[:10])}, ... ({len(bs)} members)"
+
+        parts = [f"{names(bs)} ({kind})" for kind, bs in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))]
         out.append(f"{len(corner)} of {r['members']} members' own optimum sits on a corner: members " + "; ".join(parts))
     return out
 

@@ -260,7 +260,7 @@ def user_style_table(mix_domains: Sequence[str] = ("web", "books", "code"), *, s
     if scarce is not None:
         j = list(mix_domains).index(scarce)
         epochs = w_rm[:, j] * d_r / pool
-        eff_rm[:, j] = np.where(epochs > 4, w_rm[:, j] * (4 + np.log1p(epochs - 4)) / epochs, w_rm[:, j])
+        eff_rm[:, j] = np.where(epochs > 4, w_rm[:, j] * (4 + np.log1p(np.maximum(epochs - 4, 0))) / epochs, w_rm[:, j])
         cols[f"unique:{scarce}"] = [pool] * len(n_r)
     base = 1.5 + 30 * n_r ** -0.3 + 60 * d_r ** -0.3
     z = lambda: np.exp(noise * rng.standard_normal(len(n_r)))  # noqa: E731

@@ -4,9 +4,10 @@ overwritten silently, and every problem with them is found before any fitting st
 The rules are moejax's own (:mod:`moejax.paths`):
 
 - **Paths**: ``~`` expands, and a relative path is relative to the directory the user ran
-  ``launch.sh`` from (:func:`resolve_paths` applies :func:`moejax.paths.user_path` to every path
-  flag). A ``--config`` is looked up there first, then in the repository, so the default
-  ``experiments/configs/tiny_moe.py`` is found from anywhere.
+  ``launch.sh`` from: every path flag declares a path type of :mod:`data_mixture.cli.flags`,
+  which applies :func:`moejax.paths.user_path` as argparse parses it. A ``--config`` is looked
+  up there first, then in the repository, so the default ``experiments/configs/tiny_moe.py`` is
+  found from anywhere.
 - **Outputs**: a command that writes refuses an existing output unless the user passes
   ``--force`` (:func:`check_out_file`, :func:`check_out_dir`), and checks that it can create the
   output's directory, creating nothing yet: a refused or failed command leaves no empty
@@ -30,30 +31,7 @@ from collections.abc import Iterable
 
 from moejax import configs as builtin_configs
 from moejax.errors import ConfigError
-from moejax.paths import is_non_empty_dir, refuse_existing_file, relative_to_note, user_input_path, user_path, write_file
-
-# argparse destinations that hold a path (or a list of paths) in some data_mixture command
-PATH_ARGS = ("runs", "fit", "out", "out_dir", "prior", "plan", "root", "base", "workdirs", "cache_dir",
-             "experts_dir", "cache", "candidates", "registration", "predictions")
-
-
-def resolve_paths(args) -> None:
-    """Every path flag of ``args`` as the user meant it (module docstring), in place."""
-    for name in PATH_ARGS:
-        value = getattr(args, name, None)
-        if isinstance(value, list):
-            setattr(args, name, [user_path(v) for v in value])
-        elif isinstance(value, str) and value:
-            setattr(args, name, user_path(value))
-    if getattr(args, "config", None):
-        args.config = user_input_path(args.config)
-    presets = getattr(args, "presets", None)
-    if presets and presets.strip()[:1] not in "[{":  # a file, not JSON text
-        args.presets = user_path(presets)
-    dataset = getattr(args, "dataset", None)
-    if dataset and dataset != "builtin":
-        args.dataset = user_path(dataset)
-
+from moejax.paths import is_non_empty_dir, refuse_existing_file, relative_to_note, write_file
 
 def check_out_file(path: str, flag: str, *, force: bool) -> None:
     """Refuses an existing ``path`` unless ``force`` (a directory always); checks that its

@@ -63,6 +63,10 @@ def default_config() -> ConfigDict:
     c.train.log_every = 10  # steps between metric lines (stdout, metrics.jsonl, TensorBoard)
     c.train.eval_every = 100  # steps between held-out evaluations (also at step 0 and at the end)
     c.train.eval_batches = 2  # held-out batches per domain at each evaluation
+    # Which held-out windows an evaluation reads (docs/data.md, "The pipeline"): sampled (windows
+    # drawn across each domain's whole held-out split, the same for every run and seed) | first (its
+    # first consecutive windows: the behaviour before this key; a config.json without it means first).
+    c.train.eval_windows = "sampled"
     c.train.compute_dtype = "float32"  # activations/matmuls: float32 | bfloat16 (router stays float32)
     c.train.param_dtype = "float32"  # stored parameters and optimizer moments: float32 | bfloat16
     # Activation rematerialisation per transformer block: none | full (recompute each block in the
@@ -183,6 +187,7 @@ CHOICES = {
     "train.compute_dtype": ("float32", "bfloat16"),
     "train.param_dtype": ("float32", "bfloat16"),
     "train.remat": ("none", "full", "save_dots"),
+    "train.eval_windows": ("sampled", "first"),
     "optim.schedule": ("cosine", "wsd", "constant"),
     "data.default_mixture": ("tokens", "uniform"),
     **{key: _choices_default_first(field) for key, field in _MODEL_KEYS.items() if field.metadata["check"].choices},
@@ -633,6 +638,11 @@ def to_dict(cfg: ConfigDict) -> dict[str, Any]:
     return cfg.to_dict()
 
 
+# Keys added after configs were saved with the behaviour they now switch off: a saved config
+# (config.json) without the key reads it as this value, so an old run evaluates as it did.
+SAVED_BEFORE_KEY = {"train.eval_windows": "first"}
+
+
 def from_dict(values: dict[str, Any]) -> ConfigDict:
     """The inverse of :func:`to_dict` (e.g. a workdir's config.json): the defaults, overridden.
 
@@ -641,6 +651,10 @@ def from_dict(values: dict[str, Any]) -> ConfigDict:
     """
     cfg = default_config()
     values = {key: dict(group) if isinstance(group, dict) else group for key, group in values.items()}
+    for path, value in SAVED_BEFORE_KEY.items():  # a saved config made before the key: its behaviour then
+        section, key = path.split(".")
+        if isinstance(values.get(section), dict) and key not in values[section]:
+            values[section][key] = value
     free = {}
     for path in FREE_KEYS:
         section, key = path.split(".")

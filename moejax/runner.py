@@ -26,6 +26,7 @@ A leaf above :mod:`moejax.errors` and :mod:`moejax.log`: it imports nothing else
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 
 from moejax.errors import UserError
@@ -67,3 +68,20 @@ def run(body: Callable[[], int | None], *, prog: str, verbosity: int = 0, interr
     if code:
         sys.exit(code)
     return 0
+
+
+def one_line_warnings(prog: str, packages: tuple[str, ...] = ("moejax", "data_mixture")) -> None:
+    """On the command line: warnings of the ``packages``' own kinds (about the user's input: a size
+    the fit never saw, a small held-out split) as one line, ``PROG: warning: MESSAGE``, without
+    Python's file, line number and library source line; other warnings as Python shows them. Only
+    for a command's own process (its ``__main__``): tests and notebooks keep Python's machinery
+    (``pytest.warns``, ``catch_warnings(record=True)``)."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if getattr(category, "__module__", "").split(".")[0] in packages:
+            (file or sys.stderr).write(f"{prog}: warning: {message}\n")
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show

@@ -377,10 +377,8 @@ def test_data_mixture_force_replaces_an_output_whole(drill, capsys):
 def test_data_mixture_paths_mean_what_the_user_typed(drill, monkeypatch, capsys):
     """Relative paths resolve against the directory launch.sh was run from, ~ expands, and plan's
     default --config (a repository file) is still found."""
-    import argparse
-
     import moejax
-    from data_mixture.user_files import resolve_paths
+    from data_mixture.__main__ import build_parser
 
     here = drill / "out" / "elsewhere"
     here.mkdir()
@@ -391,10 +389,12 @@ def test_data_mixture_paths_mean_what_the_user_typed(drill, monkeypatch, capsys)
     assert code == 0, capsys.readouterr().err
     assert (here / "p.csv").is_file() and not (ROOT / "p.csv").exists()
     monkeypatch.setenv("HOME", str(here))
-    args = argparse.Namespace(fit="~/fit.json", runs=["a.csv"], config=TINY, dataset="builtin")
-    resolve_paths(args)
-    assert args.fit == str(here / "fit.json") and args.runs == [str(here / "a.csv")]
-    assert args.config == TINY and (ROOT / args.config).is_file() and args.dataset == "builtin"
+    args = build_parser().parse_args(["optimize", "--fit", "~/fit.json", "--size", "1e6", "--tokens", "1e8",
+                                      "--dataset", "builtin", "--out", "m.json"])
+    assert args.fit == str(here / "fit.json") and args.out == str(here / "m.json") and args.dataset == "builtin"
+    args = build_parser().parse_args(["plan", "--budget-flops", "1e15", "--target-size", "1e6", "--target-tokens",
+                                      "1e8", "--out", "plan.json"])
+    assert args.config == TINY and (ROOT / args.config).is_file()
 
 
 def _launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

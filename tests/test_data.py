@@ -441,11 +441,12 @@ def test_bad_shapes_and_seed_are_rejected(cache_dir):
 # --- eval batches -------------------------------------------------------------------------------
 
 
-def test_eval_batches_are_consecutive_heldout_windows(cache_dir, tokenized):
+def test_first_eval_batches_are_consecutive_heldout_windows(cache_dir, tokenized):
+    """train.eval_windows=first (runs saved before the key): the first windows of the split."""
     batches = make_eval_batches(["prose", "math"], seq_len=128, batch_size=4,
-                                batches_per_domain=3, cache_dir=cache_dir)
+                                batches_per_domain=3, cache_dir=cache_dir, windows="first")
     again = make_eval_batches(["prose", "math"], seq_len=128, batch_size=4,
-                              batches_per_domain=3, cache_dir=cache_dir)
+                              batches_per_domain=3, cache_dir=cache_dir, windows="first")
     assert list(batches) == ["prose", "math"]
     for domain in batches:
         assert len(batches[domain]) == 3

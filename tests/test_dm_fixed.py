@@ -183,6 +183,34 @@ def test_mixing_law_on_a_single_budget_table_fixes_beta_and_every_b_k():
         fit_table(synthetic_table(lambda v, n, d, m: truth(n, d, m), alone, DOMS), "mixing_law", bootstrap=0, progress=False)
 
 
+def test_nearest_column_residuals_are_distances_to_each_line():
+    from data_mixture.laws.parametric import nearest_column_residuals
+
+    u = np.random.default_rng(0).standard_normal((30, 4))
+    u /= np.linalg.norm(u, axis=0)
+    u[:, 3] = u[:, 1]
+    d = nearest_column_residuals(u, 0, np.array([1, 2]))
+    for got, k in zip(d, (1, 2)):
+        coef = np.linalg.lstsq(u[:, [k]], u[:, 0], rcond=None)[0]
+        assert got == pytest.approx(np.linalg.norm(u[:, 0] - u[:, [k]] @ coef), rel=1e-12)
+    assert nearest_column_residuals(u, 3, np.array([0, 1]))[1] < 1e-15
+
+
+def test_the_collinearity_shortcut_changes_no_fixed_parameter(monkeypatch):
+    """resolve_fixed with the one-column shortcut (the default) and without it (every candidate
+    gets its own least-squares solve) fixes the same parameters, on one-budget tables of both
+    kinds (mixing_law: one token coefficient per mixture, the law the shortcut is for)."""
+    law = "mixing_law"
+    import data_mixture.laws.parametric as parametric
+
+    design = draw_design(mix_domains=DOMS, sizes=SIZES, runs_per_size=6, checkpoints=(1.0,), seed=2, shared_mixtures=True)
+    tables = [synthetic_table(lambda v, n, d, m: truth(n, d, m), dict(design, tokens=tokens), DOMS, noise=0.002)
+              for tokens in ([2e9] * len(design["tokens"]), [20 * n for n in design["params_total"]])]
+    fast = [get_law(law).resolve_fixed(t, "params_total") for t in tables]
+    monkeypatch.setattr(parametric, "SURELY_MERGED", -1.0)
+    assert fast == [get_law(law).resolve_fixed(t, "params_total") for t in tables]
+
+
 # -- parameters at their bounds ------------------------------------------------------------------------
 
 

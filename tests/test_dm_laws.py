@@ -282,10 +282,10 @@ def test_size_column_params_active(camel_case):
 
 
 def test_registry_lists_every_law():
-    assert set(LAWS) == {"mixing_law", "additive", "regmix", "regmix_linear", "camel"}
+    assert set(LAWS) == {"mixing_law", "additive", "regmix", "regmix_linear", "camel", "log_linear"}
     for name in LAWS:
         assert get_law(name).name == name
-    assert all(isinstance(get_law(n), ParametricLaw) for n in ("mixing_law", "additive", "camel"))
+    assert all(isinstance(get_law(n), ParametricLaw) for n in ("mixing_law", "additive", "camel", "log_linear"))
 
 
 def test_levenberg_marquardt_refine_reaches_the_polished_optimum():

@@ -102,3 +102,15 @@ def test_practitioner_rules_beside_every_method_in_evaluate():
     assert "held-out target" in r["baselines"]["target_capped_16"]["skipped"]
     assert "decision" in r["baselines"]["proxy_capped_16"]
     assert "target_capped" not in r["verdict"]["text"]
+
+
+def test_register_adds_the_practitioner_rules_as_candidates():
+    from data_mixture.register import with_baselines
+
+    got = with_baselines({"mine": {"code": 0.2, "prose": 0.8}}, _ladder(), metric="loss:mean", tokens=8e6,
+                         size_column="params_total")
+    assert got["mine"] == {"code": 0.2, "prose": 0.8}
+    # budget 8e6, code's pool 2e5: cap 4 epochs -> 0.1, cap 16 -> 0.4 (the equal target weights 0.5 are capped)
+    assert got["target_capped_4"]["code"] == pytest.approx(0.1) and got["target_capped_16"]["code"] == pytest.approx(0.4)
+    assert got["proxy_capped_16"]["code"] == pytest.approx(0.4)  # the proxy's best, 0.7 code, capped at 0.4
+    assert {"uniform", "best_at_proxy"} <= set(got) and "unimax" not in got  # prose has no pool: no UniMax

@@ -84,3 +84,21 @@ def test_a_quantile_pick_and_errors():
     # robust=None: the point fit's optimum, no report
     plain = optimize_mixture(_fit(), size=1.0, tokens=1.0, robust=None, bootstrap=False)
     assert "robust" not in plain and plain["weights"]["a"] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_optimize_command_prints_the_robust_report(tmp_path, capsys):
+    import json
+
+    from data_mixture.__main__ import main
+
+    fit_path, out = tmp_path / "fit.json", tmp_path / "mix.json"
+    _fit().save(fit_path)
+    main(["optimize", "--fit", str(fit_path), "--size", "1", "--tokens", "1", "--robust", "q90", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert "robust pick (q90 over 12 bootstrap members)" in text and "(the point fit's optimum: a 0.500" in text
+    assert "vs uniform: beats it in" in text and "members 10, 11 (a = 1; b = 0)" in text
+    saved = json.loads(out.read_text())
+    assert saved["robust"]["robust"] == "q90" and saved["weights"] == saved["robust"]["weights"]
+    with pytest.raises(SystemExit):
+        main(["optimize", "--fit", str(fit_path), "--size", "1", "--tokens", "1", "--robust", "median",
+              "--out", str(tmp_path / "x.json")])

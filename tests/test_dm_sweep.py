@@ -39,6 +39,7 @@ EVAL_ARGS = "--tasks --loss-batches 1"
 GOOD = [f"{s}_m{k}" for s in SIZES for k in range(len(MIXTURES))]
 HEADER = (["run", "params_total", "params_active", "tokens", "flops"] + [f"mix:{d}" for d in DOMAINS]
           + [f"loss:{d}" for d in DOMAINS] + ["loss:heldout_qa"]  # the built-in corpus's held-out target set
+          + [f"loss_se:{d}" for d in (*DOMAINS, "heldout_qa")]  # each evaluation's own standard error
           + ["step", "loss_source", "workdir", "started_at"])
 
 
@@ -108,11 +109,14 @@ def test_each_run_records_what_produced_it(sweep):
     assert rec["plan_entry"] == plan["runs"][GOOD.index("b_m1")]
     assert rec["resolved_config"]["model"]["d_model"] == 32 and rec["resolved_config"]["train"]["steps"] == 4
     assert rec["resolved_config"]["data"]["mixture"] == MIXTURES[1]
+    # a plan without eval_windows was written before the key: its runs evaluate the first windows, as they did
+    assert rec["resolved_config"]["train"]["eval_windows"] == "first"
     (launch,) = rec["launches"]
     version = launch["code_version"]
     assert len(version["commit"]) == 40 and isinstance(version["dirty"], bool)
     assert f"-m moejax.main --config experiments/configs/tiny_moe.py --workdir {root / 'b_m1'}" in launch["train_command"]
     assert launch["eval_command"].endswith("--all --no-progress --tasks --loss-batches 1")
+    assert "--config.train.eval_windows=first" in launch["train_command"]
     status = json.loads((root / "b_m1" / "status.json").read_text())
     assert status["host"] and status["pid"] and status["heartbeat"] > 0 and status["history"][0]["trained"]
     # the run's start time: in the status and the record, and carried into the runs table by collect

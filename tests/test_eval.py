@@ -109,7 +109,8 @@ def test_eval_cli_writes_documented_json_and_curves(workdir, tmp_path, capsys):
     domains = result["losses"]["domains"]
     assert set(domains) == {"code", "prose", "math", "knowledge"}
     for d in domains.values():
-        assert set(d) == {"loss", "perplexity", "bits_per_byte", "tokens", "bytes"}
+        assert set(d) == {"loss", "loss_se", "perplexity", "bits_per_byte", "tokens", "bytes"}
+        assert 0 < d["loss_se"] < d["loss"]
         assert d["perplexity"] == pytest.approx(math.exp(d["loss"]))
     # The same held-out batches as training, routed with the restored loss-free bias: the final
     # eval_loss of the training log.

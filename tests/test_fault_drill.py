@@ -8,6 +8,7 @@ import os
 import pytest
 
 from experiments.tools import drill_runs, fault_cases
+from experiments.tools.fault_drill import all_cases
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def reference(run_once, corpus_cache):
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.name, marks=[pytest.mark.slow] if case.slow else [])
-                                  for case in fault_cases.CASES])
+                                  for case in all_cases()])
 def test_fault_drill_case(case, reference, corpus_cache, tmp_path):
     drill = fault_cases.Drill(root=str(tmp_path), cache_dir=corpus_cache, reference_dir=reference)
     detail = case.run(drill)

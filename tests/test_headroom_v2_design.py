@@ -8,6 +8,8 @@ registration).
 
 import json
 
+import pytest
+
 from experiments.studies import does_recommend_beat_the_practitioner as study
 
 REGISTERED = ("code_commit", "registered_at", "sha256")
@@ -37,9 +39,14 @@ def test_the_target_is_at_least_10x_the_largest_proxys_training_flops_and_the_ca
     assert capped["s2"][2] < 0.6  # ... and not at the target
 
 
-def test_the_design_stage_never_rewrites_a_registration(tmp_path, capsys):
+def test_the_design_stage_keeps_its_own_version_and_never_amends_after_a_run(tmp_path, capsys):
     path = tmp_path / "design.json"
-    path.write_text('{"sha256": "kept"}')
+    path.write_text(json.dumps({"version": study.DESIGN_VERSION, "sha256": "kept"}))
     study.stage_design(tmp_path)
-    assert json.loads(path.read_text()) == {"sha256": "kept"}
+    assert json.loads(path.read_text())["sha256"] == "kept"
     assert "exists (kept" in capsys.readouterr().out
+    path.write_text(json.dumps({"version": study.DESIGN_VERSION - 1, "sha256": "older"}))
+    (tmp_path / "gate").mkdir()
+    with pytest.raises(SystemExit, match="never amended after the first run"):
+        study.stage_design(tmp_path)
+    assert json.loads(path.read_text())["sha256"] == "older"

@@ -134,3 +134,18 @@ def test_tokamax_config_errors_before_any_compile(monkeypatch):
     monkeypatch.setattr("moejax.model.grouped_matmul.tokamax_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"tokamax package is not installed; install the kernels extra"):
         check_config(cfg.model, {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
+
+
+def test_the_cuda_lowering_holds_ragged_dot_where_cpu_holds_the_tile_loop():
+    """The grouped SwiGLU traced for cuda is XLA's ragged_dot (no CPU tile loop); for CPU, the loop."""
+    x = jax.ShapeDtypeStruct((512, 16), jnp.float32)
+    ws = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((8, 16, 32), (8, 16, 32), (8, 32, 16))]
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+    ffn = lambda x, g, u, d, s: grouped_ffn(x, g, u, d, s, impl="auto")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))  # as moejax's meshes
+    with jax.set_mesh(mesh):  # several devices: ragged_dot, as on a GPU mesh
+        with platform.lowering_for("cuda"):
+            cuda = jax.jit(ffn).trace(x, *ws, sizes).lower(lowering_platforms=("cuda",)).as_text()
+        cpu = jax.jit(ffn).trace(x, *ws, sizes).lower(lowering_platforms=("cpu",)).as_text()
+    assert "ragged_dot" in cuda and "stablehlo.while" not in cuda
+    assert "ragged_dot" not in cpu and "stablehlo.while" in cpu

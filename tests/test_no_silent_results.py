@@ -48,3 +48,32 @@ def test_a_checkpoint_without_its_metadata_file_gives_no_absl_notes(small_run, t
         checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3)
         assert checkpointer.latest_step() == 6
     assert "Metadata file does not exist" not in caplog.text
+
+
+def test_a_size_extrapolation_warning_is_one_line_without_a_source_line(tmp_path):
+    from experiments.tools import fault_cases
+
+    drill = fault_cases.Drill(root=str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    fit = fault_cases._mixture_fit(drill, (3e6,), "one_size")
+    proc = subprocess.run([sys.executable, "-m", "data_mixture", "optimize", "--fit", fit, "--size", "1e9",
+                           "--tokens", "2e10", "--no-bootstrap", "--out", str(tmp_path / "mix.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "size term is not identified" in line]
+    assert len(lines) == 1 and lines[0].startswith("python -m data_mixture optimize: warning: "), proc.stderr
+    assert "Warning:" not in proc.stderr and "warnings.warn" not in proc.stderr, proc.stderr
+
+
+def test_launch_sh_python_runs_a_relative_script_from_the_user_s_directory(tmp_path):
+    (tmp_path / "hello.py").write_text("import sys; print('ran', __file__, sys.argv[1:])\n")
+    env = {**os.environ, "MOEJAX_PYTHON": sys.executable, "MOEJAX_ALLOCATOR": "system", "MOEJAX_CHECK_PINS": "0"}
+    proc = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "hello.py", "a.txt"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and f"ran {tmp_path / 'hello.py'} ['a.txt']" in proc.stdout, proc.stderr
+    missing = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "nowhere.py"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and str(tmp_path / "nowhere.py") in missing.stderr, missing.stderr
+    # a script of the repository's, named as from its root, still runs from anywhere
+    repo = subprocess.run([os.path.join(REPO, "launch.sh"), "python", "moejax/envcheck.py", "list", "--extras", ""],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert repo.returncode == 0 and "jax" in repo.stdout.split(), repo.stderr

@@ -11,7 +11,10 @@ runs them, in ``data_mixture/cli/<command>.py``, which defines:
   top-level one);
 - ``INTERRUPTED``: what Ctrl-C leaves, printed after ``interrupted:`` (None: the command handles
   Ctrl-C itself, as ``sweep`` does);
-- ``add_arguments(parser)``: the command's flags (``-q/-v`` are added for every command);
+- ``add_arguments(parser)``: the command's flags (``-q/-v`` are added for every command); a flag
+  whose value is a path declares a path type of :mod:`data_mixture.cli.flags` (``type=path_type``,
+  ``named_path_type`` for ``NAME=PATH``, ...), so it means the user's directory
+  (``tests/test_dm_path_flags.py`` finds any that does not);
 - ``run(args)``: the command's body; bad input raises a :class:`moejax.errors.UserError`
   (:class:`data_mixture.cli.flags.UsageError` for a bad flag value).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from data_mixture.cli.flags import FORCE_HELP, PROG, UsageError
+from data_mixture.cli.flags import FORCE_HELP, PROG, UsageError, path_type
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +18,9 @@ INTERRUPTED = ("no table was written (--out is unchanged); evaluations already m
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workdirs", nargs="+", help="training workdirs, or a directory whose sub-directories are workdirs")
-    p.add_argument("--out", required=True, help="runs table CSV to write")
+    p.add_argument("workdirs", type=path_type, nargs="+",
+                   help="training workdirs, or a directory whose sub-directories are workdirs")
+    p.add_argument("--out", type=path_type, required=True, help="runs table CSV to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--evaluate", action="store_true",
                    help="evaluate checkpoints that have no eval/step_N.json first (python -m moejax.eval); "

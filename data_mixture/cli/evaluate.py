@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from data_mixture.cli.flags import PROG, TARGET_HELP, target
+from data_mixture.cli.flags import PROG, SIZE_COLUMN_HELP, TARGET_HELP, path_type, target
 
 HELP = ("Compare laws with baselines on held-out sizes: decision accuracy (with the seed noise "
         "floor and bootstrap intervals), errors, pick regret, and a one-line verdict.")
@@ -18,7 +18,7 @@ INTERRUPTED = "nothing was written to --out-dir (the report is written when ever
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", required=True, nargs="+", action="extend",
+    p.add_argument("--runs", type=path_type, required=True, nargs="+", action="extend",
                    help="runs table CSV; several files with the same columns are concatenated (e.g. proxies + targets)")
     p.add_argument("--laws", default="mixing_law,additive,regmix,camel")
     p.add_argument("--holdout", default="largest",
@@ -27,19 +27,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "N), 'runs=a,b,...', 'kfold=K' (out-of-fold predictions of the mixtures at the largest size, K folds; "
                         "for tables with too few sizes to hold one out), or 'none' (in-sample fit, scored at the "
                         "largest size)")
-    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"),
+                   help=SIZE_COLUMN_HELP)
     p.add_argument("--tokens", default="all", help="held-out rows to score: 'all' checkpoints or 'last' per run")
     p.add_argument("--seed", type=int, default=0, help="seed of the fits' random starts and of the bootstrap")
     p.add_argument("--starts", type=int, default=64, help="random starts per law fit")
     p.add_argument("--resamples", type=int, default=1000,
                    help="bootstrap resamples over mixtures for the decision-accuracy intervals (default 1000)")
-    p.add_argument("--out-dir", default="results/dm_evaluate",
+    p.add_argument("--out-dir", type=path_type, default="results/dm_evaluate",
                    help="evaluation.json, evaluation.md, pred_vs_obs.png, decision_accuracy.png")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out-dir (files of the same names are replaced)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--target", default=None, help="score the laws on this target instead of every loss column: " + TARGET_HELP)
-    p.add_argument("--registration", default=None,
+    p.add_argument("--target", default=None,
+                   help="score the laws on this target instead of every loss column: " + TARGET_HELP)
+    p.add_argument("--registration", type=path_type, default=None,
                    help="registration JSON (`register`): check it against the table's started_at column and score "
                         "every registered comparison; the report says pre-registered only when the check passes")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from data_mixture.cli.flags import FORCE_HELP, PROG, TARGET_HELP, UsageError, parse_weights, progress, target
+from data_mixture.cli.flags import (FORCE_HELP, PROG, SIZE_COLUMN_HELP, TARGET_HELP, UsageError, parse_weights, path_type,
+                                    progress, target)
 
 HELP = ("Fit one law to every validation domain of a runs table (+ bootstrap, + benchmark laws). "
         "How many runs and sizes each law needs: `python -m data_mixture laws`.")
@@ -18,15 +19,17 @@ INTERRUPTED = "nothing was written (--out is unchanged; a fit is saved only when
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", required=True, help="runs table CSV")
+    p.add_argument("--runs", type=path_type, required=True, help="runs table CSV")
     p.add_argument("--law", required=True, help="law name: mixing_law | additive | regmix | regmix_linear | camel")
-    p.add_argument("--out", required=True, help="fit JSON to write")
+    p.add_argument("--out", type=path_type, required=True, help="fit JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"),
+                   help=SIZE_COLUMN_HELP)
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples over runs (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--starts", type=int, default=64, help="random starts per fit")
-    p.add_argument("--chance", nargs="*", action="extend", help="chance level per benchmark task, e.g. code=0.25 math=0")
+    p.add_argument("--chance", nargs="*", action="extend",
+                   help="chance level per benchmark task, e.g. code=0.25 math=0")
     p.add_argument("--holdout", default="none",
                    help="rows to leave out of the fit, as evaluate chooses them: 'none' (default: fit every row), "
                         "'largest' (the largest size), 'size=N' (the size closest to N), 'runs=a,b,...'")

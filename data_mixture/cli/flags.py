@@ -1,8 +1,17 @@
 """What every data_mixture command shares: its name, help texts, and the parsers of flag values.
 
 Each parser turns the text a user typed into a value or raises :class:`UsageError` naming the flag,
-the value and the allowed form; none imports more than the standard library, so a command parses
-all its flags before it imports its library (and JAX).
+the value and the allowed form; none imports more than the standard library and moejax.paths, so a
+command parses all its flags before it imports its library (and JAX).
+
+**Paths.** Every flag whose value is a path declares one of the path types (``PATH_TYPES``) as its
+argparse ``type``: :func:`path_type`, :func:`named_path_type` (``NAME=PATH``), :func:`input_path_type` (a
+``--config``: the user's file, else the repository's), :func:`dataset_path_type` (``builtin`` or a
+directory), :func:`json_or_path_type` (JSON text or a file). argparse applies it to the typed value
+and to a default, so a relative path means the directory the user ran the command from
+(:func:`moejax.paths.user_path`), for every path flag of every command; the parsers are the list
+of path flags (``tests/test_dm_path_flags.py`` checks that every flag that reads like a path has
+one).
 """
 
 from __future__ import annotations
@@ -12,17 +21,54 @@ import json
 import sys
 from pathlib import Path
 
+from moejax import paths
 from moejax.errors import UserError
 
 PROG = "python -m data_mixture"
 
 TARGET_HELP = ("what the mixture is chosen for, when not the training mix: a validation domain (heldout_qa), a weighted "
                "set (code=0.6,prose=0.4) or a benchmark log-probability (logprob:know_type); docs/mixture/tables.md, 'Targets'")
+# What --size means, said the same way by every command that takes one (docs/mixture/commands.md, "Model sizes").
+FIT_SIZE_HELP = ("the target model's parameter count in the fit's size column: params_total (every parameter, all "
+                 "experts: fit's default --size-column) or params_active (parameters used per token) when the fit was "
+                 "made with --size-column params_active; docs/mixture/commands.md, 'Model sizes'")
+SIZE_COLUMN_HELP = ("which parameter count is a model's size: params_total (every parameter, all experts; the default) "
+                    "or params_active (parameters used per token); docs/mixture/commands.md, 'Model sizes'")
 FORCE_HELP = "replace an existing --out (default: refuse it); the new file is renamed into place when complete"
 
 
 class UsageError(UserError):
     """A bad flag value found by the CLI itself."""
+
+
+def path_type(text: str) -> str:
+    """A path the user typed: ``~`` expanded, relative to the directory they ran the command from."""
+    return paths.user_path(text)
+
+
+def named_path_type(text: str) -> str:
+    """``NAME=PATH`` with PATH resolved as :func:`path_type` (text without ``=`` is left for the command's
+    own check, which names the allowed form)."""
+    name, sep, value = text.partition("=")
+    return f"{name}={paths.user_path(value.strip())}" if sep and value.strip() else text
+
+
+def input_path_type(text: str) -> str:
+    """An input the repository may hold too (an experiment file): the user's, else the repository's."""
+    return paths.user_input_path(text)
+
+
+def dataset_path_type(text: str) -> str:
+    """``builtin`` (the built-in corpus) or a prepared dataset's directory (resolved as :func:`path_type`)."""
+    return text if text == "builtin" else paths.user_path(text)
+
+
+def json_or_path_type(text: str) -> str:
+    """JSON text as it is, or the path of a JSON file (resolved as :func:`path_type`)."""
+    return text if text.strip()[:1] in "[{" else paths.user_path(text)
+
+
+PATH_TYPES = (path_type, named_path_type, input_path_type, dataset_path_type, json_or_path_type)
 
 
 def parse_weights(items: list[str] | None, flag: str) -> dict[str, float]:

@@ -4,40 +4,45 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from data_mixture.cli.flags import FORCE_HELP, PROG, TARGET_HELP, UsageError, parse_weights, target
+from data_mixture.cli.flags import (FIT_SIZE_HELP, FORCE_HELP, PROG, TARGET_HELP, UsageError, dataset_path_type,
+                                    parse_weights, path_type, target)
 
 HELP = "Best mixture at a target (size, tokens) under weight bounds and a repetition cap."
 EXAMPLE = (f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --objective loss "
            "--min-weight code=0.1 --max-weight math=0.4 --dataset builtin --max-epochs 4 --out mixture.json\n"
            f"{PROG} optimize --fit fit.json --size 3.1e6 --tokens 5e8 --target code=0.6,prose=0.4 "
            "--unique-tokens code=2e7 --max-epochs code=4 --out mixture.json\n"
-           "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json")
+           "./launch.sh experiments/configs/tiny_moe.py --config.data.mixture_file=mixture.json --config.train.steps=122071")
 INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fit", required=True)
-    p.add_argument("--size", type=float, required=True, help="target model size, in the fit's size column")
+    p.add_argument("--fit", type=path_type, required=True, help="fit JSON written by `fit`")
+    p.add_argument("--size", type=float, required=True, help=FIT_SIZE_HELP)
     p.add_argument("--tokens", type=float, required=True, help="target training tokens")
     p.add_argument("--objective", choices=("loss", "bench"), default="loss",
                    help="loss: minimise the weighted validation loss; bench: maximise weighted predicted accuracy")
-    p.add_argument("--loss-weights", nargs="*", action="extend", help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
-    p.add_argument("--task-weights", nargs="*", action="extend", help="benchmark-task weights (default: equal over the fit's tasks)")
+    p.add_argument("--loss-weights", nargs="*", action="extend",
+                   help="validation-domain weights, e.g. code=1 prose=2 (default: equal)")
+    p.add_argument("--task-weights", nargs="*", action="extend",
+                   help="benchmark-task weights (default: equal over the fit's tasks)")
     p.add_argument("--min-weight", nargs="*", action="extend", help="per-domain minimum share, e.g. code=0.1")
     p.add_argument("--max-weight", nargs="*", action="extend", help="per-domain maximum share, e.g. math=0.4")
-    p.add_argument("--available", nargs="*", action="extend", help="available training tokens per domain, e.g. code=1e9 math=2e8")
-    p.add_argument("--dataset", default=None,
+    p.add_argument("--available", nargs="*", action="extend",
+                   help="available training tokens per domain, e.g. code=1e9 math=2e8")
+    p.add_argument("--dataset", type=dataset_path_type, default=None,
                    help="read available tokens from a moejax dataset: a prepared dataset directory, or 'builtin'")
-    p.add_argument("--cache-dir", default="", help="built-in corpus cache (default: $MOEJAX_CACHE or ~/.cache/moejax)")
+    p.add_argument("--cache-dir", type=path_type, default="",
+                   help="built-in corpus cache (default: $MOEJAX_CACHE or ~/.cache/moejax)")
     p.add_argument("--max-epochs", nargs="*", default=None,
                    help="repetition cap: a number (share x tokens <= available x max-epochs for every domain with "
                         "--available/--dataset tokens; default 1) or DOMAIN=EPOCHS per domain, e.g. code=4 (needs the "
                         "domain's unique tokens: --unique-tokens, --available/--dataset, or the fit's unique:<domain>)")
     p.add_argument("--unique-tokens", nargs="*", help="unique tokens of each scarce domain's pool at the target, e.g. "
                                                      "code=2e8 (repetition-aware laws and --max-epochs; default: the fit's)")
-    p.add_argument("--target", default=None, help="minimise this target (a fit's own target is the default): " + TARGET_HELP)
+    p.add_argument("--target", default=None,
+                   help="minimise this target (a fit's own target is the default): " + TARGET_HELP)
     p.add_argument("--starts", type=int, default=16, help="local-optimiser starts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.9)
@@ -49,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", default=None,
                    help='JSON file {"name": {"domain": weight}} the robust pick is compared with (default: uniform, '
                         "proportional and UniMax when every pool is known, the target-capped practitioner rules)")
-    p.add_argument("--out", required=True, help="mixture JSON (launch.sh --config.data.mixture_file=...)")
+    p.add_argument("--out", type=path_type, required=True,
+                   help="mixture JSON (launch.sh --config.data.mixture_file=...)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
@@ -95,15 +101,13 @@ def run(args: argparse.Namespace) -> None:
 
         pw = ", ".join(f"{d} {v:.3f}" for d, v in result["point"].items())
         print("\n".join([*format_robust(result["robust"]), f"  (the point fit's optimum: {pw})"]))
-    elif boot.get("weights"):
+    if boot.get("weights"):
         iv = ", ".join(f"{d} [{s['lo']:.3f}, {s['hi']:.3f}]" for d, s in boot["weights"].items())
         print(f"{boot['interval']:.0%} interval of the optimal weights over {boot['members']} bootstrap optima: {iv}")
-    from data_mixture.sweep.targets import DEFAULT_CONFIG, launch_command
+    from data_mixture.sweep.targets import mixture_command
 
-    overrides = {"data.mixture_file": os.path.abspath(args.out)}
-    if args.dataset not in (None, "builtin"):  # the dataset the mixture's domains are from
-        overrides = {"data.path": os.path.abspath(args.dataset), **overrides}
-    print(f"wrote {args.out}; train with: {launch_command(DEFAULT_CONFIG, 'runs/optimized', overrides)}")
+    # the dataset the mixture's domains are from, and the steps --tokens assumed
+    print(f"wrote {args.out}; train with: {mixture_command(args.out, args.tokens, 'runs/optimized', dataset=args.dataset)}")
 
 
 def parse_max_epochs(items: list[str] | None) -> tuple[float, dict[str, float]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from data_mixture.cli.fit import print_fit_notes
-from data_mixture.cli.flags import FORCE_HELP, PROG, TARGET_HELP, target
+from data_mixture.cli.flags import FORCE_HELP, PROG, TARGET_HELP, path_type, target
 
 HELP = "Predict per-domain losses (and benchmark scores) for a query table."
 EXAMPLE = f"{PROG} predict --fit fit.json --runs query.csv --out pred.csv"
@@ -14,9 +14,10 @@ INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fit", required=True, help="fit JSON written by `fit`")
-    p.add_argument("--runs", required=True, help="query CSV: runs-table columns without the losses; extra columns are kept")
-    p.add_argument("--out", required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
+    p.add_argument("--fit", type=path_type, required=True, help="fit JSON written by `fit`")
+    p.add_argument("--runs", type=path_type, required=True,
+                   help="query CSV: runs-table columns without the losses; extra columns are kept")
+    p.add_argument("--out", type=path_type, required=True, help="CSV to write: the query plus pred:/lo:/hi: columns")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--interval", type=float, default=0.9, help="bootstrap interval mass")
     p.add_argument("--target", default=None, help="also write pred:<target> (from the fit's domains): " + TARGET_HELP)

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from data_mixture.cli.flags import FORCE_HELP, PROG, UsageError, parse_pairs
+from data_mixture.cli.flags import FORCE_HELP, PROG, UsageError, named_path_type, parse_pairs, path_type
 
 HELP = ("Pre-register a decision before its target runs: rule, candidate mixtures, each law's "
         "predictions, git commit, UTC time and a sha256 of it all.")
@@ -20,23 +20,29 @@ INTERRUPTED = "nothing was written (--out is unchanged). Rerun the command."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rule", required=True, help="the decision rule, in words")
-    p.add_argument("--candidates", required=True, help='JSON file {"name": {"domain": weight, ...}, ...}')
-    p.add_argument("--fits", nargs="*", action="extend", metavar="LAW=FIT.json", help="fits whose mean predicted loss per candidate is registered")
-    p.add_argument("--predictions", default=None, help='JSON file {"law": {"candidate": value}} of other predictions')
-    p.add_argument("--size", type=float, default=None, help="target model size (the size column); restricts the check "
-                                                            "to the runs at it")
+    p.add_argument("--candidates", type=path_type, required=True,
+                   help='JSON file {"name": {"domain": weight, ...}, ...}')
+    p.add_argument("--fits", type=named_path_type, nargs="*", action="extend", metavar="LAW=FIT.json",
+                   help="fits whose mean predicted loss per candidate is registered")
+    p.add_argument("--predictions", type=path_type, default=None,
+                   help='JSON file {"law": {"candidate": value}} of other predictions')
+    p.add_argument("--size", type=float, default=None, help="the target model's parameter count in --size-column "
+                                                            "(params_total: every parameter; params_active: used per "
+                                                            "token); restricts the check to the runs at it")
     p.add_argument("--tokens", type=float, default=None, help="target tokens (for --fits)")
-    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"))
-    p.add_argument("--metric", default="loss:mean", help="what the rule compares: loss:mean, loss:<domain>, or a --target text "
-                                                        "(e.g. knowledge=0.6,math=0.2,prose=0.2)")
+    p.add_argument("--size-column", default="params_total", choices=("params_total", "params_active"),
+                   help="which parameter count --size and the fits' sizes mean (default params_total, as fit's)")
+    p.add_argument("--metric", default="loss:mean",
+                   help="what the rule compares: loss:mean, loss:<domain>, or a --target text "
+                        "(e.g. knowledge=0.6,math=0.2,prose=0.2)")
     p.add_argument("--level", type=float, default=0.95, help="interval mass of the rule (default 0.95)")
-    p.add_argument("--baselines-from", nargs="+", default=None, metavar="RUNS.csv",
+    p.add_argument("--baselines-from", type=path_type, nargs="+", default=None, metavar="RUNS.csv",
                    help="add the baselines at the target as candidates (uniform, proportional and UniMax when every "
                         "pool is known, best-at-proxy and the practitioner rules target-capped/proxy-capped at 4 and "
                         "16 epochs; docs/mixture/baselines.md), from this proxy runs table; needs --tokens")
     p.add_argument("--unique-tokens", nargs="*", help="the scarce domains' pools at the target for --baselines-from, "
                                                      "e.g. knowledge=2.5e5 (default: the table's largest)")
-    p.add_argument("--out", required=True, help="registration JSON to write")
+    p.add_argument("--out", type=path_type, required=True, help="registration JSON to write")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 

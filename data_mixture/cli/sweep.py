@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from data_mixture.cli.flags import PROG, progress
+from data_mixture.cli.flags import PROG, path_type, progress
 
 HELP = ("Run a plan: train every run (moejax.main), evaluate its checkpoints (moejax.eval --all), "
         "collect ROOT/runs.csv; rerun to skip finished runs and resume interrupted ones.")
@@ -17,8 +17,10 @@ INTERRUPTED = None  # a sweep handles Ctrl-C itself: its runs save and resume
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plan", required=True, help="plan JSON (written by `plan`; runs[]: name, config, overrides)")
-    p.add_argument("--root", required=True, help="sweep directory: one run directory per plan run, runs.csv, sweep.log")
+    p.add_argument("--plan", type=path_type, required=True,
+                   help="plan JSON (written by `plan`; runs[]: name, config, overrides)")
+    p.add_argument("--root", type=path_type, required=True,
+                   help="sweep directory: one run directory per plan run, runs.csv, sweep.log")
     p.add_argument("--backend", default="local", help="local (subprocesses on this machine) | ray (Ray tasks)")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once (default: 1 local; ray: the cluster's CPUs (or GPUs) / the per-run share)")

@@ -6,6 +6,7 @@
 ``regmix``         RegMix LightGBM regressor on [mixture, log N, log D]
 ``regmix_linear``  linear regression on the same features
 ``camel``          capacity-aware law (our form, after CAMEL arXiv 2603.08022; see camel.py)
+``log_linear``     Olmix's default regression at one size: c + exp(sum_j t_j r_j)
 =================  ========================================================================
 
 Every parametric law (``mixing_law``, ``additive``, ``camel``) also has repetition-aware
@@ -21,6 +22,7 @@ import difflib
 from data_mixture.laws.additive import AdditiveLaw
 from data_mixture.laws.base import REGISTRY, RESOLVERS, Law, LawFit, get_law
 from data_mixture.laws.camel import CamelLaw
+from data_mixture.laws.log_linear import LogLinearLaw
 from data_mixture.laws.mixing_law import MixingLaw
 from data_mixture.laws.parametric import ParametricLaw
 from data_mixture.laws.regmix import RegMixLaw, RegMixLinearLaw
@@ -35,6 +37,7 @@ LAWS: dict[str, type[Law]] = {
         RegMixLaw,
         RegMixLinearLaw,
         CamelLaw,
+        LogLinearLaw,
     )
 }
 

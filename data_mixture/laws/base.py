@@ -17,6 +17,19 @@ import numpy as np
 from data_mixture.table import RunsTable, TableError
 
 
+def untrained_note(table: RunsTable) -> str:
+    """' mix:D is 0 in every run ...' naming the training columns no run trains on (a held-out
+    target collected as a training domain), with the fix; '' when every column is trained."""
+    idle = [d for j, d in enumerate(table.mix_domains) if not (table.mix_rm[:, j] > 0).any()]
+    if not idle:
+        return ""
+    cols = ", ".join(f"mix:{d}" for d in idle)
+    return (f" {cols} is 0 in every run: a domain no run trains on (a held-out target) is validation-only, not a "
+            f"training domain. Collect the runs with --validation-only {','.join(idle)} (a sweep of a plan whose "
+            f"--target is held out does it itself), or drop {cols} from the table; the law then needs "
+            f"{len(table.mix_domains) - len(idle)} training domains' runs.")
+
+
 @dataclasses.dataclass
 class LawFit:
     """One law fitted to one validation domain.
@@ -243,7 +256,8 @@ class Law(abc.ABC):
         if n_sizes < need_sizes:
             problems.append(f"{n_sizes} distinct model size(s) in column {size_column!r} (needs at least {need_sizes})")
         if problems:
-            raise TableError(f"law {self.name!r} cannot be identified from this table: it has {' and '.join(problems)}.")
+            raise TableError(f"law {self.name!r} cannot be identified from this table: it has {' and '.join(problems)}."
+                             + untrained_note(table))
 
     @abc.abstractmethod
     def fit(

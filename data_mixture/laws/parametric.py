@@ -47,6 +47,19 @@ BOOT_JITTER = 0.05  # sd of a perturbed bootstrap start, as a fraction of each p
 _PREDICT: dict[str, Any] = {}
 TOKEN_EXPONENT_DEFAULT = 0.28  # Chinchilla (Hoffmann et al. 2022, approach 3): L = E + A N^-0.34 + B D^-0.28
 COLLINEAR_TOL = 1e-6  # a unit Jacobian column whose least-squares residual on the others is below this is not identified
+SURELY_MERGED = COLLINEAR_TOL / 2  # a candidate this close to one other column is in the others' span (margin for rounding)
+
+
+def nearest_column_residuals(u_rp: np.ndarray, j: int, others: np.ndarray) -> np.ndarray:
+    """(len(others),) distance of unit column ``j`` of ``u_rp`` to the line of each column in
+    ``others`` (unit columns): ``|u_j - (u_j . u_k) u_k|``. The distance to the span of all of
+    them is at most the smallest, so a smallest one below :data:`SURELY_MERGED` settles that
+    column j is collinear with the others without a least-squares solve over all of them (one
+    token coefficient per mixture, mixing_law's B_k, each a copy of its E_k: on a 128-mixture
+    table that was 128 least-squares solves of a 512 x 385 system)."""
+    u_o = u_rp[:, others]
+    g = u_rp[:, j] @ u_o
+    return np.linalg.norm(u_rp[:, j, None] - u_o * g[None, :], axis=0)
 
 
 def safe_pow(r, g):
@@ -166,6 +179,9 @@ class ParametricLaw(Law):
                 merged.append(j)
                 continue
             others = [k for k in range(spec.size) if k != j and k not in merged and norm[k] > 1e-12 * norm.max()]
+            if others and nearest_column_residuals(unit, j, np.asarray(others)).min() < SURELY_MERGED:
+                merged.append(j)  # a copy of one other column: in the span of them all (the solve below would agree)
+                continue
             coef = np.linalg.lstsq(unit[:, others], unit[:, j], rcond=None)[0] if others else np.zeros(0)
             if np.linalg.norm(unit[:, j] - unit[:, others] @ coef) < COLLINEAR_TOL:
                 merged.append(j)

@@ -29,6 +29,11 @@ not set ``checkpoint.keep_period``, that is the cadence: a run stopped and resum
 killed runner) saves checkpoints off the cadence too, which count towards ``max_to_keep`` and would
 otherwise push the oldest scheduled one out before evaluation. Both are recorded as added
 overrides in the run's ``record.json``.
+
+Evaluation windows: a plan's top-level ``eval_windows`` (``make_plan`` writes ``"sampled"``) is the
+``train.eval_windows`` of every entry that does not set its own; a plan without the key was written
+before it, when evaluations read the first windows of each held-out split, so its entries get
+``train.eval_windows=first`` (an added override): a committed plan sweeps as it did.
 """
 
 from __future__ import annotations
@@ -118,6 +123,24 @@ def launch_command(config_file: str, workdir: str | os.PathLike, overrides: Mapp
     return train_command(config_file, user_path(str(workdir)), override_args(overrides))
 
 
+MIXTURE_BATCH, MIXTURE_SEQ_LEN = 16, 256  # the plan's defaults (PlanSpec.batch, .seq_len): tokens per step
+
+
+def mixture_command(mixture_path: str | os.PathLike, tokens: float, workdir: str, *, config: str | None = None,
+                    dataset: str | None = None) -> str:
+    """The command that trains a mixture file for ``tokens`` tokens, runnable as printed from any
+    directory (:func:`launch_command`): the mixture and the dataset as absolute paths, and the step
+    count the tokens assume, ``ceil(tokens / (batch x seq_len))`` at the plan's default batch and
+    sequence length (written out, so the command trains the tokens the mixture was chosen for).
+    What ``optimize`` and ``recommend`` print."""
+    steps = max(1, math.ceil(tokens / (MIXTURE_BATCH * MIXTURE_SEQ_LEN)))
+    overrides: dict[str, Any] = {"data.mixture_file": os.path.abspath(str(mixture_path)), "train.steps": steps,
+                                 "train.global_batch_size": MIXTURE_BATCH, "train.seq_len": MIXTURE_SEQ_LEN}
+    if dataset not in (None, "builtin"):
+        overrides = {"data.path": os.path.abspath(str(dataset)), **overrides}
+    return launch_command(config or DEFAULT_CONFIG, workdir, overrides)
+
+
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     """The plan JSON; ``SweepError`` when it is missing, not JSON, or has no ``runs`` list."""
     p = Path(path)
@@ -151,8 +174,9 @@ def _scheduled_checkpoints(steps: int, every: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in range(every, steps + 1, every)} | {steps}))
 
 
-def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarget:
-    """One plan entry -> RunTarget, checked with moejax's own parser and validator."""
+def resolve_entry(index: int, entry: Any, root: Path, plan_name: str, eval_windows: str = "first") -> RunTarget:
+    """One plan entry -> RunTarget, checked with moejax's own parser and validator. ``eval_windows``:
+    the plan's ``train.eval_windows`` for entries that do not set it (module docstring)."""
     where = f"{plan_name}: runs[{index}]"
     if not isinstance(entry, dict):
         raise SweepError(f"{where} is {type(entry).__name__} {_short(entry)}; allowed: an object with "
@@ -187,6 +211,8 @@ def resolve_entry(index: int, entry: Any, root: Path, plan_name: str) -> RunTarg
                          "make them agree (the plan's 'steps' is informational, the overrides are what runs).")
     scheduled = _scheduled_checkpoints(steps, every)
     added = dict(init)
+    if "train.eval_windows" not in overrides and cfg.train.eval_windows != eval_windows:
+        added["train.eval_windows"] = cfg.train.eval_windows = eval_windows
     if "checkpoint.max_to_keep" not in overrides and int(cfg.checkpoint.max_to_keep) < len(scheduled):
         added["checkpoint.max_to_keep"] = len(scheduled)
         cfg.checkpoint.max_to_keep = len(scheduled)
@@ -281,6 +307,9 @@ def targets_from_plan(plan: Mapping[str, Any], root: str | os.PathLike, plan_nam
         if isinstance(base, str) and base and base not in seen:
             scratch = [e["name"] for e in plan["runs"] if isinstance(e, dict) and e.get("name") and not e.get("base")]
             raise _missing_base(f"{plan_name}: run {entry.get('name')!r} (runs[{i}])", base, scratch)
-    targets = [resolve_entry(i, entry, root, plan_name) for i, entry in enumerate(plan["runs"])]
+    windows = plan.get("eval_windows", "first")  # a plan written before the key evaluates as it did
+    if windows not in ("sampled", "first"):
+        raise SweepError(f"{plan_name}: eval_windows {windows!r}; allowed: sampled | first (train.eval_windows).")
+    targets = [resolve_entry(i, entry, root, plan_name, windows) for i, entry in enumerate(plan["runs"])]
     check_bases(targets, plan_name)
     return targets

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from experiments.studies.do_laws_predict_larger_sizes import SIZES
+from experiments.studies import EVAL_WINDOWS
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 PROXIES = ("s0", "s0b", "s1")
@@ -225,7 +226,8 @@ def target_plan(out: Path, mixtures: dict[str, dict[str, float]], seeds: int) ->
             mix = {d: round(float(w), 6) for d, w in mix.items()}
             overrides = {**SIZES[TARGET], "train.steps": steps, "train.global_batch_size": BATCH,
                          "train.seq_len": SEQ_LEN, "checkpoint.every_steps": every, "train.eval_every": every,
-                         "train.seed": seed, "optim.warmup_steps": max(1, steps // 10), "data.mixture": mix}
+                         "train.seed": seed, "optim.warmup_steps": max(1, steps // 10), "data.mixture": mix,
+                         **EVAL_WINDOWS}
             tokens = float(steps * BATCH * SEQ_LEN)
             runs.append({"name": f"{TARGET}_{label}_seed{seed}", "preset": TARGET,
                          "config": "experiments/configs/tiny_moe.py",

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from data_mixture.plan import PlanSpec, make_plan, preset_sizes
+from experiments.studies import EVAL_WINDOWS
 from moejax.log import add_verbosity_flags, setup_logging
 
 DOMAINS = ("code", "prose", "math", "knowledge")
@@ -88,6 +89,7 @@ def ladder_plan() -> dict:
                     mid_training=True, base_tokens_per_param=BASE_TOKENS_PER_PARAM,
                     mid_tokens_per_param=(MID_TOKENS_PER_PARAM,), seeds=2, seed_sizes=(LARGEST_PROXY,))
     plan = make_plan(spec)
+    plan["eval_windows"] = EVAL_WINDOWS["train.eval_windows"]  # as the committed runs were evaluated
     if plan["chosen"]["runs_per_size"] != MIXTURES or plan["chosen"]["sizes"] != proxies:
         raise SystemExit(f"the planner chose {plan['chosen']}, not {MIXTURES} mixtures at {proxies}")
     plan["decision_rule"] = DECISION_RULE

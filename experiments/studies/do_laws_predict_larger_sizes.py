@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from data_mixture.plan import DEFAULT_PRESETS
+from experiments.studies import EVAL_WINDOWS
 
 DOMAINS = ("code", "prose", "math", "knowledge")
 
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
                 "train.seq_len": args.seq_len, "train.eval_every": half, "train.log_every": 10,
                 "checkpoint.every_steps": half, "checkpoint.max_to_keep": 4,
                 "optim.warmup_steps": max(1, args.steps // 10), "train.seed": args.seed, **SIZES[size],
+                **EVAL_WINDOWS,
             }
             if not bench:  # the training log's held-out losses are the evaluation (same batches)
                 overrides["train.eval_batches"] = args.loss_batches

@@ -34,6 +34,7 @@ import sys
 import numpy as np
 
 from moejax.config import default_config
+from experiments.studies import EVAL_WINDOWS
 from moejax.log import add_verbosity_flags, setup_logging
 from moejax.model.transformer import flops_per_token, param_counts
 
@@ -46,6 +47,7 @@ def base_config(steps: int):
     t = c.train
     t.steps, t.global_batch_size, t.seq_len = steps, 16, 256
     t.log_every, t.eval_every, t.eval_batches = 10, steps, 2
+    t.eval_windows = EVAL_WINDOWS["train.eval_windows"]  # as the committed results were evaluated
     c.checkpoint.every_steps = steps
     c.optim.warmup_steps = max(steps // 10, 1)
     m = c.model

@@ -32,8 +32,10 @@ What differs from v1 (so this is a new test, not a replay): the scarce domain (`
 
 Stages (each skips what exists; results under ``experiments/studies/results/headroom_v2/``):
 
-1. ``design``   writes ``design.json`` (this module's constants, their sha256) and refuses to
-                overwrite it. Committed before any other stage runs.
+1. ``design``   writes ``design.json`` (this module's constants, their sha256). It keeps a file of
+                its own version, refuses to replace one once any stage has trained, and records
+                each amendment made before the first run in ``AMENDMENTS``. Committed before any
+                other stage runs.
 2. ``gate``     (next) the registered gate, once. A failure ends the study: "no headroom in this
                 setting", with its numbers.
 3. ``ladder``, ``fit``, ``mergemix``, ``register``, ``target``, ``report``: as registered in
@@ -52,7 +54,13 @@ import time
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "results" / "headroom_v2"
-DESIGN_VERSION = 1
+RUN_STAGES = ("gate", "ladder", "mergemix", "target")  # result folders of the stages that train
+DESIGN_VERSION = 2
+AMENDMENTS = (  # each before any run of this study, with why
+    "version 2 (2026-12-06, before any run): recommend's options written out instead of 'at its default', because "
+    "recommend's defaults changed after version 1 (a 16-epoch cap on the law's pick, --max-epochs 16); the options "
+    "pinned are that command's defaults when version 2 was written. Nothing else changed.",
+)
 
 CORPUS = "built-in (moejax.data, cache version builtin-v1, seed 0): code, prose, math, knowledge"
 DOMAINS = ("code", "prose", "math", "knowledge")
@@ -112,8 +120,9 @@ CANDIDATES = {
                          "repeated tokens keep some value up to about 16 epochs"),
     "proxy_capped_16": "best_at_proxy's mixture with the same 16-epoch cap at the target's budget",
     "recommend": ("data_mixture recommend --runs <ladder runs.csv> --target math=0.6,code=0.4 --size <s2 params_active> "
-                  "--tokens <s2 tokens> --unique-tokens math=300000 --seed 0, every other option at its default: its "
-                  "recommended mixture, whichever it is (a law's robust pick or the practitioner rule)"),
+                  "--size-column params_active --tokens <s2 tokens> --unique-tokens math=300000 --bootstrap 50 "
+                  "--max-epochs 16 --robust mean --starts 16 --resamples 1000 --seed 0: its recommended mixture, "
+                  "whichever it is (a law's robust pick or the practitioner rule)"),
     "camel_robust": "CAMEL fitted on the ladder, robust pick (mean over 50 bootstrap members) at the target",
     "best_other_law_robust": ("the law other than CAMEL and its variants with the highest held-out decision accuracy on "
                               "the ladder (s1 held out), its robust pick at the target"),
@@ -159,7 +168,7 @@ def design() -> dict:
     pools = [float("inf"), float("inf"), float(POOL_TOKENS), float("inf")]
     capped = {k: capped_mixture(pref, pools, tokens[k], PRACTITIONER_K)[0].round(4).tolist() for k in (PROXIES[-1], TARGET_SIZE)}
     return {
-        "version": DESIGN_VERSION, "study": "headroom_v2", "question": DECISION["question"],
+        "version": DESIGN_VERSION, "amendments": AMENDMENTS, "study": "headroom_v2", "question": DECISION["question"],
         "setting": {"corpus": CORPUS, "domains": DOMAINS, "scarce": SCARCE, "pool_tokens": POOL_TOKENS, "target": TARGET,
                     "config": CONFIG, "batch": BATCH, "seq_len": SEQ_LEN, "presets": PRESETS, "proxies": PROXIES,
                     "target_size": TARGET_SIZE, "tokens_per_param": TOKENS_PER_PARAM, "eval": EVAL},
@@ -180,8 +189,15 @@ def digest(body: dict) -> str:
 def stage_design(out: Path) -> Path:
     path = out / "design.json"
     if path.exists():
-        print(f"design: {path} exists (kept; a registration is never rewritten)")
-        return path
+        old = json.loads(path.read_text()).get("version")
+        if old == DESIGN_VERSION:
+            print(f"design: {path} exists (kept; a registration is never rewritten)")
+            return path
+        ran = [d for d in RUN_STAGES if (out / d).exists()]
+        if ran or not isinstance(old, int) or old > DESIGN_VERSION:
+            why = f"runs exist ({', '.join(ran)}): a design is never amended after the first run" if ran else "refusing to replace it"
+            raise SystemExit(f"design: {path} is version {old!r}, this module's is {DESIGN_VERSION}; {why}")
+        print(f"design: amending {path} from version {old} to {DESIGN_VERSION} (no run yet; AMENDMENTS says why)")
     body = design()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
     record = {**body, "code_commit": commit, "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

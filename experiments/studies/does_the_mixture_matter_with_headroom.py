@@ -60,6 +60,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from data_mixture.plan import fixed_pools, preset_sizes, proxy_pools
+from experiments.studies import EVAL_WINDOWS
 from moejax.log import add_verbosity_flags, setup_logging
 from experiments.studies.do_laws_pick_midtrain_mixtures import PRESETS, dm
 
@@ -478,6 +479,7 @@ def ladder_plan(a: dict) -> dict:
                     checkpoints=CHECKPOINTS, seeds=LADDER_SEEDS, seed_sizes=(PROXIES[-1],),
                     unique_tokens=a["target_unique"], match_repetition=not a.get("fixed_pool", False))
     plan = make_plan(spec)
+    plan["eval_windows"] = EVAL_WINDOWS["train.eval_windows"]  # as the committed runs were evaluated
     if plan["chosen"]["runs_per_size"] != MIXTURES or plan["chosen"]["sizes"] != list(PROXIES):
         raise SystemExit(f"the planner chose {plan['chosen']}, not {MIXTURES} mixtures at {list(PROXIES)}")
     longer = a.get("tokens_per_param_at", {})

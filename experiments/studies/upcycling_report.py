@@ -112,6 +112,9 @@ def plot(runs: dict, seeds, path: str) -> None:
             fraction = np.asarray([r["step"] for r in present[0]["routing"]]) / present[0]["steps"]
             vio = np.mean([[r["max_vio"] for r in run["routing"]] for run in present], axis=0)
             right.plot(fraction, vio, color=color, label=LABELS[arm])
+    phase1_end = [runs[f"dense_s{s}"]["evals"][-1]["eval_loss"] for s in seeds if f"dense_s{s}" in runs]
+    if phase1_end:  # zoom on the second half: the first steps' drop from ~5.5 would flatten the rest
+        left.set_ylim(top=max(phase1_end) + 0.4)
     left.set_xlabel("cumulative training FLOPs (1e12; dense pretraining included)")
     left.set_ylabel("held-out loss, mean of 4 domains (nats/token)")
     left.set_title("held-out loss at equal compute (mean over seeds; band: min-max)")
@@ -126,6 +129,8 @@ def plot(runs: dict, seeds, path: str) -> None:
 
 
 def _fmt(iv: dict) -> str:
+    if iv["n"] < 2:
+        return f"{iv['mean']:+.4f} (1 seed: no interval)"
     return f"{iv['mean']:+.4f} [{iv['low']:+.4f}, {iv['high']:+.4f}] {iv['verdict']}"
 
 
@@ -139,10 +144,12 @@ def report(results: str, seeds, arms, pairs) -> str:
              "final_eval_loss": {name: _final(run)["eval_loss"] for name, run in runs.items()}}
     with open(os.path.join(results, "table.json"), "w") as f:
         json.dump(table, f, indent=1)
-    if runs:
-        plot(runs, list(seeds), os.path.join(results, "curves.png"))
+    complete = [s for s in seeds if all(f"{name}_s{s}" in runs for name in ("dense", *arms))]
+    if runs:  # the seeds that have every run, so each curve averages the same seeds
+        plot(runs, complete or list(seeds), os.path.join(results, "curves.png"))
     lines = ["# Upcycling study: report", "",
-             f"Runs present: {len(runs)} of {len(expected)}" + (f"; missing: {', '.join(missing)}" if missing else ""), "",
+             f"Runs present: {len(runs)} of {len(expected)}" + (f"; missing: {', '.join(missing)}" if missing else "")
+             + f". Seeds with every run (the figure's): {complete}", "",
              "## Final held-out loss, A - B (paired by seed, 95% t interval; negative: A better)", "",
              "| comparison | seeds | mean of domains | " + " | ".join(
                  k for k in (table["comparisons"][0] if table["comparisons"] else {}) if k not in

@@ -45,6 +45,7 @@ import os
 import numpy as np
 
 from moejax.config import default_config
+from experiments.studies import EVAL_WINDOWS
 from moejax.log import add_verbosity_flags, setup_logging
 
 Z = ("z_loss", {"weight": 1e-3})
@@ -117,7 +118,7 @@ def held_out(cfg, workdir: str) -> dict:
 
     t = cfg.train
     batches = make_eval_batches(DOMAINS, seq_len=t.seq_len, batch_size=t.global_batch_size,
-                                batches_per_domain=t.eval_batches)
+                                batches_per_domain=t.eval_batches, windows=EVAL_WINDOWS["train.eval_windows"])
     losses, load_le, drops = [], 0.0, []
     with jax.set_mesh(mesh):
         for domain_batches in batches.values():

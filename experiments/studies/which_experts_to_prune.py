@@ -108,7 +108,7 @@ def build_hf_checkpoint() -> str:
     # and data, which evaluation can read.
     subprocess.run([sys.executable, "-m", "moejax.main", "--config", f"{imported}/experiment.py", "--workdir",
                     workdir, "--config.train.steps=1", "--config.train.eval_every=1", "--config.optim.lr=1e-12",
-                    "--config.optim.weight_decay=0.0"], check=True)
+                    "--config.optim.weight_decay=0.0", "--config.train.eval_windows=first"], check=True)
     return workdir
 
 

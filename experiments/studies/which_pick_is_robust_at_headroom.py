@@ -92,6 +92,18 @@ def report_md(out: dict) -> str:
              f"{t['unique_tokens']}; each law refitted on the committed ladder (runs.csv) with {out['bootstrap']} "
              f"bootstrap members and {out['starts']} starts. The robust picks were **not** trained at the target: "
              "only the registered candidates were (observed column, seed mean of 3).", ""]
+    if "camel" in out["laws"]:
+        r = out["laws"]["camel"]["mean"]
+        w = ", ".join(f"{d} {v:.3f}" for d, v in r["weights"].items())
+        p = ", ".join(f"{d} {v:.3f}" for d, v in out["laws"]["camel"]["point"].items())
+        reg, rule = r["odds"].get("registered:camel", {}), r["odds"].get("target_capped_16", {})
+        lines += [f"**Answer.** CAMEL's robust pick (mean over {r['members']} members) would have been {w}, against "
+                  f"the point fit's {p} (total variation {r['point_tv']:.3f}); {r['agreement']['share']:.0%} of the "
+                  f"members' own optima lie within 0.05 of it and {len(r['corner_members'])} sit on a corner. By the "
+                  f"members it beats the registered CAMEL pick with probability {reg.get('p_beats', float('nan')):.0%} "
+                  f"(median {reg.get('median', float('nan')):+.4f}) and the practitioner rule target_capped_16 with "
+                  f"probability {rule.get('p_beats', float('nan')):.0%} (median {rule.get('median', float('nan')):+.4f}): "
+                  "it is close to that rule. It was not tested at the target.", ""]
     for law, got in out["laws"].items():
         lines += [f"## {law}", "", "| pick | " + " | ".join(got["point"]) + " | predicted target loss [90%] | members "
                   "within 0.05 TV |", "|---|" + "---|" * (len(got["point"]) + 2)]

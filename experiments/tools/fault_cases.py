@@ -206,11 +206,13 @@ def _one_notice(err: str, who: str) -> None:
 
 
 def damaged_checkpoint_eval(drill: Drill) -> str:
-    """eval on a workdir whose latest checkpoint is damaged: one notice, the previous step used."""
+    """eval on a workdir whose latest checkpoint is damaged: one notice, the previous step used; its
+    stderr, a file here (not a terminal), gets no progress-bar redraws without --no-progress."""
     workdir = drill.copy("damaged_eval")
     damage_latest(workdir)
-    result = command("moejax.eval", ["--workdir", workdir, "--tasks", "--loss-batches", "1", "--no-progress"])
+    result = command("moejax.eval", ["--workdir", workdir, "--tasks", "--loss-batches", "1"])
     expect(result.code == 0, f"eval exit {result.code}\n{result.err[-3000:]}")
+    expect("\r" not in result.err, f"eval drew progress bars into a file:\n{result.err[-1000:]!r}")
     expect("is damaged; using step 9, the newest that reads" in result.err,
            f"eval did not say which step it used:\n{result.err[-2000:]}")
     _one_notice(result.err, "eval")
@@ -384,20 +386,17 @@ def repeated_bounds(drill: Drill) -> str:
 
 
 def size_extrapolation(drill: Drill) -> str:
-    """optimize --size 1e9 on a one-size fit warns that the size term is not identified."""
-    import warnings
-
-    from data_mixture.__main__ import main as dm_main
-    from data_mixture.laws.base import SizeExtrapolationWarning
-
+    """optimize --size 1e9 on a one-size fit warns that the size term is not identified, in one line
+    of the command's own (not Python's warning format with a library source line)."""
     fit = _mixture_fit(drill, (3e6,), "one_size")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = call(dm_main, ["optimize", "--fit", fit, "--size", "1e9", "--tokens", "2e10", "--no-bootstrap",
-                                "--out", os.path.join(drill.root, "one_size_mix.json")])
+    result = command("data_mixture", ["optimize", "--fit", fit, "--size", "1e9", "--tokens", "2e10",
+                                      "--no-bootstrap", "--out", os.path.join(drill.root, "one_size_mix.json")])
     expect(result.code == 0, f"optimize exit {result.code}\n{result.err[-2000:]}")
-    found = [str(w.message) for w in caught if issubclass(w.category, SizeExtrapolationWarning)]
-    expect(bool(found) and "size term is not identified" in found[0], f"no size warning; warnings: {caught}")
+    found = [line for line in result.err.splitlines() if "size term is not identified" in line]
+    expect(len(found) == 1 and found[0].startswith("python -m data_mixture optimize: warning: "),
+           f"no one-line size warning:\n{result.err[-2000:]}")
+    expect("Warning:" not in result.err and "warnings.warn" not in result.err,
+           f"Python's warning format:\n{result.err[-2000:]}")
     return first_line(found[0], 150)
 
 

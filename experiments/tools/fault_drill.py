@@ -2,7 +2,7 @@
 
     python -m experiments.tools.fault_drill [--fast] [--cases NAME,...] [--kills 20 --steps 60]
 
-Every case of ``experiments/tools/fault_cases.py`` (a damaged checkpoint in eval, generate and a
+Every case of ``experiments/tools/fault_cases.py`` and ``silent_cases.py`` (a damaged checkpoint in eval, generate and a
 resume; an export onto its own source; damaged token shards; a failed save; the workdir lock; a
 dead sweep runner's lease; ...) runs against a small trained run, and a table says for each what
 was done, PASS or FAIL, the seconds and the message the user saw (exit code 1 if any case fails;
@@ -40,6 +40,13 @@ from experiments.tools.drill_runs import (  # noqa: F401 - the helpers tests and
 )
 
 
+def all_cases() -> tuple:
+    """Every case of the drill: fault_cases' and silent_cases' (which builds on fault_cases' helpers)."""
+    from experiments.tools import fault_cases, silent_cases
+
+    return fault_cases.CASES + silent_cases.CASES
+
+
 def run_cases(names: list[str], root: str, cache_dir: str, *, kills: int, steps: int, sig: int, seed: int,
               every: int) -> list[dict]:
     """Runs the named cases under ``root``; one row per case: name, what was done, ok, seconds, detail."""
@@ -48,7 +55,7 @@ def run_cases(names: list[str], root: str, cache_dir: str, *, kills: int, steps:
     from experiments.tools import fault_cases
 
     ctx = fault_cases.Drill(root=root, cache_dir=cache_dir)
-    by_name = {case.name: case for case in fault_cases.CASES}
+    by_name = {case.name: case for case in all_cases()}
     rows = []
     for name in names:
         case = by_name[name]
@@ -73,9 +80,7 @@ def _table_row(row: dict) -> str:
 
 
 def main() -> None:
-    from experiments.tools import fault_cases
-
-    names = [case.name for case in fault_cases.CASES]
+    names = [case.name for case in all_cases()]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="", help=f"comma-separated cases (default: all): {', '.join(names)}")
     parser.add_argument("--fast", action="store_true", help="only the cases that do not train a process of their own")
@@ -91,7 +96,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--cases: unknown {', '.join(unknown)}; the cases are: {', '.join(names)}")
     if args.fast:
-        slow = {case.name for case in fault_cases.CASES if case.slow}
+        slow = {case.name for case in all_cases() if case.slow}
         chosen = [n for n in chosen if n not in slow]
     print(f"| {'case':<27} | result | {'s':>6} | what the user sees |\n|{'-' * 29}|--------|{'-' * 8}|---|", flush=True)
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as root:

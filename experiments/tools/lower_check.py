@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import functools
 import json
+import logging
 import math
 import re
 import sys
@@ -111,15 +112,19 @@ def tokamax_kernels(platform: str) -> Iterator[None]:
     from jax._src.pallas.mosaic import tpu_info
     from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu
 
-    if platform == "cuda":
-        with tokamax.config.cross_compile(True):
-            yield
-    elif platform == "tpu":
-        v5p = lambda: tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_V5P, 1)
-        with mock.patch.dict(tpu_info.registry, {jax.devices()[0].device_kind: v5p}), \
-                mock.patch.object(pallas_mosaic_tpu.PallasMosaicTpuRaggedDot, "supported_on", lambda self, d: True):
-            yield
-    else:
+    with contextlib.ExitStack() as stack:
+        if platform == "cuda":
+            stack.enter_context(tokamax.config.cross_compile(True))
+        elif platform == "tpu":
+            v5p = lambda: tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_V5P, 1)
+            stack.enter_context(mock.patch.dict(tpu_info.registry, {jax.devices()[0].device_kind: v5p}))
+            stack.enter_context(mock.patch.object(pallas_mosaic_tpu.PallasMosaicTpuRaggedDot, "supported_on",
+                                                  lambda self, device: True))
+        # tokamax warns of an "autotuning cache miss" for every kernel it configures by its
+        # heuristics (what it does on any machine without a tuned cache): kept quiet here.
+        absl_log = logging.getLogger("absl")
+        stack.callback(absl_log.setLevel, absl_log.level)
+        absl_log.setLevel(logging.ERROR)
         yield
 
 

@@ -90,7 +90,7 @@ def make_data(
     )
     eval_batches = make_eval_batches(
         dataset.domains, seq_len=t.seq_len, batch_size=t.global_batch_size,
-        batches_per_domain=t.eval_batches, dataset=dataset, rows=eval_rows,
+        batches_per_domain=t.eval_batches, dataset=dataset, rows=eval_rows, windows=t.get("eval_windows", "first"),
     )
     warn_small_heldout(dataset)
     return TrainData(train_iter, eval_batches, dataset.domains, dataset.tokenizer, schedule, dataset)

@@ -3,8 +3,11 @@ or in a model directory, with its special tokens read from the files beside it.
 
 Special tokens are named by their text. Each comes from, in order: the caller's override (``prepare
 --bos-token/--eos-token/--pad-token``), ``tokenizer_config.json``, ``special_tokens_map.json``.
-EOS is required (moejax ends every document with it); PAD defaults to EOS; BOS is optional (moejax
-adds no special tokens when encoding). No moejax-specific token is needed.
+EOS is required (moejax ends every document with it); PAD defaults to the tokenizer's own padding
+token when its special tokens hold exactly one (``<pad>``, ``<|pad|>``, ``[PAD]``, ``<|padding|>``),
+else to EOS; BOS is optional (moejax adds no special tokens when encoding). The unknown token is
+the model's own (``unk_token``/``unk_id`` in ``tokenizer.json``), written to the exported
+``tokenizer_config.json`` so transformers knows it. No moejax-specific token is needed.
 
 The id is ``hf-<vocab>-<sha>``: ``<sha>`` is the first 12 hex digits of the sha256 of the
 tokenizer's canonical serialisation (``tokenizers``' ``to_str()``), so the same tokenizer saved
@@ -89,6 +92,7 @@ class HFTokenizer:
         self.bos_id = None if bos is None else self._special_id("bos", bos)
         self.eos_id = self._special_id("eos", eos)
         self.pad_id = self._special_id("pad", self.pad_token)
+        self.unk_token = model_unk_token(self.json_text)  # the model's own: not a choice, so not in special_tokens
 
     def _special_id(self, role: str, token: str) -> int:
         token_id = self._tokenizer.token_to_id(token)
@@ -129,6 +133,8 @@ class HFTokenizer:
         """The ``tokenizer_config.json`` that makes ``transformers.AutoTokenizer`` read this tokenizer."""
         config: dict[str, Any] = {"tokenizer_class": FAST_CLASS, "add_bos_token": False, "add_eos_token": False}
         config.update({f"{role}_token": token for role, token in self.special_tokens.items() if token is not None})
+        if self.unk_token is not None:
+            config["unk_token"] = self.unk_token
         return config
 
     def save_files(self, directory: str | os.PathLike[str]) -> list[Path]:
@@ -193,6 +199,30 @@ def obvious_eos(tokenizer: tokenizers.Tokenizer) -> tuple[str, str] | None:
     return None
 
 
+# Texts of a padding token in widely used tokenizers (T5/sentencepiece, moejax's BPE, BERT, Pythia).
+PAD_TOKENS: Final = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
+
+
+def obvious_pad(tokenizer: tokenizers.Tokenizer) -> str | None:
+    """The tokenizer's padding token when its special tokens hold exactly one of ``PAD_TOKENS``
+    (a tokenizer with ``<pad>`` pads with it, not with EOS); else None (PAD is then EOS)."""
+    known = [token for token in special_tokens(tokenizer) if token in PAD_TOKENS]
+    return known[0] if len(known) == 1 else None
+
+
+def model_unk_token(json_text: str) -> str | None:
+    """The unknown token of a tokenizer's model, from its ``tokenizer.json``: BPE's and WordPiece's
+    ``unk_token``, Unigram's ``vocab[unk_id]``; None for a model without one (a byte-level BPE
+    needs none: every byte is a token)."""
+    model = json.loads(json_text).get("model") or {}
+    if isinstance(model.get("unk_token"), str):
+        return model["unk_token"]
+    unk_id, vocab = model.get("unk_id"), model.get("vocab")
+    if isinstance(unk_id, int) and isinstance(vocab, list) and 0 <= unk_id < len(vocab):
+        return str(vocab[unk_id][0])
+    return None
+
+
 def load_hf_tokenizer(path: str | os.PathLike[str], overrides: Mapping[str, str | None] | None = None) -> HFTokenizer:
     """The tokenizer of ``path``: a ``tokenizer.json``, or a directory holding one.
 
@@ -219,6 +249,10 @@ def load_hf_tokenizer(path: str | os.PathLike[str], overrides: Mapping[str, str 
         chosen["eos"], why = obvious
         log.info(f"tokenizer {file}: EOS token {chosen['eos']!r} ({why}; no file names one). --eos-token TOKEN "
                  "chooses another.")
+    if chosen.get("pad") is None and (pad := obvious_pad(tokenizer)):
+        chosen["pad"] = pad
+        log.info(f"tokenizer {file}: PAD token {pad!r} (its only special token of {', '.join(PAD_TOKENS)}; no file "
+                 "names one). --pad-token TOKEN chooses another.")
     if chosen.get("eos") is None:
         raise DataError(
             f"tokenizer {file}: no EOS token is named (moejax ends every document with it), neither in "

@@ -278,6 +278,10 @@ def make_train_iterator(
                            unique_tokens=unique_tokens)
 
 
+EVAL_WINDOWS = ("sampled", "first")  # train.eval_windows
+EVAL_WINDOW_SEED = 0  # sampled evaluation windows: the same for every run and seed (a fixed seed and the domain's name)
+
+
 def make_eval_batches(
     domains: Iterable[str],
     *,
@@ -287,9 +291,13 @@ def make_eval_batches(
     dataset: TokenDataset | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     rows: Sequence[int] | None = None,
+    windows: str = "sampled",
 ) -> dict[str, list[Example]]:
-    """Fixed held-out batches per domain: consecutive windows of the heldout split, unshuffled.
+    """Fixed held-out batches per domain, the same for every run, seed and process count.
 
+    ``windows`` (``train.eval_windows``): ``"sampled"``, windows drawn without replacement across
+    the domain's whole held-out split (:func:`eval_window_indices`), so a few batches estimate the
+    loss of all of it; ``"first"``, its first consecutive windows (the behaviour before the key).
     A domain gets ``batches_per_domain`` batches, or fewer if its held-out split is smaller (at
     least one; if it holds fewer than ``batch_size`` windows, the batch is filled up with padding
     examples whose loss mask is zero, so batch shapes never change). With ``rows`` (increasing
@@ -298,6 +306,8 @@ def make_eval_batches(
     domains = list(domains)
     if not domains:
         raise DataError("domains must name at least one domain")
+    if windows not in EVAL_WINDOWS:
+        raise DataError(f"train.eval_windows {windows!r}; allowed: {' | '.join(EVAL_WINDOWS)}")
     info = dataset.info if dataset is not None else describe_dataset("")
     for domain in domains:
         info.check_domain(domain, "the evaluation")
@@ -313,17 +323,31 @@ def make_eval_batches(
             dataset, domain, "heldout", seq_len,
             fix="use a shorter train.seq_len or prepare it with a larger --heldout-fraction.",
         )
-        batches[domain] = fixed_batches(packer, batch_size, batches_per_domain, rows, pad_id)
+        batches[domain] = fixed_batches(packer, batch_size, batches_per_domain, rows, pad_id, windows, domain)
     return batches
 
 
-def fixed_batches(packer: ShardedPacker, batch_size: int, batches: int, rows: np.ndarray, pad_id: int) -> list[Example]:
-    """``batches`` batches (fewer if the windows run out, at least one, padded) of consecutive
-    windows of ``packer``, rows ``rows`` of each: what :func:`make_eval_batches` gives a domain."""
+def eval_window_indices(num_windows: int, count: int, domain: str, windows: str = "sampled") -> np.ndarray:
+    """The ``count`` held-out windows (of ``num_windows``) an evaluation reads, in increasing order:
+    the first ``count`` (``"first"``), or ``count`` drawn without replacement from all of them by a
+    generator seeded with ``EVAL_WINDOW_SEED`` and the domain's name (``"sampled"``; all of them when
+    ``count >= num_windows``)."""
+    if windows == "first" or count >= num_windows:
+        return np.arange(min(count, num_windows))
+    rng = np.random.default_rng(shuffle_seed(EVAL_WINDOW_SEED, domain))
+    return np.sort(rng.choice(num_windows, size=count, replace=False))
+
+
+def fixed_batches(packer: ShardedPacker, batch_size: int, batches: int, rows: np.ndarray, pad_id: int,
+                  windows: str = "first", name: str = "") -> list[Example]:
+    """``batches`` batches (fewer if the windows run out, at least one, padded) of the held-out
+    windows :func:`eval_window_indices` picks from ``packer`` (the domain ``name``'s), rows ``rows``
+    of each: what :func:`make_eval_batches` gives a domain."""
     num_batches = min(batches, max(1, packer.num_windows // batch_size))
+    picked = eval_window_indices(packer.num_windows, num_batches * batch_size, name, windows)
     return [
         stack_examples([
-            packer(i) if i < packer.num_windows else padding_example(packer.seq_len, packer.domain, pad_id)
+            packer(int(picked[i])) if i < len(picked) else padding_example(packer.seq_len, packer.domain, pad_id)
             for i in (b * batch_size + rows).tolist()
         ])
         for b in range(num_batches)

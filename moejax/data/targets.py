@@ -141,13 +141,15 @@ def _write(directory: Path, seed: int) -> None:
 
 
 def target_eval_batches(*, seq_len: int, batch_size: int, batches_per_set: int, first_domain_id: int,
-                        cache_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> dict[str, list]:
-    """Fixed evaluation batches of every target set (like ``pipeline.make_eval_batches``; batch
-    ``domain`` ids from ``first_domain_id`` on, after the dataset's own domains)."""
+                        cache_dir: str | os.PathLike[str] | None = None, seed: int = 0,
+                        windows: str = "first") -> dict[str, list]:
+    """Fixed evaluation batches of every target set (like ``pipeline.make_eval_batches``, with the
+    same ``windows``; batch ``domain`` ids from ``first_domain_id`` on, after the dataset's own domains)."""
     from moejax.data.packing import ShardedPacker
     from moejax.data.pipeline import fixed_batches
 
     rows = np.arange(batch_size)
     pad_id = get_tokenizer("byte").pad_id
-    return {name: fixed_batches(ShardedPacker((stream,), seq_len, first_domain_id + k), batch_size, batches_per_set, rows, pad_id)
+    return {name: fixed_batches(ShardedPacker((stream,), seq_len, first_domain_id + k), batch_size, batches_per_set, rows,
+                                pad_id, windows, name)
             for k, (name, stream) in enumerate(load_target_sets(seed, cache_dir).items())}

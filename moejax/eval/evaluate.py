@@ -88,12 +88,14 @@ class Evaluator:
         self.eval_batches = make_eval_batches(
             erun.dataset.domains, seq_len=cfg.train.seq_len, batch_size=cfg.train.global_batch_size,
             batches_per_domain=settings.loss_batches, dataset=erun.dataset,
+            windows=cfg.train.get("eval_windows", "first"),
         )
         # The built-in corpus's held-out target sets (moejax.data.targets): scored apart from the
         # domains (losses.targets), so loss_mean stays the training log's eval_loss.
         self.target_batches = {} if cfg.data.path else target_eval_batches(
             seq_len=cfg.train.seq_len, batch_size=cfg.train.global_batch_size, batches_per_set=settings.loss_batches,
             first_domain_id=len(erun.dataset.domains), cache_dir=cfg.data.cache_dir or None,
+            windows=cfg.train.get("eval_windows", "first"),
         )
         self.scorer = erun.scorer(balancer)
         self.generator = (erun.generator(settings.max_len, balancer)
@@ -113,6 +115,7 @@ class Evaluator:
             )
             loss_summary["targets"] = targets["domains"]
             loss_tokens += target_tokens
+        loss_summary["eval_windows"] = self.erun.cfg.train.get("eval_windows", "first")
         loss_seconds = time.perf_counter() - start
         benchmarks, phases = {}, {"multiple_choice": [0, 0.0], "exact_match": [0, 0.0]}
         for task in self.tasks:

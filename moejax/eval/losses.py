@@ -34,6 +34,21 @@ def target_bytes(tokenizer: Tokenizer, targets_bt: np.ndarray, mask_bt: np.ndarr
     return sum(len(tokenizer.decode(row[m > 0]).encode("utf-8")) for row, m in zip(targets_bt, mask_bt))
 
 
+def loss_standard_error(rows_w2: np.ndarray) -> float | None:
+    """The standard error of the loss ``sum(nats) / sum(tokens)`` over the evaluated windows
+    (``rows_w2``: nats and scored tokens per window; padding rows, with no tokens, left out): the
+    ratio estimator's ``sqrt(sum((n_i - L t_i)^2) / (k (k - 1))) / mean(t)`` over k windows, as if
+    the windows were drawn at random from the held-out split (``train.eval_windows=sampled``; with
+    ``first`` the windows are consecutive and it understates the error). None below 2 windows."""
+    rows_w2 = rows_w2[rows_w2[:, 1] > 0]
+    k = len(rows_w2)
+    if k < 2:
+        return None
+    nats, tokens = rows_w2[:, 0], rows_w2[:, 1]
+    loss = nats.sum() / tokens.sum()
+    return float(math.sqrt(np.sum((nats - loss * tokens) ** 2) / (k * (k - 1))) / tokens.mean())
+
+
 def heldout_losses(
     scorer: Scorer, ckpt: Checkpoint, eval_batches: dict[str, list[Example]], tokenizer: Tokenizer,
     *, progress: bool = True,
@@ -42,16 +57,19 @@ def heldout_losses(
     domains, routing, tokens_run = {}, None, 0
     batches = [(d, b) for d, domain_batches in eval_batches.items() for b in domain_batches]
     totals = {d: np.zeros(3) for d in eval_batches}  # nats, scored tokens, bytes
+    per_row: dict[str, list[np.ndarray]] = {d: [] for d in eval_batches}  # (nats, tokens) of each window
     for domain, batch in tqdm.tqdm(batches, desc="held-out loss", unit="batch", disable=not progress, leave=False):
         out = scorer(ckpt.params, ckpt.balance, batch, routing=True)
         routing = add_sums(routing, out["routing"])
         nbytes = target_bytes(tokenizer, batch["targets"], batch["loss_mask"])
         totals[domain] += (-float(out["logprob_b"].sum()), float(out["tokens_b"].sum()), nbytes)
+        per_row[domain].append(np.stack([-np.asarray(out["logprob_b"], np.float64), np.asarray(out["tokens_b"], np.float64)], 1))
         tokens_run += int(np.sum(batch["segment_ids"] > 0))
     for domain, (nats, count, nbytes) in totals.items():
         loss = nats / max(count, 1.0)
         domains[domain] = {
-            "loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            "loss": loss, "loss_se": loss_standard_error(np.concatenate(per_row[domain])),
+            "perplexity": math.exp(min(loss, 700.0)),
             "bits_per_byte": nats / math.log(2) / max(nbytes, 1.0), "tokens": int(count), "bytes": int(nbytes),
         }
     summary = {

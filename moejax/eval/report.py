@@ -19,10 +19,11 @@ def format_result(result: dict[str, Any]) -> str:
     out = [f"step {result['step']}  ({result['workdir']}, tokenizer {result['tokenizer']})", ""]
     domains = result["losses"]["domains"]
     out += _rows(
-        ["held-out", "loss", "ppl", "bits/byte", "tokens"],
-        [[d, f"{v['loss']:.4f}", f"{v['perplexity']:.3f}", f"{v['bits_per_byte']:.4f}", str(v["tokens"])]
+        ["held-out", "loss", "+- se", "ppl", "bits/byte", "tokens"],
+        [[d, f"{v['loss']:.4f}", "n/a" if v.get("loss_se") is None else f"{v['loss_se']:.4f}", f"{v['perplexity']:.3f}",
+          f"{v['bits_per_byte']:.4f}", str(v["tokens"])]
          for d, v in domains.items()]
-        + [["mean", f"{result['losses']['loss_mean']:.4f}", "", f"{result['losses']['bits_per_byte_mean']:.4f}", ""]],
+        + [["mean", f"{result['losses']['loss_mean']:.4f}", "", "", f"{result['losses']['bits_per_byte_mean']:.4f}", ""]],
     )
     if result["benchmarks"]:
         out.append("")

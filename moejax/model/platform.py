@@ -9,9 +9,10 @@ CPU-only machine traces the step a GPU or TPU would run, to lower it for that pl
 (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``; experiments/tools/lower_check.py)
 and check that every op has a lowering there.
 
-Trace a fresh ``jax.jit`` object inside the block: a jitted function traced before for another
-platform with the same input shapes may be served from JAX's trace cache, which does not know this
-setting.
+JAX's trace caches do not know this setting (a function traced for one platform would be served
+again, for the same input shapes, to a trace for another), so entering and leaving the block
+clears them (``jax.clear_caches()``; compiled programs are recompiled on their next call, from the
+persistent compilation cache where one is set).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def lowering_for(platform: str) -> Iterator[None]:
     ``"cuda"``, ``"rocm"``, ``"gpu"`` or ``"tpu"``)."""
     if platform not in FAMILIES:
         raise ValueError(f"platform must be one of {sorted(FAMILIES)}, got {platform!r}")
+    jax.clear_caches()
     token = _TARGET.set(FAMILIES[platform])
     try:
         yield
     finally:
         _TARGET.reset(token)
+        jax.clear_caches()
