@@ -27,6 +27,7 @@ def test_summary_marks_an_option_whose_losses_move_beyond_the_tolerance():
     assert eigen["ratio_to_default"] == 2.0 and not eigen["out"] and eigen["kernels"]["ynn"] == 0
     assert wide["ratio_to_default"] == 0.5 and wide["out"]
     assert wide["max_rel_diff_vs_default"] == pytest.approx(0.01 / 2.0)
+    assert wide["max_abs_diff_vs_default"] == pytest.approx(0.01)
 
 
 def test_kernel_counts_read_the_optimized_hlo():

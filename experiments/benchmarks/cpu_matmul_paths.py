@@ -189,12 +189,14 @@ def summarize(reports: dict[str, dict], secs: dict[str, dict[str, list[float]]],
             samples = secs[option][name]
             med = statistics.median(samples)
             base = statistics.median(secs["default"][name])
-            diff = _rel_diff(report["checks"][name], reports["default"]["checks"][name])
+            got, ref = report["checks"][name], reports["default"]["checks"][name]
+            diff = _rel_diff(got, ref)
             rows.append({
                 "option": option, "xla_flags": OPTIONS[option], "workload": name,
                 "rate": report["work"][name] / med, "unit": "GFLOP/s" if name == "gmm" else "tokens/s",
                 "median_s": med, "spread": (max(samples) - min(samples)) / med, "samples_s": samples,
                 "ratio_to_default": base / med, "max_rel_diff_vs_default": diff, "out": diff > tolerance,
+                "max_abs_diff_vs_default": max(abs(x - y) for x, y in zip(got, ref)),
                 "kernels": report["kernels"][name],
             })
     return rows
