@@ -12,7 +12,7 @@ numbers checked), then waits; the parent asks each child in turn for one timed r
 (``--steps-per-round`` calls of each workload), the order of the options rotated every round, so a
 load from other processes hits every option alike. Reported per option and workload: tokens/s
 (grouped matmul: GFLOP/s of its 2 m d f flops), the median over rounds and the spread
-((max - min) / median), the ratio to ``default``, the largest relative difference of the losses
+((max - min) / median), the ratio to ``default``, the largest relative and absolute difference of the losses
 (grouped matmul: of the output) from ``default``'s, and which kernels the compiled step uses
 (the counts of ``ynn_fusion`` / ``xnn_fusion`` / ``onednn_fusion`` / plain ``dot`` ops in its
 optimized HLO: an option that leaves them as ``default`` has them is a no-op here). An option
