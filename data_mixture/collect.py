@@ -321,110 +321,156 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
     rows: list[dict[str, Any]] = []
     unevaluated: list[tuple[str, int]] = []
     skipped: list[str] = []
-    mix_domains: list[str] = []
-    loss_domains: list[str] = []
-    tasks: list[str] = []
-    logprob_tasks: list[str] = []
-    pooled: list[str] = []
+    seen = _Seen()
     names = _run_names(dirs)
     base_of = _bases(dirs, names, cfgs, bases)
     for name, wd, cfg in zip(names, dirs, cfgs):
-        evals: dict[int, Any] = dict(eval_steps(wd))
-        for step in [s for s in evals if s > 0 and not on_schedule(cfg, s)]:
-            del evals[step]
-            skipped.append(f"{wd}: step {step} (a checkpoint saved when the run was stopped, off its schedule of every "
-                           f"{cfg.checkpoint.every_steps} steps and step {cfg.train.steps}: an interrupted run gives the "
-                           "rows an uninterrupted one gives)")
-        missing = [s for s in checkpoint_steps(wd) if s > 0 and s not in evals and on_schedule(cfg, s)]
-        if losses_from_log and missing:
-            logged = _log_losses(wd)
-            for s in missing:
-                if s in logged:
-                    evals[s] = logged[s]
-        unevaluated += [(str(wd), s) for s in missing if s not in evals]
+        evals = _evaluations(wd, cfg, losses_from_log, skipped, unevaluated)
         if not evals:
             continue
-        counts = param_counts(cfg.model)
-        tokens_per_step = int(cfg.train.global_batch_size) * int(cfg.train.seq_len)
-        pools = run_pools(cfg, wd)
-        logged_epochs = _log_epochs(wd) if pools else {}
+        run = _RunFacts(name=name, workdir=wd, cfg=cfg, counts=param_counts(cfg.model), pools=run_pools(cfg, wd),
+                        base=base_of.get(name, ("", "")))
+        logged_epochs = _log_epochs(wd) if run.pools else {}
         for step in sorted(evals):
             if step == 0:
                 skipped.append(f"{wd}: eval/step_0.json (no training tokens yet)")
                 continue
-            if isinstance(evals[step], dict):  # from the training log
-                result = {"losses": {"domains": {d: {"loss": v} for d, v in evals[step].items()}}, "benchmarks": {}}
-                source = "train_log"
-            else:
-                result = _read_json(evals[step])
-                source = "eval"
-            try:
-                domain_losses = result["losses"]["domains"]
-            except (KeyError, TypeError):
-                raise CollectError(f"{evals[step]} has no losses.domains; is it a moejax.eval step_N.json?") from None
-            dataset_domains = list(domain_losses)
-            stages = _schedule(cfg, dataset_domains, wd)
-            mix = stage_average(stages, step)
-            row: dict[str, Any] = {
-                "run": name,
-                "params_total": float(counts["total"]),
-                "params_active": float(counts["active"]),
-                "tokens": float(step * tokens_per_step),
-                "flops": 6.0 * counts["active"] * step * tokens_per_step,
-            }
-            trained = [d for d in validation_only if mix.get(d, 0.0) > 0]
-            if trained:
-                raise CollectError(f"{wd}: --validation-only {', '.join(trained)}, but the run trains on it (weight "
-                                   f"{mix[trained[0]]:.4g}); a validation-only domain must have weight 0 in every run.")
-            for d in dataset_domains:
-                if d not in mix_domains and d not in validation_only:
-                    mix_domains.append(d)
-                if d not in loss_domains:
-                    loss_domains.append(d)
-                if d not in validation_only:
-                    row["mix:" + d] = mix.get(d, 0.0)
-                row["loss:" + d] = float(domain_losses[d]["loss"])
-                _standard_error(row, d, domain_losses[d])
-            for d, v in ((result.get("losses") or {}).get("targets") or {}).items():  # target sets: loss only
-                if d not in loss_domains:
-                    loss_domains.append(d)
-                row["loss:" + d] = float(v["loss"])
-                _standard_error(row, d, v)
-            for d, u in pools.items():
-                if d not in pooled:
-                    pooled.append(d)
-                row["unique:" + d] = float(u)
-                row["epochs:" + d] = logged_epochs.get(step, {}).get(d, mix.get(d, 0.0) * row["tokens"] / u)
-            for task, res in (result.get("benchmarks") or {}).items():
-                if task not in tasks:
-                    tasks.append(task)
-                if bench_metric == "gold_logprob":
-                    value = res.get("gold_logprob")
-                else:
-                    value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
-                row["bench:" + task] = "" if value is None else float(value)
-                if res.get("gold_logprob") is not None:
-                    if task not in logprob_tasks:
-                        logprob_tasks.append(task)
-                    row["logprob:" + task] = float(res["gold_logprob"])
-            row["seed"] = int(cfg.train.seed)
-            row["base"], row["base_tokens"] = base_of.get(name, ("", ""))
-            row["step"] = step
-            row["loss_source"] = source
-            row["workdir"] = str(wd)
-            row["started_at"] = _started_at(wd)
-            rows.append(row)
-    unknown = [d for d in validation_only if d not in loss_domains]
+            rows.append(_checkpoint_row(run, step, evals[step], logged_epochs.get(step, {}), seen,
+                                        validation_only=validation_only, bench_metric=bench_metric))
+    unknown = [d for d in validation_only if d not in seen.loss]
     if unknown:
         raise CollectError(f"--validation-only names {', '.join(unknown)}, which no collected run was evaluated on; "
-                           f"their validation domains: {', '.join(loss_domains) or 'none'}.")
+                           f"their validation domains: {', '.join(seen.loss) or 'none'}.")
     _check_base_rows(rows, base_of, dirs, names)
-    protocol = (["seed"] if base_of or len({r["seed"] for r in rows}) > 1 else []) + (["base", "base_tokens"] if base_of else [])
+    return Collected(columns=_columns(rows, seen, bool(base_of)), unevaluated=unevaluated, skipped=skipped)
+
+
+@dataclasses.dataclass
+class _Seen:
+    """The table's column names per kind, in the order the rows first name them."""
+
+    mix: list[str] = dataclasses.field(default_factory=list)
+    loss: list[str] = dataclasses.field(default_factory=list)
+    bench: list[str] = dataclasses.field(default_factory=list)
+    logprob: list[str] = dataclasses.field(default_factory=list)
+    pooled: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, kind: str, name: str) -> None:
+        names = getattr(self, kind)
+        if name not in names:
+            names.append(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunFacts:
+    """What every row of one run shares."""
+
+    name: str
+    workdir: Path
+    cfg: Any
+    counts: Mapping[str, Any]  # param_counts of the model: total, active
+    pools: Mapping[str, int]  # {domain: unique tokens} of its data-constrained domains
+    base: tuple[Any, Any]  # (base run, base tokens), or ("", "") for a run from scratch
+
+
+def _evaluations(wd: Path, cfg, losses_from_log: bool, skipped: list[str],
+                 unevaluated: list[tuple[str, int]]) -> dict[int, Any]:
+    """step -> its eval/step_N.json path (or, with ``losses_from_log``, {domain: loss} the training
+    log recorded) for the run's checkpoints on its schedule; notes the others in ``skipped`` and the
+    checkpoints without an evaluation in ``unevaluated``."""
+    evals: dict[int, Any] = dict(eval_steps(wd))
+    for step in [s for s in evals if s > 0 and not on_schedule(cfg, s)]:
+        del evals[step]
+        skipped.append(f"{wd}: step {step} (a checkpoint saved when the run was stopped, off its schedule of every "
+                       f"{cfg.checkpoint.every_steps} steps and step {cfg.train.steps}: an interrupted run gives the "
+                       "rows an uninterrupted one gives)")
+    missing = [s for s in checkpoint_steps(wd) if s > 0 and s not in evals and on_schedule(cfg, s)]
+    if losses_from_log and missing:
+        logged = _log_losses(wd)
+        for s in missing:
+            if s in logged:
+                evals[s] = logged[s]
+    unevaluated += [(str(wd), s) for s in missing if s not in evals]
+    return evals
+
+
+def _checkpoint_row(run: _RunFacts, step: int, evaluation: Any, logged_epochs: Mapping[str, float], seen: _Seen, *,
+                    validation_only: Sequence[str], bench_metric: str) -> dict[str, Any]:
+    """One row of the table: a checkpoint of ``run`` at ``step`` and its evaluation (a step_N.json
+    path, or the losses the training log recorded)."""
+    wd, cfg = run.workdir, run.cfg
+    if isinstance(evaluation, dict):  # from the training log
+        result = {"losses": {"domains": {d: {"loss": v} for d, v in evaluation.items()}}, "benchmarks": {}}
+        source = "train_log"
+    else:
+        result = _read_json(evaluation)
+        source = "eval"
+    try:
+        domain_losses = result["losses"]["domains"]
+    except (KeyError, TypeError):
+        raise CollectError(f"{evaluation} has no losses.domains; is it a moejax.eval step_N.json?") from None
+    dataset_domains = list(domain_losses)
+    mix = stage_average(_schedule(cfg, dataset_domains, wd), step)
+    tokens_per_step = int(cfg.train.global_batch_size) * int(cfg.train.seq_len)
+    row: dict[str, Any] = {
+        "run": run.name,
+        "params_total": float(run.counts["total"]),
+        "params_active": float(run.counts["active"]),
+        "tokens": float(step * tokens_per_step),
+        "flops": 6.0 * run.counts["active"] * step * tokens_per_step,
+    }
+    trained = [d for d in validation_only if mix.get(d, 0.0) > 0]
+    if trained:
+        raise CollectError(f"{wd}: --validation-only {', '.join(trained)}, but the run trains on it (weight "
+                           f"{mix[trained[0]]:.4g}); a validation-only domain must have weight 0 in every run.")
+    for d in dataset_domains:
+        if d not in validation_only:
+            seen.add("mix", d)
+            row["mix:" + d] = mix.get(d, 0.0)
+        seen.add("loss", d)
+        row["loss:" + d] = float(domain_losses[d]["loss"])
+        _standard_error(row, d, domain_losses[d])
+    for d, v in ((result.get("losses") or {}).get("targets") or {}).items():  # target sets: loss only
+        seen.add("loss", d)
+        row["loss:" + d] = float(v["loss"])
+        _standard_error(row, d, v)
+    for d, u in run.pools.items():
+        seen.add("pooled", d)
+        row["unique:" + d] = float(u)
+        row["epochs:" + d] = logged_epochs.get(d, mix.get(d, 0.0) * row["tokens"] / u)
+    _add_benchmarks(row, result.get("benchmarks") or {}, seen, bench_metric)
+    row["seed"] = int(cfg.train.seed)
+    row["base"], row["base_tokens"] = run.base
+    row["step"] = step
+    row["loss_source"] = source
+    row["workdir"] = str(wd)
+    row["started_at"] = _started_at(wd)
+    return row
+
+
+def _add_benchmarks(row: dict[str, Any], benchmarks: Mapping[str, Any], seen: _Seen, bench_metric: str) -> None:
+    """The ``bench:`` score (``bench_metric``) and ``logprob:`` of every benchmark into ``row``."""
+    for task, res in benchmarks.items():
+        seen.add("bench", task)
+        if bench_metric == "gold_logprob":
+            value = res.get("gold_logprob")
+        else:
+            value = res.get("exact_match") if res.get("kind") == "exact_match" else res.get("accuracy")
+        row["bench:" + task] = "" if value is None else float(value)
+        if res.get("gold_logprob") is not None:
+            seen.add("logprob", task)
+            row["logprob:" + task] = float(res["gold_logprob"])
+
+
+def _columns(rows: list[dict[str, Any]], seen: _Seen, mid_training: bool) -> dict[str, list[Any]]:
+    """The rows as columns in the table's order; every run has every loss column."""
+    protocol = (["seed"] if mid_training or len({r["seed"] for r in rows}) > 1 else []) + (
+        ["base", "base_tokens"] if mid_training else [])
     columns: dict[str, list[Any]] = {}
-    order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in mix_domains]
-             + ["loss:" + d for d in loss_domains] + ["bench:" + t for t in tasks]
-             + ["logprob:" + t for t in logprob_tasks] + [f"{k}:{d}" for d in pooled for k in ("unique", "epochs")]
-             + [LOSS_SE + d for d in loss_domains if any(LOSS_SE + d in r for r in rows)]
+    order = (["run", "params_total", "params_active", "tokens", "flops"] + ["mix:" + d for d in seen.mix]
+             + ["loss:" + d for d in seen.loss] + ["bench:" + t for t in seen.bench]
+             + ["logprob:" + t for t in seen.logprob] + [f"{k}:{d}" for d in seen.pooled for k in ("unique", "epochs")]
+             + [LOSS_SE + d for d in seen.loss if any(LOSS_SE + d in r for r in rows)]
              + protocol
              + ["step", "loss_source", "workdir", "started_at"])
     for col in order:
@@ -439,7 +485,7 @@ def collect(workdirs: Sequence[str | os.PathLike], *, evaluate: bool = False,
             f"run {run!r} has no {col!r} while other runs do: the workdirs were evaluated on different "
             "validation domains (different datasets). Collect them into separate tables."
         )
-    return Collected(columns=columns, unevaluated=unevaluated, skipped=skipped)
+    return columns
 
 
 LOSS_SE = "loss_se:"  # the evaluation's own standard error of loss:<domain> (moejax.eval's loss_se)

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from data_mixture.bench_law import MIN_SCORES, BenchFit, fit_bench, fit_bench_bootstrap
-from data_mixture.laws import LawFit, get_law
+from data_mixture.laws import Law, LawFit, get_law
 from data_mixture.laws.base import at_bounds_lines
 from data_mixture.laws.parametric import BOOT_STARTS, ParametricLaw
 from data_mixture.solver import resample_weights
@@ -320,55 +320,19 @@ def fit_table(
     t0 = time.perf_counter()
     the_law = get_law(law)
     target = resolve_target(target)
-    if target is not None:
-        table = target.apply(table)
-    if table.loss_rv is None or not table.loss_domains:
-        raise TableError("the table has no loss:* columns to fit (was it read with query=True?).")
-    n_base_rows = len(table) - len(table.law_rows())
-    table = table.law_rows()
-    table.size(size_column)
-    if bootstrap < 0 or starts < 1:
-        raise ValueError(f"bootstrap={bootstrap}, starts={starts}; allowed: bootstrap >= 0, starts >= 1.")
-    fixed = dict(fixed or {})
-    for d in table.loss_domains:
-        the_law.check(table, d, size_column, fixed=fixed)
-    chance = dict(chance or {})
-    unknown = [t for t in chance if t not in table.bench_tasks]
-    if unknown:
-        raise TableError(f"chance level given for task(s) {', '.join(unknown)} not in the table; its tasks: {', '.join(table.bench_tasks) or 'none'}.")
-    tasks, skipped = [], {}
-    for j, t in enumerate(table.bench_tasks):  # a table with tasks has their scores
-        n = int(np.isfinite(table.bench_rt[:, j]).sum()) if table.bench_rt is not None else 0
-        if n >= MIN_SCORES:
-            tasks.append(t)
-        else:
-            skipped[t] = f"{n} scores (needs {MIN_SCORES})"
-
+    table, n_base_rows, fixed_d, chance_d, tasks, skipped = _checked_inputs(table, the_law, target, size_column,
+                                                                            bootstrap, starts, fixed, chance)
     names, inverse = table.run_groups()
     weights_br = resample_weights(inverse, len(names), bootstrap, seed)
     bar = tqdm(total=len(table.loss_domains) * (1 + bootstrap) + len(tasks), desc=f"fit {law}", disable=not progress)
     t_point = time.perf_counter()
     bar.set_postfix_str("point fits")
-    point = the_law.fit_domains(table, list(table.loss_domains), size_column=size_column, seed=seed, starts=starts, fixed=fixed)
+    point = the_law.fit_domains(table, list(table.loss_domains), size_column=size_column, seed=seed, starts=starts, fixed=fixed_d)
     bar.update(len(table.loss_domains))
     t_boot = time.perf_counter()
-    boots: list[dict[str, LawFit]] = [dict() for _ in range(bootstrap)]
-    if bootstrap:
-        bar.set_postfix_str("bootstrap")
-        members = the_law.fit_bootstrap_domains(table, point, weights_br, size_column=size_column, seed=seed, starts=boot_starts, progress=_PerResample(bar, boot_starts) if isinstance(the_law, ParametricLaw) else bar)
-        for d in table.loss_domains:
-            for i, f in enumerate(members[d]):
-                boots[i][d] = f
+    boots = _fit_bootstrap(the_law, table, point, weights_br, bootstrap, size_column, seed, boot_starts, bar)
     t_bench = time.perf_counter()
-    bench: dict[str, BenchFit] = {}
-    bench_boot: list[dict[str, BenchFit]] = [dict() for _ in range(bootstrap)] if tasks else []
-    for t in tasks:
-        bar.set_postfix_str(f"bench:{t}")
-        bench[t] = fit_bench(table, t, chance=chance.get(t), seed=seed, starts=starts)
-        if bootstrap:
-            for i, b in enumerate(fit_bench_bootstrap(table, bench[t], weights_br, seed=seed)):
-                bench_boot[i][t] = b
-        bar.update(1)
+    bench, bench_boot = _fit_bench_laws(table, tasks, chance_d, weights_br, bootstrap, seed, starts, bar)
     bar.close()
     size = table.size(size_column)
     info: dict[str, Any] = {
@@ -385,7 +349,7 @@ def fit_table(
         "fit_seconds": time.perf_counter() - t0,
         "phase_seconds": {"point": t_boot - t_point, "bootstrap": t_bench - t_boot, "bench": time.perf_counter() - t_bench},
         "bench_skipped": skipped,
-        "chance": chance,
+        "chance": chance_d,
         "mixture_moves_with_scale": the_law.mixture_moves_with_scale,
         "fixed": {d: f.info["fixed"] for d, f in point.items() if f.info.get("fixed")},
         "fixed_reason": {d: f.info["fixed_reason"] for d, f in point.items() if f.info.get("fixed")},
@@ -394,3 +358,64 @@ def fit_table(
     if target is not None:
         info["target"] = target.to_json()
     return Fit(law, size_column, tuple(table.mix_domains), tuple(table.loss_domains), point, boots, bench, bench_boot, info)
+
+
+def _checked_inputs(table: RunsTable, the_law: Law, target: Target | None, size_column: str, bootstrap: int,
+                    starts: int, fixed: Mapping[str, float] | None, chance: Mapping[str, float] | None
+                    ) -> tuple[RunsTable, int, dict[str, float], dict[str, float], list[str], dict[str, str]]:
+    """Everything :func:`fit_table` checks before fitting: the table (its target applied, its
+    mid-training rows), the options, the fixed parameters and chance levels; the tasks with enough
+    scores for a benchmark law and why the others are skipped."""
+    if target is not None:
+        table = target.apply(table)
+    if table.loss_rv is None or not table.loss_domains:
+        raise TableError("the table has no loss:* columns to fit (was it read with query=True?).")
+    n_base_rows = len(table) - len(table.law_rows())
+    table = table.law_rows()
+    table.size(size_column)
+    if bootstrap < 0 or starts < 1:
+        raise ValueError(f"bootstrap={bootstrap}, starts={starts}; allowed: bootstrap >= 0, starts >= 1.")
+    fixed_ = dict(fixed or {})
+    for d in table.loss_domains:
+        the_law.check(table, d, size_column, fixed=fixed_)
+    chance_ = dict(chance or {})
+    unknown = [t for t in chance_ if t not in table.bench_tasks]
+    if unknown:
+        raise TableError(f"chance level given for task(s) {', '.join(unknown)} not in the table; its tasks: {', '.join(table.bench_tasks) or 'none'}.")
+    tasks: list[str] = []
+    skipped: dict[str, str] = {}
+    for j, t in enumerate(table.bench_tasks):  # a table with tasks has their scores
+        n = int(np.isfinite(table.bench_rt[:, j]).sum()) if table.bench_rt is not None else 0
+        if n >= MIN_SCORES:
+            tasks.append(t)
+        else:
+            skipped[t] = f"{n} scores (needs {MIN_SCORES})"
+    return table, n_base_rows, fixed_, chance_, tasks, skipped
+
+
+def _fit_bootstrap(the_law: Law, table: RunsTable, point: dict[str, LawFit], weights_br: np.ndarray, bootstrap: int,
+                   size_column: str, seed: int, boot_starts: int, bar) -> list[dict[str, LawFit]]:
+    """The law refitted on every bootstrap resample of runs, per validation domain."""
+    boots: list[dict[str, LawFit]] = [dict() for _ in range(bootstrap)]
+    if bootstrap:
+        bar.set_postfix_str("bootstrap")
+        members = the_law.fit_bootstrap_domains(table, point, weights_br, size_column=size_column, seed=seed, starts=boot_starts, progress=_PerResample(bar, boot_starts) if isinstance(the_law, ParametricLaw) else bar)
+        for d in table.loss_domains:
+            for i, f in enumerate(members[d]):
+                boots[i][d] = f
+    return boots
+
+
+def _fit_bench_laws(table: RunsTable, tasks: list[str], chance: dict[str, float], weights_br: np.ndarray,
+                    bootstrap: int, seed: int, starts: int, bar) -> tuple[dict[str, BenchFit], list[dict[str, BenchFit]]]:
+    """A loss-to-benchmark law per task (and per bootstrap resample)."""
+    bench: dict[str, BenchFit] = {}
+    bench_boot: list[dict[str, BenchFit]] = [dict() for _ in range(bootstrap)] if tasks else []
+    for t in tasks:
+        bar.set_postfix_str(f"bench:{t}")
+        bench[t] = fit_bench(table, t, chance=chance.get(t), seed=seed, starts=starts)
+        if bootstrap:
+            for i, b in enumerate(fit_bench_bootstrap(table, bench[t], weights_br, seed=seed)):
+                bench_boot[i][t] = b
+        bar.update(1)
+    return bench, bench_boot

@@ -365,21 +365,7 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     # the pools reach the predictions only of laws that read them (repetition-aware fits record theirs)
     pred_unique = unique_m if _recorded_pools(fit) is not None else None
     domains = tuple(fit.mix_domains)
-    if objective not in ("loss", "bench"):
-        raise OptimizeError(f"objective {objective!r}; allowed: loss | bench.")
-    if not (math.isfinite(size) and size > 0):
-        raise OptimizeError(f"target size is {size!r}; allowed: a number > 0 (in the fit's {fit.size_column}).")
-    if not 0 < interval < 1:
-        raise OptimizeError(f"--interval {interval}; allowed: a mass in (0, 1), e.g. 0.9.")
-    tasks = tuple(getattr(fit, "bench", {}) or {})
-    a_v = _weights_vector(fit.loss_domains, loss_weights, "--loss-weights", "validation domain(s)")
-    if objective == "bench":
-        if not tasks:
-            raise OptimizeError("objective 'bench' needs benchmark laws in the fit, and this fit has none (its runs "
-                                "table had no bench:<task> columns); use --objective loss.")
-        b_t = _weights_vector(tasks, task_weights, "--task-weights", "task(s)")
-    else:
-        b_t = None
+    tasks, a_v, b_t = _objective_weights(fit, objective, size, interval, loss_weights, task_weights)
     if unique_m is not None:
         constraints = dataclasses.replace(constraints, pools={**{d: float(u) for d, u in zip(domains, unique_m)
                                                                   if np.isfinite(u)}, **constraints.pools})
@@ -389,7 +375,7 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
     w_star, v_star, search = _minimise(f, lo, hi, candidates=CANDIDATES, starts=starts, rng=rng)
 
     n_members = len(getattr(fit, "bootstrap", []) or [])
-    members_w, at_star_loss, at_star_bench = [], [], []
+    members_w = []
     robust_report = None
     w_point = w_star
     if robust and bootstrap and n_members and objective == "loss":
@@ -404,41 +390,12 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
         v_star = float(f(w_star[None])[0])
         members_w = [np.array([o[d] for d in domains]) for o in robust_report["member_optima"]]
     elif bootstrap and n_members:
-        for b in range(n_members):
-            fb = _objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique)
-            wb, _, _ = _minimise(fb, lo, hi, candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)
-            members_w.append(wb)
-    size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
-    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, pred_unique)[0]
-    bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
-    for b in range(n_members):
-        lb = _losses(fit, size_1, tokens_1, w_star[None], b, pred_unique)[0]
-        at_star_loss.append(lb)
-        if tasks:
-            at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
+        members_w = [_minimise(_objective(fit, size, tokens, objective, a_v, b_t, b, pred_unique), lo, hi,
+                               candidates=BOOT_CANDIDATES, starts=BOOT_STARTS, rng=rng)[0] for b in range(n_members)]
     q = ((1 - interval) / 2, 1 - (1 - interval) / 2)
-
-    def summary(point, members):
-        out = {"pred": float(point)}
-        if len(members):
-            out["lo"], out["hi"] = (float(x) for x in np.quantile(members, q))
-        return out
-
-    predicted: dict[str, Any] = {}
-    for j, d in enumerate(fit.loss_domains):
-        predicted["loss:" + d] = summary(loss_point[j], np.array([m[j] for m in at_star_loss]))
-    if bench_point is not None:  # None without tasks
-        for j, t in enumerate(tasks):
-            predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
+    predicted = _predicted_at(fit, size, tokens, w_star, n_members, tasks, pred_unique, q)
     value = float(v_star) if objective == "loss" else float(-v_star)
-    boot: dict[str, Any] = {"members": len(members_w)}
-    if members_w:
-        wb = np.stack(members_w)
-        boot["weights"] = {d: {"mean": float(wb[:, j].mean()), "std": float(wb[:, j].std()),
-                               "lo": float(np.quantile(wb[:, j], q[0])), "hi": float(np.quantile(wb[:, j], q[1]))}
-                           for j, d in enumerate(domains)}
-        boot["optima"] = [dict(zip(domains, w.tolist())) for w in wb]
-        boot["interval"] = interval
+    boot = _bootstrap_summary(members_w, domains, q, interval)
     return {
         "weights": dict(zip(domains, w_star.tolist())),
         "law": fit.law,
@@ -455,6 +412,69 @@ def optimize_mixture(fit, *, size: float, tokens: float, objective: str = "loss"
         **({"point": dict(zip(domains, w_point.tolist())), "robust": robust_report} if robust_report else {}),
         "search": {**search, "seed": seed, "seconds": time.perf_counter() - t0},
     }
+
+
+def _objective_weights(fit, objective: str, size: float, interval: float, loss_weights: Mapping[str, float] | None,
+                       task_weights: Mapping[str, float] | None) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None]:
+    """The fit's benchmark tasks, the validation-domain weights and (objective 'bench') the task
+    weights, after checking the objective, the target size and the interval mass."""
+    if objective not in ("loss", "bench"):
+        raise OptimizeError(f"objective {objective!r}; allowed: loss | bench.")
+    if not (math.isfinite(size) and size > 0):
+        raise OptimizeError(f"target size is {size!r}; allowed: a number > 0 (in the fit's {fit.size_column}).")
+    if not 0 < interval < 1:
+        raise OptimizeError(f"--interval {interval}; allowed: a mass in (0, 1), e.g. 0.9.")
+    tasks = tuple(getattr(fit, "bench", {}) or {})
+    a_v = _weights_vector(fit.loss_domains, loss_weights, "--loss-weights", "validation domain(s)")
+    if objective != "bench":
+        return tasks, a_v, None
+    if not tasks:
+        raise OptimizeError("objective 'bench' needs benchmark laws in the fit, and this fit has none (its runs "
+                            "table had no bench:<task> columns); use --objective loss.")
+    return tasks, a_v, _weights_vector(tasks, task_weights, "--task-weights", "task(s)")
+
+
+def _predicted_at(fit, size: float, tokens: float, w_star: np.ndarray, n_members: int, tasks: tuple[str, ...],
+                  pred_unique: np.ndarray | None, q: tuple[float, float]) -> dict[str, Any]:
+    """What the law predicts at the optimal mixture: each validation loss (and benchmark score),
+    with the ``q`` quantiles over the bootstrap members' predictions at that same mixture."""
+    size_1, tokens_1 = np.array([float(size)]), np.array([float(tokens)])
+    loss_point = _losses(fit, size_1, tokens_1, w_star[None], None, pred_unique)[0]
+    bench_point = np.asarray(fit.predict_bench(loss_point[None]))[0] if tasks else None
+    at_star_loss, at_star_bench = [], []
+    for b in range(n_members):
+        lb = _losses(fit, size_1, tokens_1, w_star[None], b, pred_unique)[0]
+        at_star_loss.append(lb)
+        if tasks:
+            at_star_bench.append(np.asarray(fit.predict_bench(lb[None], member=b))[0])
+
+    def summary(point, members):
+        out = {"pred": float(point)}
+        if len(members):
+            out["lo"], out["hi"] = (float(x) for x in np.quantile(members, q))
+        return out
+
+    predicted: dict[str, Any] = {}
+    for j, d in enumerate(fit.loss_domains):
+        predicted["loss:" + d] = summary(loss_point[j], np.array([m[j] for m in at_star_loss]))
+    if bench_point is not None:  # None without tasks
+        for j, t in enumerate(tasks):
+            predicted["bench:" + t] = summary(bench_point[j], np.array([m[j] for m in at_star_bench]))
+    return predicted
+
+
+def _bootstrap_summary(members_w: list[np.ndarray], domains: tuple[str, ...], q: tuple[float, float],
+                       interval: float) -> dict[str, Any]:
+    """The bootstrap members' optimal weights: per domain mean, sd and ``q`` quantiles, and each optimum."""
+    boot: dict[str, Any] = {"members": len(members_w)}
+    if members_w:
+        wb = np.stack(members_w)
+        boot["weights"] = {d: {"mean": float(wb[:, j].mean()), "std": float(wb[:, j].std()),
+                               "lo": float(np.quantile(wb[:, j], q[0])), "hi": float(np.quantile(wb[:, j], q[1]))}
+                           for j, d in enumerate(domains)}
+        boot["optima"] = [dict(zip(domains, w.tolist())) for w in wb]
+        boot["interval"] = interval
+    return boot
 
 
 def default_baselines(fit, a_v: np.ndarray, target_json: Mapping | None, tokens: float,

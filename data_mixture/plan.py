@@ -696,10 +696,10 @@ def _protocol_record(spec: PlanSpec, proto: Protocol, best: Mapping[str, Any], r
     return out
 
 
-def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
-    """The plan JSON (see docs/mixture/commands.md, "Planning")."""
-    t0 = time.perf_counter()
-    _check_numbers(spec)
+def _prior(spec: PlanSpec):
+    """What the plan simulates from: the prior's loss function, size column, training and
+    validation domains, the validation-only domains, the law planned for, and a record of the
+    prior (a fit, or the default)."""
     if spec.prior:
         from data_mixture.fit import Fit
 
@@ -716,6 +716,14 @@ def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
         loss_domains, size_column = mix_domains, "params_active"
         truth, law = default_prior(mix_domains), spec.law or "camel"
         prior_desc = {"kind": "default", "formula": DEFAULT_PRIOR_FORMULA}
+    return truth, size_column, mix_domains, loss_domains, held_out, law, prior_desc
+
+
+def make_plan(spec: PlanSpec, *, progress: bool = False) -> dict[str, Any]:
+    """The plan JSON (see docs/mixture/commands.md, "Planning")."""
+    t0 = time.perf_counter()
+    _check_numbers(spec)
+    truth, size_column, mix_domains, loss_domains, held_out, law, prior_desc = _prior(spec)
     target = _plan_target(spec)
     if target is not None:
         if not spec.prior and target.domain in held_out:  # the default prior knows no held-out domain

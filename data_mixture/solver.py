@@ -587,23 +587,9 @@ class Fitter:
             u0 = _w_to_u(self.spec.clip(w0_qsp.reshape(q * s, p)), lo, hi)
             y_all = np.repeat(np.asarray(y_qr, np.float64), s, axis=0)
             wt_all = np.repeat(np.asarray(wts_qr, np.float64), s, axis=0)
-            if screen is not None and 0 < screen < iters and s > 1:
-                w_out, v_out, it_out = self.stage1(u0, y_all, wt_all, data_j, iters=screen, ftol=ftol, progress=None)
-                keep = max(1, polish, -(-s // 4))
-                w_out, v_out, it_out = w_out.reshape(q, s, p), v_out.reshape(q, s), it_out.reshape(q, s)
-                best_k = np.argsort(v_out, axis=1, kind="stable")[:, :keep]  # (q, keep)
-                flat = (np.arange(q)[:, None] * s + best_k).reshape(-1)
-                more = np.flatnonzero(it_out.reshape(-1)[flat] >= screen)  # converged starts are done
-                if len(more):
-                    sel = flat[more]
-                    u1 = _w_to_u(self.spec.clip(w_out.reshape(q * s, p)[sel]), lo, hi)
-                    w2, v2, it2 = self.stage1(u1, y_all[sel], wt_all[sel], data_j, iters=iters - screen, ftol=ftol, progress=None)
-                    w_out.reshape(q * s, p)[sel], v_out.reshape(-1)[sel] = w2, v2
-                    it_out.reshape(-1)[sel] += it2
-                if progress is not None:
-                    progress.update(q * s)
-            else:
-                w_out, v_out, it_out = self.stage1(u0, y_all, wt_all, data_j, iters=iters, ftol=ftol, progress=progress)
+            w_out, v_out, it_out = self._stage1_screened(u0, y_all, wt_all, data_j, (q, s, p), iters=iters, ftol=ftol,
+                                                         screen=screen, keep=max(1, polish, -(-s // 4)),
+                                                         progress=progress)
             t_stage1 = time.perf_counter() - t_start
             w_out = w_out.reshape(q, s, p)
             v_out = v_out.reshape(q, s)
@@ -612,47 +598,79 @@ class Fitter:
             best_v = np.empty(q)
             infos = []
             vg = self._value_and_grad()
-            bounds = list(zip(np.where(np.isfinite(lo), lo, None), np.where(np.isfinite(hi), hi, None)))
             for i in range(q):
-                order = np.argsort(v_out[i], kind="stable")
-                cand_w = [w_out[i, order[0]]]
-                cand_v = [v_out[i, order[0]]]
-                y_j, wt_j = jnp.asarray(y_qr[i], jnp.float64), jnp.asarray(wts_qr[i], jnp.float64)
-
-                def fun(w, y_j=y_j, wt_j=wt_j):
-                    v, g = vg(jnp.asarray(w), data_j, y_j, wt_j)
-                    return float(v), np.asarray(g, np.float64)
-
-                n_polish = 0
-                for k in order[: max(0, polish)]:
-                    if not np.isfinite(v_out[i, k]):
-                        continue
-                    start = np.clip(w_out[i, k], np.where(np.isfinite(lo), lo, -np.inf), np.where(np.isfinite(hi), hi, np.inf))
-                    r = scipy.optimize.minimize(
-                        fun, start, jac=True, method="L-BFGS-B", bounds=bounds,
-                        options={"maxiter": 300, "ftol": 1e-15, "gtol": 1e-10},
-                    )
-                    n_polish += int(r.nit)
-                    if np.isfinite(r.fun):
-                        cand_w.append(np.asarray(r.x))
-                        cand_v.append(float(r.fun))
-                j = int(np.argmin(cand_v))
-                best_w[i], best_v[i] = cand_w[j], cand_v[j]
-                tol = 1e-3 * (1.0 + abs(best_v[i]))
-                infos.append(
-                    {
-                        "objective": float(best_v[i]),
-                        "starts": int(s),
-                        "starts_near_best": int(np.sum(v_out[i] <= best_v[i] + tol)),
-                        "polished": j > 0,
-                        "polish_iterations": n_polish,
-                        "stage1_iterations": int(it_out[i].sum()),
-                    }
-                )
+                best_w[i], best_v[i], info = self._polish(vg, w_out[i], v_out[i], it_out[i], y_qr[i], wts_qr[i], data_j,
+                                                          polish)
+                infos.append(info)
             t_total = time.perf_counter() - t_start
             for inf in infos:
                 inf["stage1_seconds"], inf["polish_seconds"] = t_stage1 / q, (t_total - t_stage1) / q
         return best_w, best_v, infos
+
+    def _stage1_screened(self, u0, y_all, wt_all, data_j, shape: tuple[int, int, int], *, iters: int, ftol: float,
+                         screen: int | None, keep: int, progress: Any):
+        """Stage 1 of :meth:`solve` over the Q x S flattened starts: with ``screen``, every start
+        runs ``screen`` iterations and only the ``keep`` best of each problem (not yet converged)
+        run on to ``iters``; flat (Q*S, P) weights, values and iteration counts."""
+        q, s, p = shape
+        lo, hi = self.spec.lo, self.spec.hi
+        if not (screen is not None and 0 < screen < iters and s > 1):
+            return self.stage1(u0, y_all, wt_all, data_j, iters=iters, ftol=ftol, progress=progress)
+        w_out, v_out, it_out = self.stage1(u0, y_all, wt_all, data_j, iters=screen, ftol=ftol, progress=None)
+        w_out, v_out, it_out = w_out.reshape(q, s, p), v_out.reshape(q, s), it_out.reshape(q, s)
+        best_k = np.argsort(v_out, axis=1, kind="stable")[:, :keep]  # (q, keep)
+        flat = (np.arange(q)[:, None] * s + best_k).reshape(-1)
+        more = np.flatnonzero(it_out.reshape(-1)[flat] >= screen)  # converged starts are done
+        if len(more):
+            sel = flat[more]
+            u1 = _w_to_u(self.spec.clip(w_out.reshape(q * s, p)[sel]), lo, hi)
+            w2, v2, it2 = self.stage1(u1, y_all[sel], wt_all[sel], data_j, iters=iters - screen, ftol=ftol, progress=None)
+            w_out.reshape(q * s, p)[sel], v_out.reshape(-1)[sel] = w2, v2
+            it_out.reshape(-1)[sel] += it2
+        if progress is not None:
+            progress.update(q * s)
+        return w_out, v_out, it_out
+
+    def _polish(self, vg, w_sp: np.ndarray, v_s: np.ndarray, it_s: np.ndarray, y_r: np.ndarray, wts_r: np.ndarray,
+                data_j, polish: int) -> tuple[np.ndarray, float, dict]:
+        """Stage 2 of :meth:`solve` for one problem: scipy L-BFGS-B from its ``polish`` best stage-1
+        starts; the best vector, its objective and the problem's info record."""
+        lo, hi = self.spec.lo, self.spec.hi
+        bounds = list(zip(np.where(np.isfinite(lo), lo, None), np.where(np.isfinite(hi), hi, None)))
+        order = np.argsort(v_s, kind="stable")
+        cand_w = [w_sp[order[0]]]
+        cand_v = [v_s[order[0]]]
+        y_j, wt_j = jnp.asarray(y_r, jnp.float64), jnp.asarray(wts_r, jnp.float64)
+
+        def fun(w):
+            v, g = vg(jnp.asarray(w), data_j, y_j, wt_j)
+            return float(v), np.asarray(g, np.float64)
+
+        n_polish = 0
+        for k in order[: max(0, polish)]:
+            if not np.isfinite(v_s[k]):
+                continue
+            start = np.clip(w_sp[k], np.where(np.isfinite(lo), lo, -np.inf), np.where(np.isfinite(hi), hi, np.inf))
+            r = scipy.optimize.minimize(
+                fun, start, jac=True, method="L-BFGS-B", bounds=bounds,
+                options={"maxiter": 300, "ftol": 1e-15, "gtol": 1e-10},
+            )
+            n_polish += int(r.nit)
+            if np.isfinite(r.fun):
+                cand_w.append(np.asarray(r.x))
+                cand_v.append(float(r.fun))
+        j = int(np.argmin(cand_v))
+        best_w, best_v = cand_w[j], float(cand_v[j])
+        tol = 1e-3 * (1.0 + abs(best_v))
+        info = {
+            "objective": best_v,
+            "starts": int(len(v_s)),
+            "starts_near_best": int(np.sum(v_s <= best_v + tol)),
+            "polished": j > 0,
+            "polish_iterations": n_polish,
+            "stage1_iterations": int(it_s.sum()),
+        }
+        return best_w, best_v, info
 
 
 def resample_weights(run_index_r: np.ndarray, n_runs: int, resamples: int, seed: int) -> np.ndarray:

@@ -240,6 +240,50 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
     may have empty cells (NaN). All checks run here, before any fitting.
     """
     names = list(columns)
+    mix_cols, loss_cols, bench_cols, n_rows = _check_header(columns, query)
+    run = _run_names(columns["run"])
+    params_total, params_active, tokens = _sizes(columns, run)
+    mix_rm = _mixture(columns, mix_cols, run)
+
+    loss_rv = None
+    if loss_cols:
+        loss_rv = np.stack(
+            [_numeric(c, columns[c], run, empty="nan" if query else "error", positive=True) for c in loss_cols], axis=1
+        )
+    bench_rt = None
+    if bench_cols:
+        bench_rt = np.stack([_numeric(c, columns[c], run, empty="nan", positive=False) for c in bench_cols], axis=1)
+    flops = _numeric("flops", columns["flops"], run, empty="nan", positive=True) if "flops" in columns else None
+
+    _check_no_duplicate_checkpoints(run, tokens, n_rows)
+    _check_one_model_and_mixture_per_run(run, params_total, params_active, mix_rm, mix_cols, n_rows)
+    seed, base, base_tokens = _protocol_columns(columns, run, params_total, n_rows)
+
+    known = set(REQUIRED) | set(mix_cols) | set(loss_cols) | set(bench_cols) | {"flops"} | set(PROTOCOL)
+    extra = {n: np.array([_cell_text(v) for v in columns[n]], dtype=str) for n in names if n not in known}
+    return RunsTable(
+        run=run,
+        params_total=params_total,
+        params_active=params_active,
+        tokens=tokens,
+        mix_domains=tuple(c[len(MIX):] for c in mix_cols),
+        mix_rm=mix_rm,
+        loss_domains=tuple(c[len(LOSS):] for c in loss_cols),
+        loss_rv=loss_rv,
+        bench_tasks=tuple(c[len(BENCH):] for c in bench_cols),
+        bench_rt=bench_rt,
+        flops=flops,
+        extra=extra,
+        seed=seed,
+        base=base,
+        base_tokens=base_tokens,
+    )
+
+
+def _check_header(columns: Mapping[str, Sequence[Any]], query: bool) -> tuple[list[str], list[str], list[str], int]:
+    """The mix:, loss: and bench: column names and the number of rows, after checking that the
+    columns have one length, the required ones are there and every prefixed name has a domain."""
+    names = list(columns)
     lengths = {n: len(columns[n]) for n in names}
     if len(set(lengths.values())) > 1:
         raise TableError(f"columns have different lengths: {lengths}; every column needs one cell per row.")
@@ -266,13 +310,20 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
     n_rows = lengths[names[0]]
     if n_rows == 0:
         raise TableError("the table has no data rows.")
+    return mix_cols, loss_cols, bench_cols, n_rows
 
-    run = np.array([_cell_text(v) for v in columns["run"]], dtype=object)
+
+def _run_names(cells: Sequence[Any]) -> np.ndarray:
+    """The ``run`` column as strings; every row needs one."""
+    run = np.array([_cell_text(v) for v in cells], dtype=object)
     blank = np.flatnonzero(run == "")
     if blank.size:
         raise TableError(f"column 'run': empty run name in rows {', '.join(str(i + 1) for i in blank[:MAX_LISTED])}; every row needs a run name.")
-    run = run.astype(str)
+    return run.astype(str)
 
+
+def _sizes(columns: Mapping[str, Sequence[Any]], run: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``params_total``, ``params_active`` (at most the total) and ``tokens``: positive numbers."""
     params_total = _numeric("params_total", columns["params_total"], run, empty="error", positive=True)
     params_active = _numeric("params_active", columns["params_active"], run, empty="error", positive=True)
     tokens = _numeric("tokens", columns["tokens"], run, empty="error", positive=True)
@@ -282,7 +333,12 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
             f"params_active > params_total in {_rows(over, run, [f'{params_active[i]:g} > {params_total[i]:g}' for i in over])}; "
             "allowed: params_active <= params_total (equal for a dense model)."
         )
+    return params_total, params_active, tokens
 
+
+def _mixture(columns: Mapping[str, Sequence[Any]], mix_cols: list[str], run: np.ndarray) -> np.ndarray:
+    """The mix:* weights (rows x domains), each row non-negative and summing to 1 within
+    ``SIMPLEX_TOL``, renormalised to sum to 1 exactly."""
     mix_rm = np.stack([_numeric(c, columns[c], run, empty="error", positive=False) for c in mix_cols], axis=1)
     for j, c in enumerate(mix_cols):
         neg = np.flatnonzero(mix_rm[:, j] < 0)
@@ -295,19 +351,11 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
             f"mix:* weights do not sum to 1 in {_rows(off, run, [round(float(sums[i]), 6) for i in off])} "
             f"(columns {', '.join(mix_cols)}); allowed: sum within {SIMPLEX_TOL:g} of 1 (rows are then renormalised)."
         )
-    mix_rm = mix_rm / sums[:, None]
+    return mix_rm / sums[:, None]
 
-    loss_rv = None
-    if loss_cols:
-        loss_rv = np.stack(
-            [_numeric(c, columns[c], run, empty="nan" if query else "error", positive=True) for c in loss_cols], axis=1
-        )
-    bench_rt = None
-    if bench_cols:
-        bench_rt = np.stack([_numeric(c, columns[c], run, empty="nan", positive=False) for c in bench_cols], axis=1)
-    flops = _numeric("flops", columns["flops"], run, empty="nan", positive=True) if "flops" in columns else None
 
-    # Duplicate (run, tokens) rows: two checkpoints of one run at the same token count.
+def _check_no_duplicate_checkpoints(run: np.ndarray, tokens: np.ndarray, n_rows: int) -> None:
+    """Duplicate (run, tokens) rows: two checkpoints of one run at the same token count."""
     seen: dict[tuple[str, float], int] = {}
     dups: list[tuple[int, int]] = []
     for i in range(n_rows):
@@ -321,7 +369,10 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
         more = f" and {len(dups) - MAX_LISTED} more" if len(dups) > MAX_LISTED else ""
         raise TableError(f"duplicate (run, tokens) rows: {listed}{more}; allowed: one row per checkpoint of a run.")
 
-    # One run = one model and one mixture: its checkpoints must agree on sizes and weights.
+
+def _check_one_model_and_mixture_per_run(run: np.ndarray, params_total: np.ndarray, params_active: np.ndarray,
+                                         mix_rm: np.ndarray, mix_cols: list[str], n_rows: int) -> None:
+    """One run = one model and one mixture: its checkpoints must agree on sizes and weights."""
     first: dict[str, int] = {}
     for i in range(n_rows):
         j = first.setdefault(run[i], i)
@@ -339,28 +390,6 @@ def from_columns(columns: Mapping[str, Sequence[Any]], *, query: bool = False) -
                 f"{np.round(mix_rm[i], 4).tolist()} in row {i + 1} (columns {', '.join(mix_cols)}); allowed: one "
                 "mixture per run (for a staged schedule write its token-weighted average)."
             )
-
-    seed, base, base_tokens = _protocol_columns(columns, run, params_total, n_rows)
-
-    known = set(REQUIRED) | set(mix_cols) | set(loss_cols) | set(bench_cols) | {"flops"} | set(PROTOCOL)
-    extra = {n: np.array([_cell_text(v) for v in columns[n]], dtype=str) for n in names if n not in known}
-    return RunsTable(
-        run=run,
-        params_total=params_total,
-        params_active=params_active,
-        tokens=tokens,
-        mix_domains=tuple(c[len(MIX):] for c in mix_cols),
-        mix_rm=mix_rm,
-        loss_domains=tuple(c[len(LOSS):] for c in loss_cols),
-        loss_rv=loss_rv,
-        bench_tasks=tuple(c[len(BENCH):] for c in bench_cols),
-        bench_rt=bench_rt,
-        flops=flops,
-        extra=extra,
-        seed=seed,
-        base=base,
-        base_tokens=base_tokens,
-    )
 
 
 def _protocol_columns(columns: Mapping[str, Sequence[Any]], run: np.ndarray, params_total: np.ndarray, n_rows: int):

@@ -103,10 +103,19 @@ def run(args: argparse.Namespace) -> None:
 
 
 def plan_spec(args: argparse.Namespace):
-    """The :class:`data_mixture.plan.PlanSpec` of the flags (every flag value checked here)."""
+    """The :class:`data_mixture.plan.PlanSpec` of the flags (every flag value checked here, before
+    the planner is imported)."""
     if args.mid_training and args.tokens_per_param is not None:
         raise UsageError("--tokens-per-param sizes runs from scratch; a --mid-training plan takes "
                          "--mid-tokens-per-param (or --mid-tokens) and --base-tokens-per-param (or --base-tokens).")
+    presets = json_arg(args.presets, "--presets") if args.presets else None
+    tokens_per_param = numbers(args.tokens_per_param or "20", "--tokens-per-param")
+    bounds = parse_weights(args.min_weight, "--min-weight"), parse_weights(args.max_weight, "--max-weight")
+    mid_tokens_per_param = (numbers(args.mid_tokens_per_param, "--mid-tokens-per-param")
+                            if args.mid_tokens_per_param is not None else None)
+    base_mixture = parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None
+    seed_sizes = [x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None
+    unique_tokens = parse_weights(args.unique_tokens, "--unique-tokens")
     from data_mixture.plan import PlanSpec
 
     domains = args.domains
@@ -114,21 +123,14 @@ def plan_spec(args: argparse.Namespace):
             if args.validation_only is not None else None)
     return PlanSpec(
         budget_flops=args.budget_flops, target_size=args.target_size, target_tokens=args.target_tokens,
-        prior=args.prior, law=args.law, presets=json_arg(args.presets, "--presets") if args.presets else None,
-        tokens_per_param=numbers(args.tokens_per_param or "20", "--tokens-per-param"),
-        min_weight=parse_weights(args.min_weight, "--min-weight"),
-        max_weight=parse_weights(args.max_weight, "--max-weight"),
-        noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts, seed=args.seed,
-        config=args.config, batch=args.batch, seq_len=args.seq_len, domains=domains,
+        prior=args.prior, law=args.law, noise=args.noise, simulations=args.simulations, sim_starts=args.sim_starts,
+        seed=args.seed, config=args.config, batch=args.batch, seq_len=args.seq_len, domains=domains,
         min_runs_per_size=args.min_runs_per_size, checkpoints=args.checkpoints, min_sizes=args.min_sizes,
         mid_training=args.mid_training, base_tokens_per_param=args.base_tokens_per_param, base_tokens=args.base_tokens,
-        mid_tokens_per_param=(numbers(args.mid_tokens_per_param, "--mid-tokens-per-param")
-                              if args.mid_tokens_per_param is not None else None), mid_tokens=args.mid_tokens,
-        base_mixture=parse_weights(args.base_mixture, "--base-mixture") if args.base_mixture else None,
-        mid_lr_scale=args.mid_lr_scale, seeds=args.seeds,
-        seed_sizes=[x.strip() for x in args.seed_sizes.split(",") if x.strip()] if args.seed_sizes is not None else None,
-        target=args.target, unique_tokens=parse_weights(args.unique_tokens, "--unique-tokens"),
-        match_repetition=args.match_repetition, validation_only=held,
+        mid_tokens=args.mid_tokens, mid_lr_scale=args.mid_lr_scale, seeds=args.seeds, target=args.target,
+        match_repetition=args.match_repetition, presets=presets, tokens_per_param=tokens_per_param,
+        min_weight=bounds[0], max_weight=bounds[1], mid_tokens_per_param=mid_tokens_per_param,
+        base_mixture=base_mixture, seed_sizes=seed_sizes, unique_tokens=unique_tokens, validation_only=held,
         dataset=None if args.dataset == "builtin" else args.dataset,  # builtin: the default data.path
     )
 

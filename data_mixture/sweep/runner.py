@@ -240,39 +240,14 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
     running: dict[str, float] = {}  # name -> start time
     durations: list[float] = []
     display = _Display(len(targets), len(skipped), root / "sweep.log", options.progress, backend.slots)
-    display.say(f"sweep: {len(targets)} runs in {root} ({backend.describe()}); {len(skipped)} already done"
-                + (f": {', '.join(skipped[:6])}{' ...' if len(skipped) > 6 else ''}" if skipped else ""))
-    if queue:  # what each run is, as a command the user can run by hand
-        first = by_name[queue[0]]
-        display.say("sweep: each run trains as, e.g. " + launch_command(
-            first.config_file, first.run_dir, {**first.overrides, **first.added_overrides}))
-    stop = {"signum": 0, "count": 0}
-
-    def on_signal(signum, frame):
-        stop["signum"] = stop["signum"] or signum
-        stop["count"] += 1
-
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handlers[sig] = signal.signal(sig, on_signal)
-    stop_sent = kill_sent = False
+    _announce(display, root, backend, skipped, [by_name[n] for n in queue], len(targets))
+    stop, handlers = _count_signals()
+    sent = {"stop": False, "kill": False}
     last_beat = time.time()
     last_poll_others = 0.0
     try:
         while True:
-            if stop["count"] and not stop_sent:
-                stop_sent = True
-                display.say(f"sweep: {signal.Signals(stop['signum']).name}: stopping {len(running)} running run(s) "
-                            "(each saves a checkpoint; press Ctrl-C again to kill them)", logging.WARNING)
-                for name in running:
-                    _write_stop(by_name[name], 1)
-                backend.stop()
-            if stop["count"] > 1 and not kill_sent:
-                kill_sent = True
-                for name in running:
-                    _write_stop(by_name[name], 2)
-                backend.kill()
+            _pass_on_signals(stop, sent, running, by_name, backend, display)
             if not stop["count"]:
                 polled = _fill(queue, by_name, running, backend, owner, options, version, eval_args, elsewhere,
                                succeeded, tries, launched, display, time.time() - last_poll_others, failed, gates)
@@ -287,27 +262,11 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                         interrupted, durations, display, t0)
             if running and time.time() - last_beat >= options.heartbeat:
                 last_beat = time.time()
-                for name in list(running):
-                    t = by_name[name]
-                    if not record.heartbeat(t.run_dir, owner):
-                        display.say(f"sweep: {name}: lease lost to another runner (heartbeat too late?); stopping "
-                                    "this runner's attempt", logging.WARNING)
-                        backend.stop(name)
-                        continue
-                    worker = record.read_json(t.run_dir / record.WORKER) or {}
-                    record.write_status(t.run_dir, heartbeat=time.time(), heartbeat_utc=record.utc(),
-                                        phase=worker.get("phase"), worker=worker)
+                _heartbeat(running, by_name, owner, backend, display)
             display.update(len(succeeded), running, len(failed), len(elsewhere), len(queue), durations)
     except BaseException:  # a bug in the loop: stop the children (they save) before going down
         if running:
-            for name in running:
-                _write_stop(by_name[name], 1)
-            backend.stop()
-            deadline = time.time() + options.grace
-            while running and time.time() < deadline:
-                for name, _ in backend.wait(timeout=0.5):
-                    running.pop(name, None)
-            backend.kill()
+            _stop_children(running, by_name, backend, options.grace)
         raise
     finally:
         for sig, h in handlers.items():
@@ -316,23 +275,113 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
         display.close()
     elsewhere = {k: v for k, v in elsewhere.items() if k not in succeeded}
     if stop["count"]:
-        code = 128 + stop["signum"]
         summary = (f"sweep: interrupted ({signal.Signals(stop['signum']).name}): {len(succeeded)} done, "
                    f"{len(interrupted)} interrupted ({', '.join(interrupted) or 'none'}), {len(failed)} failed, "
                    f"{len(targets) - len(succeeded) - len(interrupted) - len(failed)} not started; rerun the same "
                    "command to resume.")
         log.warning(summary)
-        return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0, summary,
-                           gates["blocked"], gates["waiting"])
+        return SweepResult(128 + stop["signum"], succeeded, skipped, launched, failed, interrupted, elsewhere, None, 0,
+                           summary, gates["blocked"], gates["waiting"])
     blocked, waiting = gates["blocked"], {k: v for k, v in gates["waiting"].items() if k not in succeeded}
     runs_csv, rows, collect_error = _collect(root, [t for t in targets if t.name in succeeded], by_name,
                                              validation_only=plan.get("validation_only") or ())
-    lines = [f"sweep: {len(targets)} runs: {len(succeeded)} done ({len(skipped)} skipped as already done, "
-             f"{len([n for n in launched if n in succeeded])} run now), {len(failed)} failed, "
-             + (f"{len(blocked)} blocked by a failed base, " if blocked else "")
-             + (f"{len(waiting)} waiting for a base of another runner, " if waiting else "")
-             + f"{len(elsewhere)} running under another runner; " + (f"wrote {runs_csv} ({rows} rows)" if runs_csv else
-                                                                    "no runs.csv (no finished run)")]
+    head = (f"sweep: {len(targets)} runs: {len(succeeded)} done ({len(skipped)} skipped as already done, "
+            f"{len([n for n in launched if n in succeeded])} run now), {len(failed)} failed, "
+            + (f"{len(blocked)} blocked by a failed base, " if blocked else "")
+            + (f"{len(waiting)} waiting for a base of another runner, " if waiting else "")
+            + f"{len(elsewhere)} running under another runner; " + (f"wrote {runs_csv} ({rows} rows)" if runs_csv else
+                                                                   "no runs.csv (no finished run)"))
+    lines = [head, *_outcome_lines(failed, tries, blocked, waiting, elsewhere, by_name, collect_error)]
+    summary = _report(root, lines, logging.WARNING if failed or collect_error else logging.INFO)
+    code = 1 if failed or blocked or collect_error else 0
+    return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, runs_csv, rows, summary,
+                       blocked, waiting)
+
+
+def _report(root: Path, lines: list[str], level: int) -> str:
+    """The summary ``lines`` appended to ROOT/sweep.log and logged at ``level``; the summary text."""
+    summary = "\n".join(lines)
+    with open(root / "sweep.log", "a", encoding="utf-8") as f:
+        f.writelines(f"{time.strftime('%H:%M:%S')} {line}\n" for line in lines)
+    log.log(level, summary)
+    return summary
+
+
+def _count_signals() -> tuple[dict[str, int], dict]:
+    """SIGINT and SIGTERM counted (the first signal's number, how many came) instead of raising,
+    when this is the main thread: the count, and the handlers replaced, to restore."""
+    stop = {"signum": 0, "count": 0}
+
+    def on_signal(signum, frame):
+        stop["signum"] = stop["signum"] or signum
+        stop["count"] += 1
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, on_signal)
+    return stop, handlers
+
+
+def _announce(display: _Display, root: Path, backend, skipped: list[str], queued: list[RunTarget], n_targets: int) -> None:
+    """The sweep's first lines: its runs, backend and finished runs, and how one run trains."""
+    display.say(f"sweep: {n_targets} runs in {root} ({backend.describe()}); {len(skipped)} already done"
+                + (f": {', '.join(skipped[:6])}{' ...' if len(skipped) > 6 else ''}" if skipped else ""))
+    if queued:  # what each run is, as a command the user can run by hand
+        first = queued[0]
+        display.say("sweep: each run trains as, e.g. " + launch_command(
+            first.config_file, first.run_dir, {**first.overrides, **first.added_overrides}))
+
+
+def _pass_on_signals(stop: dict[str, int], sent: dict[str, bool], running: dict[str, float],
+                     by_name: dict[str, RunTarget], backend, display: _Display) -> None:
+    """The first SIGINT/SIGTERM asks every running run to save and stop; a second kills them."""
+    if stop["count"] and not sent["stop"]:
+        sent["stop"] = True
+        display.say(f"sweep: {signal.Signals(stop['signum']).name}: stopping {len(running)} running run(s) "
+                    "(each saves a checkpoint; press Ctrl-C again to kill them)", logging.WARNING)
+        for name in running:
+            _write_stop(by_name[name], 1)
+        backend.stop()
+    if stop["count"] > 1 and not sent["kill"]:
+        sent["kill"] = True
+        for name in running:
+            _write_stop(by_name[name], 2)
+        backend.kill()
+
+
+def _heartbeat(running: dict[str, float], by_name: dict[str, RunTarget], owner, backend, display: _Display) -> None:
+    """Renews the lease of every running run (stopping one whose lease another runner took) and
+    records its worker's phase in its status."""
+    for name in list(running):
+        t = by_name[name]
+        if not record.heartbeat(t.run_dir, owner):
+            display.say(f"sweep: {name}: lease lost to another runner (heartbeat too late?); stopping "
+                        "this runner's attempt", logging.WARNING)
+            backend.stop(name)
+            continue
+        worker = record.read_json(t.run_dir / record.WORKER) or {}
+        record.write_status(t.run_dir, heartbeat=time.time(), heartbeat_utc=record.utc(),
+                            phase=worker.get("phase"), worker=worker)
+
+
+def _stop_children(running: dict[str, float], by_name: dict[str, RunTarget], backend, grace: float) -> None:
+    """Asks every running run to save and stop, waits up to ``grace`` seconds, then kills the rest."""
+    for name in running:
+        _write_stop(by_name[name], 1)
+    backend.stop()
+    deadline = time.time() + grace
+    while running and time.time() < deadline:
+        for name, _ in backend.wait(timeout=0.5):
+            running.pop(name, None)
+    backend.kill()
+
+
+def _outcome_lines(failed: dict[str, dict[str, Any]], tries, blocked: dict[str, str], waiting: dict[str, str],
+                   elsewhere: dict[str, dict[str, Any]], by_name: dict[str, RunTarget], collect_error) -> list[str]:
+    """The summary's lines for every run not done (failed, blocked, waiting, or leased elsewhere)
+    and for a collect that failed."""
+    lines = []
     for name, res in failed.items():
         lines.append(f"  failed: {name} after {tries[name]} attempt(s) in this sweep: {res.get('message')}; log: "
                      f"{res.get('log') or by_name[name].run_dir}")
@@ -347,13 +396,7 @@ def run_sweep(plan_path: str | os.PathLike, options: SweepOptions) -> SweepResul
                      f"{holder.get('age', 0):.0f} s ago); rerun (or --wait-others) to collect it when it is done")
     if collect_error:
         lines.append(f"  collect failed: {collect_error}")
-    summary = "\n".join(lines)
-    with open(root / "sweep.log", "a", encoding="utf-8") as f:
-        f.writelines(f"{time.strftime('%H:%M:%S')} {line}\n" for line in lines)
-    log.log(logging.WARNING if failed or collect_error else logging.INFO, summary)
-    code = 1 if failed or blocked or collect_error else 0
-    return SweepResult(code, succeeded, skipped, launched, failed, interrupted, elsewhere, runs_csv, rows, summary,
-                       blocked, waiting)
+    return lines
 
 
 def _by_base(names: dict[str, str], by_name: dict[str, RunTarget]) -> dict[str, list[str]]:

@@ -114,8 +114,16 @@ def begin(tr: Training) -> None:
 
 def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
     """The built-in hooks of ``tr`` around ``user_hooks``, in firing order (module docstring)."""
-    t, c = tr.cfg.train, tr.cfg.checkpoint
-    flops_tok, peak = flops_and_peak(tr.cfg)
+    return [*_bookkeeping_hooks(tr), *_measuring_hooks(tr), *user_hooks, *_saving_and_stopping_hooks(tr)]
+
+
+def _on(*events: str):
+    """A hook's ``when``: any of ``events`` happened at this step."""
+    return lambda info: bool(info.events.intersection(events))
+
+
+def _bookkeeping_hooks(tr: Training) -> list[Hook]:
+    """1-4: the step clock, the skipped-step streak, the progress bar, the data stage."""
     first_step = tr.start_step + 1
     limit = bad_step_limit(tr.cfg)
 
@@ -149,6 +157,16 @@ def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
             if tr.is_main:
                 log.info(_stage_line(tr.data.schedule, tr.stage, info.step - 1))
 
+    return [Hook(clock, name="clock"), Hook(skipped_steps, name="skipped_steps"), Hook(progress, name="progress"),
+            Hook(stage, name="stage")]
+
+
+def _measuring_hooks(tr: Training) -> list[Hook]:
+    """5-6: the training metrics into the step's record (every ``train.log_every`` steps, and when the
+    run diverges or a stage begins) and the held-out losses (every ``train.eval_every`` steps)."""
+    t = tr.cfg.train
+    flops_tok, peak = flops_and_peak(tr.cfg)
+
     def log_metrics(info: StepInfo) -> None:
         # Right after the first step, its time (with compilation) is all there is.
         step_time = tr.clock.step_time() if tr.clock.steps else tr.summary["compile_and_first_step_s"]
@@ -164,6 +182,15 @@ def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
 
     def evaluate_(info: StepInfo) -> None:
         info.record.update(checked_evaluation(tr, info.state, info.step, bool(info.metrics["skipped"])))
+
+    return [Hook(log_metrics, t.log_every, _on("diverged", "stage"), name="log_metrics"),
+            Hook(evaluate_, t.eval_every, name="evaluate")]
+
+
+def _saving_and_stopping_hooks(tr: Training) -> list[Hook]:
+    """8-12: the record written, a diverged run stopped, preemption and failed saves seen on every
+    process, the checkpoint (every ``checkpoint.every_steps`` steps, and when preempted), and a
+    preempted run stopped once its checkpoint is saved."""
 
     def trackers(info: StepInfo) -> None:
         if info.record:  # evaluation and logging are not training time: restart the clock after them
@@ -195,17 +222,10 @@ def hooks(tr: Training, user_hooks: Sequence[Hook] = ()) -> list[Hook]:
             tr.checkpointer.wait()
             raise Preempted(tr.preemption.signum or signal.SIGTERM, info.step)  # type: ignore[union-attr]
 
-    def on(*events: str):
-        return lambda info: bool(info.events.intersection(events))
-
-    return [
-        Hook(clock, name="clock"), Hook(skipped_steps, name="skipped_steps"), Hook(progress, name="progress"),
-        Hook(stage, name="stage"), Hook(log_metrics, t.log_every, on("diverged", "stage"), name="log_metrics"),
-        Hook(evaluate_, t.eval_every, name="evaluate"), *user_hooks, Hook(trackers, name="trackers"),
-        Hook(stop_if_diverged, name="stop_if_diverged"),
-        Hook(preemption_and_saves, name="preemption_and_saves"), Hook(checkpoint, c.every_steps, on("preempted"), name="checkpoint"),
-        Hook(stop_if_preempted, name="stop_if_preempted"),
-    ]
+    return [Hook(trackers, name="trackers"), Hook(stop_if_diverged, name="stop_if_diverged"),
+            Hook(preemption_and_saves, name="preemption_and_saves"),
+            Hook(checkpoint, tr.cfg.checkpoint.every_steps, _on("preempted"), name="checkpoint"),
+            Hook(stop_if_preempted, name="stop_if_preempted")]
 
 
 def checked_evaluation(tr: Training, state, step: int, step_skipped: bool = False) -> dict[str, float]:
