@@ -28,9 +28,10 @@ NOT_PATHS = {
     ("prepare", "--text-field"): "a JSONL field / Parquet column",
     ("prepare", "--bos-token"): "a token", ("prepare", "--eos-token"): "a token", ("prepare", "--pad-token"): "a token",
     ("hf export", "--max-shard-size"): "a size",
-    ("lm-eval", "--tasks"): "lm-eval task names (task files come through --include_path)",
     ("prepare", "--unique-tokens"): "DOMAIN=N token counts (its help names dataset.json, where they are recorded)",
 }
+# The path a flag is tried with, where not sub/f.jsonl (its type tells files from names by suffix).
+SAMPLE = {("lm-eval", "--tasks"): "sub/f.yaml"}
 COMMANDS = [name for name in cli.COMMANDS if name != "configs"]
 
 
@@ -98,8 +99,9 @@ def test_every_path_flag_resolves_against_the_caller_s_directory(name, tmp_path,
             if not paths.is_path_type(action.type):
                 continue
             named = "=" in (action.metavar or "")  # DOMAIN=PATH
-            typed = "code=sub/f.jsonl" if named else "sub/f.jsonl"
-            expected = str(tmp_path / "sub" / "f.jsonl")
+            sample = SAMPLE.get((command, _flag(action)), "sub/f.jsonl")
+            typed = f"code={sample}" if named else sample
+            expected = str(tmp_path / sample)
             resolved = action.type(typed)
             assert resolved == (f"code={expected}" if named else expected), (command, _flag(action), resolved)
             checked += 1
@@ -118,4 +120,6 @@ def test_a_whole_command_line_is_resolved_by_the_parser(tmp_path, monkeypatch):
     args = eval_parser.parse_args(["--workdir", "runs/a", "--tasks", "code_chars", "mine.jsonl"])
     assert args.workdir == str(tmp_path / "runs" / "a")
     assert args.tasks == ["code_chars", str(tmp_path / "mine.jsonl")]
+    args = _parser("lm-eval", monkeypatch).parse_args(["--workdir", "w", "--tasks", "hellaswag,mine.yaml"])
+    assert args.tasks == [f"hellaswag,{tmp_path / 'mine.yaml'}"]
     assert train_main._own_options().parse_known_args(["--workdir", "r"])[0].workdir == str(tmp_path / "r")

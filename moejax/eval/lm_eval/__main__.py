@@ -35,10 +35,16 @@ def go_offline() -> None:
         datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
 
 
+@paths.path_flag_type
+def _tasks(text: str) -> str:
+    """Comma-separated task names as they are, and task YAML files resolved as the user meant them."""
+    return ",".join(paths.user_path(t) if t.endswith((".yaml", ".yml")) else t for t in text.split(","))
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, type=paths.path_type, help="training run directory (holds checkpoints/)")
-    parser.add_argument("--tasks", nargs="+", required=True,
+    parser.add_argument("--tasks", nargs="+", required=True, type=_tasks,
                         help="lm-eval task, group or tag names or task YAML files (space- or comma-separated)")
     parser.add_argument("--include_path", action="append", default=None, type=paths.path_type,
                         help="directory of task YAML files (repeatable)")
