@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from moejax import paths
 from moejax.errors import ConfigError
 from moejax.eval.generator import length_bucket
 from moejax.log import add_verbosity_flags
@@ -29,7 +30,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moejax.generate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True, help="training run directory (holds checkpoints/)")
+    parser.add_argument("--workdir", required=True, type=paths.path_type, help="training run directory (holds checkpoints/)")
     parser.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     parser.add_argument("--max-new-tokens", type=int, default=64)

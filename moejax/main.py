@@ -137,7 +137,7 @@ class _OptionParser(argparse.ArgumentParser):
 def _own_options() -> argparse.ArgumentParser:
     parser = _OptionParser(prog="python -m moejax.main", add_help=False, allow_abbrev=False)
     parser.add_argument("--config", help="experiment file with get_config(), or a built-in config's name")
-    parser.add_argument("--workdir", help="directory for metrics, checkpoints and config.json")
+    parser.add_argument("--workdir", type=paths.path_type, help="directory for metrics, checkpoints and config.json")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show debug messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="show only warnings and errors")
     parser.add_argument("--noverbose", dest="verbose", action="store_false", help=argparse.SUPPRESS)
@@ -184,7 +184,7 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     if own.verbose and own.quiet:
         _die("--verbose and --quiet ask for opposite things; give one of them.")
     _resolve_config_paths(cfg, changed)
-    return CommandLine(cfg, paths.user_path(own.workdir), changed, int(own.verbose) - int(own.quiet))
+    return CommandLine(cfg, own.workdir, changed, int(own.verbose) - int(own.quiet))
 
 
 def _env_int(name: str, low: int, high: int | None = None) -> int:

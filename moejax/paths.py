@@ -67,6 +67,53 @@ def user_input_path(path: str) -> str:
     return os.path.expanduser(path)
 
 
+# The argparse ``type`` of every path flag of every command (moejax's and data_mixture's): argparse
+# applies it to the typed value and to a string default, so the parser itself resolves the path
+# and is the list of path flags (``tests/test_path_flags.py`` checks every flag that reads like a
+# path has one). A command module with its own form (``DOMAIN=PATH``) marks its type with
+# :func:`path_flag_type`.
+def path_flag_type(function: Callable[[str], str]) -> Callable[[str], str]:
+    """Marks ``function`` as a path type (:func:`is_path_type`)."""
+    function.resolves_path = True  # type: ignore[attr-defined]
+    return function
+
+
+def is_path_type(function: object) -> bool:
+    """Whether ``function`` (an argparse action's ``type``) resolves a path as :func:`user_path`."""
+    return bool(getattr(function, "resolves_path", False))
+
+
+@path_flag_type
+def path_type(text: str) -> str:
+    """A path the user typed: ``~`` expanded, relative to the directory they ran the command from."""
+    return user_path(text)
+
+
+@path_flag_type
+def input_path_type(text: str) -> str:
+    """An input the repository may hold too (an experiment file): the user's, else the repository's."""
+    return user_input_path(text)
+
+
+@path_flag_type
+def named_path_type(text: str) -> str:
+    """``NAME=PATH`` with PATH resolved as :func:`path_type` (text without ``=`` is left for the
+    command's own check, which names the allowed form)."""
+    name, sep, value = text.partition("=")
+    return f"{name}={user_path(value.strip())}" if sep and value.strip() else text
+
+
+def keyword_or_path_type(*keywords: str) -> Callable[[str], str]:
+    """One of ``keywords`` as it is (``byte``, ``bpe``), else a path resolved as :func:`path_type`."""
+
+    @path_flag_type
+    def keyword_or_path(text: str) -> str:
+        return text if text in keywords else user_path(text)
+
+    keyword_or_path.__doc__ = f"{' | '.join(keywords)} or a path"
+    return keyword_or_path
+
+
 def is_non_empty_dir(path: str) -> bool:
     return os.path.isdir(path) and any(True for _ in os.scandir(path))
 

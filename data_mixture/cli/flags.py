@@ -41,28 +41,19 @@ class UsageError(UserError):
     """A bad flag value found by the CLI itself."""
 
 
-def path_type(text: str) -> str:
-    """A path the user typed: ``~`` expanded, relative to the directory they ran the command from."""
-    return paths.user_path(text)
+# The path types moejax's commands use too (moejax.paths): a relative path means the user's directory.
+path_type = paths.path_type
+named_path_type = paths.named_path_type
+input_path_type = paths.input_path_type
 
 
-def named_path_type(text: str) -> str:
-    """``NAME=PATH`` with PATH resolved as :func:`path_type` (text without ``=`` is left for the command's
-    own check, which names the allowed form)."""
-    name, sep, value = text.partition("=")
-    return f"{name}={paths.user_path(value.strip())}" if sep and value.strip() else text
-
-
-def input_path_type(text: str) -> str:
-    """An input the repository may hold too (an experiment file): the user's, else the repository's."""
-    return paths.user_input_path(text)
-
-
+@paths.path_flag_type
 def dataset_path_type(text: str) -> str:
     """``builtin`` (the built-in corpus) or a prepared dataset's directory (resolved as :func:`path_type`)."""
     return text if text == "builtin" else paths.user_path(text)
 
 
+@paths.path_flag_type
 def json_or_path_type(text: str) -> str:
     """JSON text as it is, or the path of a JSON file (resolved as :func:`path_type`)."""
     return text if text.strip()[:1] in "[{" else paths.user_path(text)

@@ -49,14 +49,14 @@ def export_corpus(out_dir: str | os.PathLike[str], *, fmt: str = "txt", split: s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moejax.data.export", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, type=paths.path_type, help="directory to write")
     parser.add_argument("--format", choices=FORMATS, default="txt")
     parser.add_argument("--split", choices=("train", "heldout", "all"), default="train")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing non-empty --out (as a whole)")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    out = paths.user_path(args.out)
+    out = args.out
 
     def export() -> None:
         paths.check_new_output(out, "--out", force=args.force)

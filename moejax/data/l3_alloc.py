@@ -174,20 +174,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the most rows one token may own (k >= 1)")
     parser.add_argument("--method", choices=METHODS, default="lzw",
                         help="lzw (the L3 paper's allocation) or uniform (the ablation)")
-    parser.add_argument("--data-path", default="",
+    parser.add_argument("--data-path", default="", type=paths.path_type,
                         help="a prepared dataset directory; '' (default): the built-in corpus")
     parser.add_argument("--sample-tokens", type=int, default=DEFAULT_SAMPLE_TOKENS, metavar="N",
                         help="tokens sampled from the training split (default 1,000,000)")
     parser.add_argument("--vocab-size", type=int, default=None, metavar="V",
                         help="the model's vocabulary (default: the tokenizer's; must be >= it)")
-    parser.add_argument("--out", default=None, metavar="FILE",
+    parser.add_argument("--out", default=None, metavar="FILE", type=paths.path_type,
                         help="output JSON (default: l3_allocation_<method>_v<budget>_k<k>.json in "
                              "the dataset directory, or the built-in corpus cache directory)")
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    args.data_path = paths.user_path(args.data_path)
-    args.out = paths.user_path(args.out) if args.out else None
     return run(lambda: _run(args), prog="moejax", verbosity=args.verbosity,
                interrupted="interrupted; no allocation file was written. Rerun the command.")
 

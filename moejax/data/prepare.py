@@ -884,13 +884,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Tokenize text sources (one per domain) into a prepared dataset for training "
                     "(config: data.path=OUT).",
     )
-    parser.add_argument("--source", action="append", default=[], metavar="DOMAIN=PATH",
+    parser.add_argument("--source", action="append", default=[], metavar="DOMAIN=PATH", type=_user_source,
                         help="a directory (its .txt/.jsonl/.parquet files, and .txt/.jsonl compressed: "
                              ".gz, .zst), a file, a quoted glob, or hf:PATH[:column] (a Hugging Face dataset "
                              "saved with save_to_disk); repeat for each domain")
-    parser.add_argument("--out", required=True,
+    parser.add_argument("--out", required=True, type=paths.path_type,
                         help="dataset directory (created; an existing dataset is resumed or gains domains)")
-    parser.add_argument("--tokenizer", default="byte",
+    parser.add_argument("--tokenizer", default="byte", type=paths.keyword_or_path_type("byte", "bpe"),
                         help="byte | bpe (trained on the sources) | PATH: a Hugging Face tokenizer.json, a "
                              "directory holding one (a model directory, a workdir's tokenizer/) or a prepared "
                              "dataset whose tokenizer to reuse")
@@ -917,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only check every file of --out against its manifest checksums")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    out = paths.user_path(args.out)
+    out = args.out
     return run(lambda: _prepare(args, out), prog="prepare", verbosity=args.verbosity,
                interrupted=f"interrupted; the shards finished so far are kept in {out}. Rerun the same "
                            "command to resume (finished shards are skipped).")
@@ -931,10 +931,10 @@ def _prepare(args: argparse.Namespace, out: str) -> None:
         checked = verify_dataset(out)
         print(f"{out}: {checked} files match their checksums")
         return
-    tokenizer = args.tokenizer if args.tokenizer in ("byte", "bpe") else paths.user_path(args.tokenizer)
+    tokenizer = args.tokenizer
     special_tokens = {"bos": args.bos_token, "eos": args.eos_token, "pad": args.pad_token}
     summary = prepare_dataset(
-        [_user_source(s) for s in args.source], out, tokenizer=tokenizer, special_tokens=special_tokens,
+        args.source, out, tokenizer=tokenizer, special_tokens=special_tokens,
         vocab_size=args.vocab_size, bpe_sample_mb=args.bpe_sample_mb,
         heldout_fraction=args.heldout_fraction, text_field=args.text_field, shard_mb=args.shard_mb,
         workers=args.workers, seq_len=args.seq_len,
@@ -954,6 +954,7 @@ def _prepare(args: argparse.Namespace, out: str) -> None:
     return 0
 
 
+@paths.path_flag_type
 def _user_source(arg: str) -> str:
     """``DOMAIN=PATH`` (or ``DOMAIN=hf:PATH[:column]``) with PATH resolved as the user meant it (a
     malformed one is left to ``parse_source`` to report)."""

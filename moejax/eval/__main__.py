@@ -32,14 +32,20 @@ from moejax.train.precompile import use_persistent_cache
 log = logging.getLogger(__name__)
 
 
+@paths.path_flag_type
+def _task(text: str) -> str:
+    """A built-in task's name as it is (names have no suffix), or a JSONL task file resolved as the user meant it."""
+    return paths.user_path(text) if text.endswith(".jsonl") or os.sep in text else text
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m moejax.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True, help="training run directory (holds checkpoints/)")
+    parser.add_argument("--workdir", required=True, type=paths.path_type, help="training run directory (holds checkpoints/)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     which.add_argument("--all", action="store_true", help="every checkpoint, then plot the curves")
     parser.add_argument(
-        "--tasks", nargs="*", default=None,
+        "--tasks", nargs="*", default=None, type=_task,
         help="built-in task names (of either benchmarks version, e.g. code_chars know_type or v1's code prose "
              "math knowledge) and/or JSONL files; default: the tasks of --benchmarks for runs on the built-in "
              "corpus, none otherwise; '--tasks' alone: none",
@@ -60,9 +66,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="replace an eval/step_N.json made with other settings (default: refuse)")
     add_verbosity_flags(parser)
     args = parser.parse_args(argv)
-    args.workdir = paths.user_path(args.workdir)
-    if args.tasks:  # task files (names of built-in tasks have no suffix)
-        args.tasks = [paths.user_path(t) if t.endswith(".jsonl") or os.sep in t else t for t in args.tasks]
     for name in ("max_items", "loss_batches", "batch_size", "max_new_tokens"):
         value = getattr(args, name)
         if value is not None and (value < 0 or (value == 0 and name != "max_items")):

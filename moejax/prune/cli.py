@@ -16,7 +16,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Write a pruned copy of a workdir's checkpoint whose MoE layers hold fewer experts "
                     "(docs/pruning.md).",
     )
-    parser.add_argument("--workdir", required=True, help="the trained (or imported) workdir to prune")
+    parser.add_argument("--workdir", required=True, type=paths.path_type, help="the trained (or imported) workdir to prune")
     parser.add_argument("--step", type=int, default=None, help="its checkpoint step (default: the latest)")
     parser.add_argument("--method", required=True, choices=METHODS, help="how the kept experts are chosen")
     parser.add_argument("--keep", type=int, default=None, help="experts each MoE layer keeps")
@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--auto", action="store_true",
                         help="per-layer counts at each layer's distortion knee; with --keep or --ratio, "
                              "that many experts kept over all layers")
-    parser.add_argument("--out", required=True, help="the new workdir to write (must not exist)")
+    parser.add_argument("--out", required=True, type=paths.path_type, help="the new workdir to write (must not exist)")
     parser.add_argument("--layers", type=int, nargs="+", default=None,
                         help="decoder layers to prune (MoE layers; default: all)")
     parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prune(args: argparse.Namespace) -> None:
     record = prune_workdir(
-        paths.user_path(args.workdir), paths.user_path(args.out), args.method,
+        args.workdir, args.out, args.method,
         Budget(keep=args.keep, ratio=args.ratio, auto=args.auto), step=args.step,
         calib_tokens=args.calib_tokens, max_nodes=args.max_nodes, max_seconds=args.max_seconds,
         layers=tuple(args.layers) if args.layers else None, refit=args.refit,

@@ -21,9 +21,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Make a dense model (a moejax workdir or a Hugging Face Llama/Qwen2/Qwen3 directory) into an "
                     "MoE in a new workdir (docs/upcycling.md).",
     )
-    parser.add_argument("--from", dest="source", required=True, metavar="WORKDIR_OR_HF_DIR",
+    parser.add_argument("--from", dest="source", required=True, metavar="WORKDIR_OR_HF_DIR", type=paths.path_type,
                         help="the dense model: a moejax workdir (its latest checkpoint) or a save_pretrained directory")
-    parser.add_argument("--workdir", required=True, help="the new workdir to write (must not exist or be empty)")
+    parser.add_argument("--workdir", required=True, type=paths.path_type, help="the new workdir to write (must not exist or be empty)")
     parser.add_argument("--experts", type=int, required=True, help="routed experts per layer")
     parser.add_argument("--top-k", type=int, required=True, help="experts each token is routed to")
     parser.add_argument("--shared-expert", action="store_true",
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    target = paths.user_path(args.workdir)
+    target = args.workdir
     return run(lambda: _upcycle(args), prog="moejax", verbosity=args.verbosity, quiet_absl=True,
                interrupted=f"interrupted; nothing was written to {target} (it is renamed into place only when "
                            "complete). Rerun the command.")
@@ -60,7 +60,7 @@ def _upcycle(args: argparse.Namespace) -> None:
     plan = Plan(experts=args.experts, top_k=args.top_k, expert_width=args.expert_width,
                 shared_expert=args.shared_expert, method=args.method,
                 drop_ratio=DEFAULT_DROP_RATIO if args.drop_ratio is None else args.drop_ratio, seed=args.seed)
-    source, workdir = paths.user_path(args.source), paths.user_path(args.workdir)
+    source, workdir = args.source, args.workdir
     record = upcycle(source, workdir, plan)
     start = ("computes the dense model (function-preserving start)" if record["function_preserving"]
              else "does not compute the dense model at the start"

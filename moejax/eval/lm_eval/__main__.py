@@ -19,6 +19,8 @@ import json
 import os
 import sys
 
+from moejax import paths
+
 PROG = "python -m moejax.eval.lm_eval"
 LM_EVAL_COMMANDS = ("run", "ls", "validate")
 
@@ -33,19 +35,25 @@ def go_offline() -> None:
         datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
 
 
+@paths.path_flag_type
+def _tasks(text: str) -> str:
+    """Comma-separated task names as they are, and task YAML files resolved as the user meant them."""
+    return ",".join(paths.user_path(t) if t.endswith((".yaml", ".yml")) else t for t in text.split(","))
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True, help="training run directory (holds checkpoints/)")
-    parser.add_argument("--tasks", nargs="+", required=True,
+    parser.add_argument("--workdir", required=True, type=paths.path_type, help="training run directory (holds checkpoints/)")
+    parser.add_argument("--tasks", nargs="+", required=True, type=_tasks,
                         help="lm-eval task, group or tag names or task YAML files (space- or comma-separated)")
-    parser.add_argument("--include_path", action="append", default=None,
+    parser.add_argument("--include_path", action="append", default=None, type=paths.path_type,
                         help="directory of task YAML files (repeatable)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--batch_size", type=int, default=32, help="rows per forward / prompts per decode batch")
     parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
     parser.add_argument("--limit", type=float, default=None,
                         help="items per task (below 1: a fraction); for quick checks, not for reported numbers")
-    parser.add_argument("--output_path", default=None, help="write lm-eval's results to this JSON file")
+    parser.add_argument("--output_path", default=None, type=paths.path_type, help="write lm-eval's results to this JSON file")
     parser.add_argument("--log_samples", action="store_true", help="keep every request and response in the JSON")
     parser.add_argument("--seed", type=int, default=0, help="seed of lm-eval's few-shot sampling and shuffles")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -92,15 +100,14 @@ def _evaluate(args: argparse.Namespace) -> None:
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
 
-    from moejax import paths
     from moejax.eval.lm_eval.model import MoejaxLM
     from moejax.eval.lm_eval.offline import check_offline, task_manager
 
     _record_moejax_version()
-    include_path = [paths.user_path(p) for p in args.include_path] if args.include_path else None
+    include_path = args.include_path
     manager = task_manager(args.tasks, include_path)
     check_offline(manager, args.tasks)
-    lm = MoejaxLM(paths.user_path(args.workdir), step=args.step, batch_size=args.batch_size,
+    lm = MoejaxLM(args.workdir, step=args.step, batch_size=args.batch_size,
                   progress=not args.no_progress)
     results = simple_evaluate(
         model=lm, tasks=args.tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager,
@@ -116,7 +123,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         print("\n" + make_table(results, "groups"))
     if args.output_path:
         text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
-        path = paths.user_path(args.output_path)
+        path = args.output_path
         paths.write_file(path, lambda f: f.write(text))
         print(f"wrote {path}")
 

@@ -22,16 +22,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="HF directory (config.json + safetensors) -> moejax workdir")
-    imp.add_argument("--hf-dir", required=True, help="directory written by save_pretrained")
-    imp.add_argument("--workdir", required=True, help="new moejax workdir to write")
+    imp.add_argument("--hf-dir", required=True, type=paths.path_type, help="directory written by save_pretrained")
+    imp.add_argument("--workdir", required=True, type=paths.path_type, help="new moejax workdir to write")
     imp.add_argument("--force", action="store_true", help="replace an existing non-empty --workdir (as a whole)")
     imp.add_argument("--with-optimizer", action="store_true",
                      help="write a whole train state (fresh AdamW moments, float32 by default) instead of the "
                           "parameters only, so a run in --workdir itself resumes it")
     exp = sub.add_parser("export", help="moejax workdir checkpoint -> HF directory")
-    exp.add_argument("--workdir", required=True, help="moejax workdir with checkpoints/")
+    exp.add_argument("--workdir", required=True, type=paths.path_type, help="moejax workdir with checkpoints/")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    exp.add_argument("--hf-dir", required=True, help="output directory (config.json, model.safetensors)")
+    exp.add_argument("--hf-dir", required=True, type=paths.path_type, help="output directory (config.json, model.safetensors)")
     exp.add_argument("--arch", choices=SUPPORTED, default=None, help="target model_type (default: chosen)")
     exp.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                      help="cast the tensors to this dtype (default: keep the checkpoint's)")
@@ -47,7 +47,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    args.hf_dir, args.workdir = paths.user_path(args.hf_dir), paths.user_path(args.workdir)
     target = args.workdir if args.command == "import" else args.hf_dir
     return run(lambda: _convert(args), prog="moejax", verbosity=args.verbosity, quiet_absl=True,
                interrupted=f"interrupted; nothing was written to {target} (it is renamed into place only when "
