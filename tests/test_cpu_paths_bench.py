@@ -2,12 +2,16 @@
 --smoke runs end to end (slow: each spawns processes that compile)."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from experiments.benchmarks import bf16_compare, cpu_matmul_paths as paths
+
+# the benchmarks run on one CPU device, as a user runs them (not the suite's 8 fake ones)
+ONE_DEVICE = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
 
 
 def _report(loss: float, ynn: int = 3) -> dict:
@@ -62,7 +66,7 @@ def test_bf16_curves_compared_from_metrics_files(tmp_path):
 def test_matmul_paths_smoke_runs_and_checks_the_numbers(tmp_path):
     out = tmp_path / "paths.json"
     subprocess.run([sys.executable, "-m", "experiments.benchmarks.cpu_matmul_paths", "--smoke", "--options",
-                    "default,eigen", "--out", str(out)], check=True)
+                    "default,eigen", "--out", str(out)], check=True, env=ONE_DEVICE)
     got = json.loads(out.read_text())
     eigen = [r for r in got["rows"] if r["option"] == "eigen"]
     assert len(eigen) == len(paths.WORKLOADS) and not any(r["out"] for r in eigen)
@@ -73,6 +77,6 @@ def test_matmul_paths_smoke_runs_and_checks_the_numbers(tmp_path):
 def test_bf16_smoke_runs_both_parts(tmp_path):
     out = tmp_path / "bf16.json"
     subprocess.run([sys.executable, "-m", "experiments.benchmarks.bf16_compare", "--smoke", "--out", str(out)],
-                   check=True)
+                   check=True, env=ONE_DEVICE)
     got = json.loads(out.read_text())
     assert got["step"]["bf16_speedup"] > 0 and got["curve"]["final_eval_step"] == 6
