@@ -26,7 +26,6 @@ so wall times are upper bounds and CPU seconds the steadier measure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -39,6 +38,7 @@ import numpy as np
 from data_mixture.fit import fit_table
 from data_mixture.laws import LAWS, get_law
 from data_mixture.table import RunsTable, from_columns, read_runs
+from experiments.benchmarks.timing import write_json
 
 SWARM = Path("experiments/benchmarks/results/olmix_swarms/full_recomputation_runs.csv")
 LADDER = Path("experiments/studies/results/headroom_v1/runs.csv")
@@ -120,12 +120,12 @@ def main(argv=None) -> dict:
             result["point"].append(row)
             print(f"{law:14s} {row['table']:26s} {row['seconds']:7.1f} s  cpu {row['cpu_seconds']:7.1f} s  load "
                   f"{row['load_avg_1min_before']:.1f} -> {row['load_avg_1min_after']:.1f}  {row['fit_info']}", flush=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
+            write_json(args.out, result, indent=1, announce=False)
     if "bootstrap" in parts:
         row = bootstrap_row()
         result["bootstrap"].append(row)
         print(f"camel bootstrap 100 on {row['runs']} runs: {row['seconds']:.1f} s (cpu {row['cpu_seconds']:.1f} s) {row['phase_seconds']}", flush=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     return result
 
 

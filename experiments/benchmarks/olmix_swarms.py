@@ -59,6 +59,7 @@ from data_mixture.baselines import build_cells, compute_baselines
 from data_mixture.laws import LAWS, get_law
 from data_mixture.table import RunsTable, read_runs
 from data_mixture.target import resolve
+from experiments.benchmarks.timing import write_json
 
 RESULTS = Path("experiments/benchmarks/results/olmix_swarms")
 TABLES = ("dclm", "full_recomputation")
@@ -242,7 +243,7 @@ def main(argv=None) -> dict:
                   "table_shapes": {name: {"runs": len(table), "mix_domains": len(table.mix_domains)}},
                   "tables": {name: run_table(table, args.targets.split(","), args.folds, args.seed, laws, args.starts)}}
         result["load_avg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
-        (args.out / f"oof_{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out / f"oof_{name}.json", result, indent=1)
     results = [json.loads((args.out / f"oof_{n}.json").read_text()) for n in TABLES if (args.out / f"oof_{n}.json").exists()]
     (args.out / "oof.md").write_text(markdown(results))
     print(markdown(results))
