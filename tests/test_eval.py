@@ -307,6 +307,7 @@ def test_eval_draws_no_progress_bars_into_a_file(workdir, tmp_path, capsys):
     import shutil
 
     run = shutil.copytree(workdir, tmp_path / "run")
+    shutil.rmtree(run / "eval", ignore_errors=True)  # results earlier tests wrote into the shared workdir
     capsys.readouterr()
     eval_cli.main(["--workdir", str(run), "--tasks", "--loss-batches", "1"])
     err = capsys.readouterr().err
