@@ -168,7 +168,7 @@ def test_the_readme_workflows_are_marked():
     blocks = parse(ROOT / "README.md")[0]
     assert len(blocks) >= 4
     text = "".join(b.code for b in blocks)
-    for command in ("moejax.data.prepare", "data_mixture fit", "data_mixture optimize", "moejax.eval"):
+    for command in ("moejax.data.prepare", "data_mixture recommend", "moejax.eval"):
         assert command in text, command
 
 
