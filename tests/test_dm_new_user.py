@@ -145,7 +145,8 @@ def test_evaluation_windows_are_sampled_across_the_held_out_split(dataset):
     assert all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(sampled["qa"], again["qa"]))  # fixed
     assert not all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first["qa"], sampled["qa"]))
     picked = eval_window_indices(100, 8, "qa")
-    assert len(set(picked.tolist())) == 8 and picked.max() >= 50 and list(picked) == sorted(picked)
+    assert len(set(picked.tolist())) == 8 and picked.max() >= 50
+    assert list(eval_window_indices(100, 4, "qa")) == list(picked[:4])  # fewer batches read a prefix
     assert list(eval_window_indices(100, 8, "qa", "first")) == list(range(8))
     assert list(eval_window_indices(5, 8, "qa")) == list(range(5))
 

@@ -328,14 +328,15 @@ def make_eval_batches(
 
 
 def eval_window_indices(num_windows: int, count: int, domain: str, windows: str = "sampled") -> np.ndarray:
-    """The ``count`` held-out windows (of ``num_windows``) an evaluation reads, in increasing order:
-    the first ``count`` (``"first"``), or ``count`` drawn without replacement from all of them by a
+    """The ``count`` held-out windows (of ``num_windows``) an evaluation reads: the first ``count``
+    (``"first"``), or the first ``count`` of one fixed permutation of all of them, drawn by a
     generator seeded with ``EVAL_WINDOW_SEED`` and the domain's name (``"sampled"``; all of them when
-    ``count >= num_windows``)."""
+    ``count >= num_windows``). Either way a smaller ``count`` reads a prefix of a larger one, so the
+    first k batches of an evaluation of more batches are exactly an evaluation of k batches."""
     if windows == "first" or count >= num_windows:
         return np.arange(min(count, num_windows))
     rng = np.random.default_rng(shuffle_seed(EVAL_WINDOW_SEED, domain))
-    return np.sort(rng.choice(num_windows, size=count, replace=False))
+    return rng.permutation(num_windows)[:count]
 
 
 def fixed_batches(packer: ShardedPacker, batch_size: int, batches: int, rows: np.ndarray, pad_id: int,
