@@ -199,8 +199,7 @@ def plan_experts(base_workdir: str | os.PathLike, *, base_step: int | None = Non
             "overrides": overrides,
         })
     plan = {
-        "kind": PLAN_KIND,
-        "eval_windows": cfg["train"].get("eval_windows", "first"),  # the experts evaluate as their base did
+        "kind": PLAN_KIND, "eval_windows": cfg["train"].get("eval_windows", "first"),  # evaluated as their base
         "mergemix": {"base_workdir": workdir, "base_step": step, "domains": domain_list,
                      "expert_tokens": expert_tokens, "tokens_per_step": tokens_per_step, "steps": steps,
                      "fractions": fraction_list, "lr": float(lr), "warmup_steps": warmup_steps, "seed": seed},
