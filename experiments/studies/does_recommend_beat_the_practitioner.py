@@ -53,6 +53,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
 OUT = Path(__file__).resolve().parent / "results" / "headroom_v2"
 RUN_STAGES = ("gate", "ladder", "mergemix", "target")  # result folders of the stages that train
 DESIGN_VERSION = 2
@@ -208,13 +210,207 @@ def stage_design(out: Path) -> Path:
     return path
 
 
+# ---- running what design.json registered ----
+
+# How the registered runs are carried out. Neither changes a registered quantity (the final
+# checkpoint's held-out losses): a mid-run checkpoint adds a row to the runs table, and each
+# checkpoint's built-in benchmarks, which the decision does not read, are cut to 32 items a task.
+CHECKPOINTS = 2
+EVAL_ARGS = "--max-items 32"
+GATE_SD = 4.0  # as GATE["rule"] says
+
+
+def registered(out: Path) -> dict:
+    """design.json, after checking that it is committed unchanged and still matches this module."""
+    path = out / "design.json"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run --stage design and commit it first")
+    record = json.loads(path.read_text())
+    body = {k: v for k, v in record.items() if k not in ("code_commit", "registered_at", "sha256")}
+    if digest(body) != record.get("sha256") or json.loads(json.dumps(design())) != body:
+        raise SystemExit(f"{path} no longer matches its sha256 or this module's constants: the registered setting "
+                         "is never changed; restore it")
+    rel = path.resolve().relative_to(Path.cwd().resolve()) if path.resolve().is_relative_to(Path.cwd().resolve()) else path
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(rel)], capture_output=True).returncode == 0
+    clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(rel)], capture_output=True).returncode == 0
+    if not (tracked and clean):
+        raise SystemExit(f"{path} is not committed as it is: commit the registration before any run")
+    return record
+
+
+def run_entry(name: str, preset: str, seed: int, mixture: dict[str, float]) -> dict:
+    """One from-scratch run of ``preset`` at its registered tokens per parameter, on the fixed
+    scarce pool, evaluated on the registered held-out windows (a ``data_mixture sweep`` plan entry)."""
+    from data_mixture.plan import fixed_pools
+
+    n = _sizes()[preset]
+    steps = max(2, int(TOKENS_PER_PARAM[preset] * n["params_active"] // (BATCH * SEQ_LEN)))
+    tokens = float(steps * BATCH * SEQ_LEN)
+    every = -(-steps // CHECKPOINTS)
+    overrides = {**PRESETS[preset], "train.steps": steps, "train.global_batch_size": BATCH, "train.seq_len": SEQ_LEN,
+                 "checkpoint.every_steps": every, "train.eval_every": every, "train.seed": seed,
+                 "optim.warmup_steps": max(1, steps // 10), "data.mixture": mixture,
+                 "train.eval_batches": EVAL["heldout_batches_per_domain"], "train.eval_windows": "sampled"}
+    run = {"name": name, "role": "scratch", "preset": preset, "config": CONFIG, "overrides": overrides,
+           "mixture": mixture, "tokens": tokens, "steps": steps, "seed": seed, "params_total": n["params_total"],
+           "params_active": n["params_active"], "flops": 6.0 * n["params_active"] * tokens}
+    return fixed_pools(run, {SCARCE: POOL_TOKENS})
+
+
+def gate_plan() -> dict:
+    """The gate's runs (every size x mixture x seed of ``GATE``) in ``data_mixture sweep``'s format."""
+    runs = [run_entry(f"{p}_{name}_s{seed}", p, seed, dict(zip(DOMAINS, map(float, w))))
+            for p in GATE["sizes"] for name, w in GATE["mixtures"].items() for seed in GATE["seeds"]]
+    return {"version": 1, "study": "headroom_v2", "stage": "gate", "target": TARGET, "rule": GATE["rule"],
+            "eval_windows": "sampled", "runs": runs}
+
+
+def final_rows(runs_csv: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Per run, the target's weighted loss at its final checkpoint and the evaluation's own standard
+    error of it (domains' standard errors combined with the target's weights, as independent)."""
+    from data_mixture.table import read_runs
+    from data_mixture.target import parse_target
+
+    table = read_runs(str(runs_csv))
+    target = parse_target(TARGET)
+    loss_r = target.values(table)
+    se_r = np.sqrt(sum((w * table.numeric_extra(f"loss_se:{d}")) ** 2 for d, w in target.loss_domains().items()))
+    last: dict[str, int] = {}
+    for i, run in enumerate(table.run):
+        if run not in last or table.tokens[i] > table.tokens[last[run]]:
+            last[run] = i
+    return {r: float(loss_r[i]) for r, i in last.items()}, {r: float(se_r[i]) for r, i in last.items()}
+
+
+def gate_result(runs_csv: Path) -> dict:
+    """``GATE["rule"]`` on the gate's runs table."""
+    from data_mixture.decisions import seed_difference
+
+    loss, se = final_rows(runs_csv)
+    sizes: dict = {}
+    for p in GATE["sizes"]:
+        cells = {}
+        for name in GATE["mixtures"]:
+            vals = [(s, loss[f"{p}_{name}_s{s}"]) for s in GATE["seeds"] if f"{p}_{name}_s{s}" in loss]
+            v = np.array([x for _, x in vals])
+            cells[name] = {"seeds": [s for s, _ in vals], "values": [x for _, x in vals],
+                           "mean": float(v.mean()) if v.size else None,
+                           "seed_sd": float(v.std(ddof=1)) if v.size >= 2 else None,
+                           "eval_se": float(np.mean([se[f"{p}_{name}_s{s}"] for s, _ in vals])) if vals else None}
+        done = {k: c for k, c in cells.items() if len(c["values"]) == len(GATE["seeds"])}
+        best = min(done, key=lambda k: done[k]["mean"]) if done else None
+        row: dict = {"cells": cells, "best": best, "gain": None, "sd_pair": None, "gain_in_sd": None}
+        if best and best != "uniform" and "uniform" in done:
+            d_s = np.array([b - u for b, u in zip(done[best]["values"], done["uniform"]["values"])])
+            sd_pair = float(d_s.std(ddof=1))
+            gain = float(-d_s.mean())
+            row.update(gain=gain, sd_pair=sd_pair, gain_in_sd=gain / sd_pair if sd_pair > 0 else float("inf"),
+                       best_minus_uniform=seed_difference(list(zip(GATE["seeds"], done[best]["values"])),
+                                                          list(zip(GATE["seeds"], done["uniform"]["values"]))))
+        elif best == "uniform":
+            row.update(gain=0.0, gain_in_sd=0.0)
+        sizes[p] = row
+    complete = all(len(c["values"]) == len(GATE["seeds"]) for r in sizes.values() for c in r["cells"].values())
+    headroom = all((r["gain_in_sd"] or 0.0) >= GATE_SD for r in sizes.values())
+    return {"metric": f"target {TARGET}, final checkpoint", "gate_sd": GATE_SD, "sizes": sizes, "complete": complete,
+            "best_differs_between_sizes": len({r["best"] for r in sizes.values()}) == len(sizes),
+            "passed": bool(complete and headroom)}
+
+
+def gate_md(g: dict) -> str:
+    verdict = "PASS" if g["passed"] else ("FAIL: no headroom in this setting" if g["complete"] else "INCOMPLETE")
+    lines = [f"# headroom_v2 gate: **{verdict}**", "", f"Rule (design.json, registered before any run): {GATE['rule']}",
+             "", f"Metric: {g['metric']}; each loss over {EVAL['heldout_batches_per_domain']} held-out batches per "
+             "domain (`eval se`: the evaluation's own standard error, mean over the seeds).", ""]
+    for p, r in g["sizes"].items():
+        lines += [f"## {p}", "", "| mixture | math epochs | loss per seed | mean | seed sd | eval se |", "|---|---|---|---|---|---|"]
+        steps = run_entry("x", p, 0, {})["tokens"]
+        for name, c in r["cells"].items():
+            epochs = GATE["mixtures"][name][DOMAINS.index(SCARCE)] * steps / POOL_TOKENS
+            fmt = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
+            lines.append(f"| {name} | {epochs:.1f} | {', '.join(f'{v:.4f}' for v in c['values'])} | {fmt(c['mean'])} "
+                         f"| {fmt(c['seed_sd'])} | {fmt(c['eval_se'])} |")
+        lines.append("")
+        if r["sd_pair"] is not None:
+            d = r["best_minus_uniform"]
+            lines.append(f"Best: **{r['best']}**; uniform - best = {r['gain']:+.4f} nats; sd of the paired difference "
+                         f"{r['sd_pair']:.4f}; gain = **{r['gain_in_sd']:.2f} sd** (gate {GATE_SD:g}); best - uniform "
+                         f"95% interval [{d['lo']:+.4f}, {d['hi']:+.4f}] ({d['method']}).")
+        else:
+            lines.append(f"Best: **{r['best']}** (gain over uniform {r['gain'] if r['gain'] is not None else 'n/a'}).")
+        lines.append("")
+    lines += [f"- best mixture differs between sizes (reported, not gated): **{g['best_differs_between_sizes']}**",
+              f"- all runs present: **{g['complete']}**", f"- gate: **{verdict}**"]
+    return "\n".join(lines) + "\n"
+
+
+def stage_gate(out: Path, root: Path, parallel: int) -> dict:
+    """The registered gate, once: its plan, its runs in committed chunks, gate.json and gate.md."""
+    from experiments.studies.does_the_mixture_matter_with_headroom import sweep_in_chunks
+
+    registered(out)
+    d = out / "gate"
+    d.mkdir(parents=True, exist_ok=True)
+    plan = gate_plan()
+    path = d / "plan.json"
+    if path.exists() and json.loads(path.read_text()) != json.loads(json.dumps(plan)):
+        raise SystemExit(f"{path} differs from the registered gate: it is never edited")
+    path.write_text(json.dumps(plan, indent=1) + "\n")
+    runs_csv = sweep_in_chunks(path, root, out, "gate", parallel, chunk=6, eval_args=EVAL_ARGS)
+    g = gate_result(runs_csv)
+    (d / "gate.json").write_text(json.dumps(g, indent=1) + "\n")
+    (d / "gate.md").write_text(gate_md(g))
+    print(gate_md(g))
+    return g
+
+
+def ladder_plan() -> dict:
+    """The registered ladder: ``LADDER["mixtures"]`` space-filling mixtures (``data_mixture plan``'s
+    design, seed 0, unbounded) at every proxy size with its seeds, all on the fixed scarce pool."""
+    from data_mixture.plan import replicate_name, space_filling_mixtures
+
+    m = len(DOMAINS)
+    mix_km = space_filling_mixtures(LADDER["mixtures"], m, np.zeros(m), np.ones(m), seed=0)
+    runs = [run_entry(replicate_name(p, k, seed, 0), p, seed, {d: float(w) for d, w in zip(DOMAINS, mix_km[k])})
+            for p in LADDER["sizes"] for seed in LADDER["seeds"][p] for k in range(mix_km.shape[0])]
+    return {"version": 1, "study": "headroom_v2", "stage": "ladder", "target": TARGET, "eval_windows": "sampled",
+            "runs": runs}
+
+
+def stage_ladder(out: Path, root: Path, parallel: int) -> Path:
+    """The ladder, only after a passing gate, in committed chunks; returns the merged runs table."""
+    from experiments.studies.does_the_mixture_matter_with_headroom import sweep_in_chunks
+
+    registered(out)
+    g = out / "gate" / "gate.json"
+    if not g.exists() or not json.loads(g.read_text())["passed"]:
+        raise SystemExit(f"{g}: the gate has not passed; the study stops at the gate (no ladder without headroom)")
+    d = out / "ladder"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "plan.json"
+    if not path.exists():
+        path.write_text(json.dumps(ladder_plan(), indent=1) + "\n")
+    return sweep_in_chunks(path, root, out, "ladder", parallel, chunk=6, eval_args=EVAL_ARGS)
+
+
+STAGES = ("design", "gate", "ladder")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=("design",), default="design",
-                    help="design: write design.json (the later stages follow in this module, as design.json registers them)")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--stage", choices=STAGES, default="design",
+                    help="design: write design.json; gate: the registered gate, once; ladder: the ladder after a passing "
+                         "gate (each skips what exists)")
+    ap.add_argument("--out", type=Path, default=OUT, help="committed results")
+    ap.add_argument("--root", type=Path, default=Path("runs/headroom_v2"), help="run directories (not committed)")
+    ap.add_argument("--parallel", type=int, default=2, help="runs at a time")
     args = ap.parse_args(argv)
-    stage_design(args.out)
+    if args.stage == "design":
+        stage_design(args.out)
+    elif args.stage == "gate":
+        stage_gate(args.out, args.root, args.parallel)
+    else:
+        stage_ladder(args.out, args.root, args.parallel)
 
 
 if __name__ == "__main__":

@@ -339,11 +339,12 @@ def gate_md(plan: dict, g: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sweep(plan: Path, root: Path, parallel: int) -> None:
-    dm("sweep", "--plan", str(plan), "--root", str(root), "--parallel", str(parallel), "--eval-args", EVAL_ARGS)
+def sweep(plan: Path, root: Path, parallel: int, eval_args: str = EVAL_ARGS) -> None:
+    dm("sweep", "--plan", str(plan), "--root", str(root), "--parallel", str(parallel), "--eval-args", eval_args)
 
 
-def sweep_in_chunks(plan_path: Path, root: Path, out: Path, name: str, parallel: int, chunk: int) -> Path:
+def sweep_in_chunks(plan_path: Path, root: Path, out: Path, name: str, parallel: int, chunk: int,
+                    eval_args: str = EVAL_ARGS) -> Path:
     """``sweep`` of the plan ``chunk`` runs at a time, each chunk's runs table kept as
     ``out/<name>/<k>.csv`` (commit them as they land: a later session, on another machine, skips
     every chunk whose table exists) with its part of the sweep's log as ``<k>.log``; returns
@@ -362,7 +363,7 @@ def sweep_in_chunks(plan_path: Path, root: Path, out: Path, name: str, parallel:
             sub.write_text(json.dumps({**plan, "runs": plan["runs"][k:k + chunk]}, indent=1))
             log = root / name / "sweep.log"
             start = log.stat().st_size if log.exists() else 0
-            sweep(sub, root / name, parallel)
+            sweep(sub, root / name, parallel, eval_args)
             shutil.copyfile(root / name / "runs.csv", part)
             with log.open("rb") as f:  # this chunk's part of the sweep's log
                 f.seek(start)
