@@ -225,3 +225,22 @@ def detectable_difference(sd_d: float, n: int, level: float = 0.95, power: float
     ``(t_{(1+level)/2, n-1} + t_{power, n-1}) sd_d / sqrt(n)`` (the usual t approximation)."""
     dof = n - 1
     return float((stats.t.ppf((1 + level) / 2, dof) + stats.t.ppf(power, dof)) * sd_d / np.sqrt(n))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given.
+
+    With the m raw p-values sorted ascending, ``p_(1) <= ... <= p_(m)``, the adjusted value of the
+    i-th smallest is ``min(1, max_{k <= i} (m - k + 1) p_(k))``; rejecting every hypothesis whose
+    adjusted p-value is below ``alpha`` controls the family-wise error at ``alpha``. NaN p-values are
+    an error (a comparison without a p-value cannot be ranked)."""
+    p_m = np.asarray(p_values, np.float64)
+    if p_m.ndim != 1 or np.any(~np.isfinite(p_m)) or np.any((p_m < 0) | (p_m > 1)):
+        raise ValueError(f"p-values {list(p_values)}; allowed: numbers in [0, 1]")
+    m = p_m.size
+    order = np.argsort(p_m, kind="stable")
+    scaled = (m - np.arange(m)) * p_m[order]
+    adj_sorted = np.minimum(1.0, np.maximum.accumulate(scaled))
+    adj_m = np.empty(m)
+    adj_m[order] = adj_sorted
+    return adj_m.tolist()

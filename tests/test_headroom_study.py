@@ -101,7 +101,8 @@ def test_sweeps_run_in_committed_chunks_and_skip_the_chunks_already_there(tmp_pa
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     swept = []
 
-    def fake_sweep(sub: Path, root: Path, parallel: int) -> None:
+    def fake_sweep(sub: Path, root: Path, parallel: int, eval_args: str) -> None:
+        assert eval_args == study.EVAL_ARGS
         runs = json.loads(sub.read_text())["runs"]
         swept.append([r["name"] for r in runs])
         root.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fits whose mean predicted loss per candidate is registered")
     p.add_argument("--predictions", type=path_type, default=None,
                    help='JSON file {"law": {"candidate": value}} of other predictions')
+    p.add_argument("--comparisons", type=path_type, default=None,
+                   help='JSON file [["a", "b"], ...] of the candidate pairs the rule decides (default: every pair)')
     p.add_argument("--size", type=float, default=None, help="the target model's parameter count in --size-column "
                                                             "(params_total: every parameter; params_active: used per "
                                                             "token); restricts the check to the runs at it")
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> None:
         predictions.update(json.loads(Path(args.predictions).read_text()))
     target = ({"size_column": args.size_column, "size": args.size, "tokens": args.tokens} if args.size is not None else None)
     reg = register({"rule": args.rule, "metric": args.metric, "level": args.level}, candidates, predictions=predictions,
-                   target=target)
+                   comparisons=read_comparisons(args.comparisons) if args.comparisons else None, target=target)
     write(reg, args.out)
     print(json.dumps({k: reg[k] for k in ("registered_at", "code_version", "sha256")}, indent=1))
     print(f"wrote {args.out}: {len(reg['candidates'])} candidates, {len(reg['comparisons'])} comparisons, "
@@ -86,6 +88,18 @@ def read_candidates(path: str, flag: str = "--candidates") -> dict:
         raise UsageError(f"{flag} {path} is not an object of mixtures; allowed: "
                          '{"name": {"domain": weight, ...}, ...}.')
     return candidates
+
+
+def read_comparisons(path: str) -> list:
+    """``--comparisons``: a JSON list of candidate-name pairs, [["a", "b"], ...]."""
+    try:
+        pairs = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--comparisons {path}: not a readable JSON file ({e}); allowed: a JSON list of pairs "
+                         '[["a", "b"], ...].') from None
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and all(isinstance(n, str) for n in p) for p in pairs):
+        raise UsageError(f"--comparisons {path} is not a list of name pairs; allowed: [[\"a\", \"b\"], ...].")
+    return pairs
 
 
 def predict_candidates(law: str, path: str, candidates: dict, size: float, tokens: float) -> dict[str, float]:

@@ -38,10 +38,12 @@ Stages (each skips what exists; results under ``experiments/studies/results/head
                 other stage runs.
 2. ``gate``     (next) the registered gate, once. A failure ends the study: "no headroom in this
                 setting", with its numbers.
-3. ``ladder``, ``fit``, ``mergemix``, ``register``, ``target``, ``report``: as registered in
-   ``design.json`` (the same stages as v1, with the practitioner rules, ``recommend`` and the robust
-   picks among the candidates; ``data_mixture register`` records every candidate and every law's
-   prediction before the first target run).
+3. ``ladder``   the registered ladder after a passing gate (``ladder_runs.csv``).
+4. ``fit``, ``mergemix``, ``register`` (``headroom_v2_picks``): the laws scored and fitted on the
+   ladder with their robust picks, ``recommend``, MergeMix, then every candidate, the dedup and every
+   law's prediction registered by ``data_mixture register`` before the first target run (commit it).
+5. ``target``, ``report`` (``headroom_v2_report``): the registered candidates at s2, 3 seeds each,
+   in committed chunks; the registered comparisons, Holm-corrected, and the answer.
 """
 
 from __future__ import annotations
@@ -393,14 +395,24 @@ def stage_ladder(out: Path, root: Path, parallel: int) -> Path:
     return sweep_in_chunks(path, root, out, "ladder", parallel, chunk=6, eval_args=EVAL_ARGS)
 
 
-STAGES = ("design", "gate", "ladder")
+STAGES = ("design", "gate", "ladder", "fit", "mergemix", "register", "target", "report")
+
+
+def later_stage(name: str):
+    """The stage function of a stage after the ladder (``headroom_v2_picks``, ``headroom_v2_report``)."""
+    from experiments.studies import headroom_v2_picks as picks
+    from experiments.studies import headroom_v2_report as report
+
+    return {"fit": picks.stage_fit, "mergemix": picks.stage_mergemix, "register": picks.stage_register,
+            "target": report.stage_target, "report": report.stage_report}[name]
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", choices=STAGES, default="design",
                     help="design: write design.json; gate: the registered gate, once; ladder: the ladder after a passing "
-                         "gate (each skips what exists)")
+                         "gate; fit, mergemix, register: the candidates and their registration (commit it); target: the "
+                         "registered candidates at s2; report: the registered decision (each skips what exists)")
     ap.add_argument("--out", type=Path, default=OUT, help="committed results")
     ap.add_argument("--root", type=Path, default=Path("runs/headroom_v2"), help="run directories (not committed)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time")
@@ -409,8 +421,10 @@ def main(argv=None) -> None:
         stage_design(args.out)
     elif args.stage == "gate":
         stage_gate(args.out, args.root, args.parallel)
-    else:
+    elif args.stage == "ladder":
         stage_ladder(args.out, args.root, args.parallel)
+    else:
+        later_stage(args.stage)(args.out, args.root, args.parallel)
 
 
 if __name__ == "__main__":

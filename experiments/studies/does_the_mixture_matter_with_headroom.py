@@ -765,16 +765,18 @@ def candidates(out: Path, a: dict) -> dict[str, dict]:
     return got
 
 
-def law_predictions(out: Path, a: dict, mixtures: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Every law's predicted target loss for each candidate at the target point with the target's pool."""
+def law_predictions(out: Path, a: dict, mixtures: dict[str, dict], *, laws: tuple[str, ...] = LAWS,
+                    point: tuple[float, float] | None = None) -> dict[str, dict[str, float]]:
+    """Every law's predicted target loss for each candidate at the target point with the target's pool
+    (``laws`` from ``out/fits``; ``point``: (size, tokens), default the setting ``a``'s target point)."""
     from data_mixture.fit import Fit
 
-    size, tokens = target_point(a)
+    size, tokens = point or target_point(a)
     names = list(mixtures)
     mix_rm = np.array([[mixtures[n][d] for d in DOMAINS] for n in names])
     unique_m = np.array([float(a["target_unique"].get(d, np.inf)) for d in DOMAINS])
     got = {}
-    for law in LAWS:
+    for law in laws:
         fit = Fit.load(out / "fits" / f"{law}.json")
         cols = [DOMAINS.index(d) for d in fit.mix_domains]  # the fit's domain order
         pred = fit.predict_losses(np.full(len(names), size), np.full(len(names), tokens), mix_rm[:, cols],
