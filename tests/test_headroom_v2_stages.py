@@ -149,13 +149,13 @@ def test_mergemix_continues_the_gate_s_s1_uniform_seed_20_run_with_the_registere
     monkeypatch.setattr(v1, "sweep", lambda sub, root, parallel, eval_args: swept.append(
         (json.loads(sub.read_text())["runs"], root, eval_args)))
     monkeypatch.setattr(picks, "dm", lambda *a: calls.append(a))
-    picks.stage_mergemix(out, tmp_path / "runs", 1)
+    picks.stage_mergemix(out, tmp_path / "runs", 2)
     (run,), root, eval_args = swept[0]
     assert run == next(r for r in study.gate_plan()["runs"] if r["name"] == "s1_uniform_s20")
     assert root == tmp_path / "runs" / "gate" and eval_args == study.EVAL_ARGS
     args = build_parser().parse_args(list(calls[0]))  # every flag is mergemix's
     assert args.base == str(tmp_path / "runs" / "gate" / "s1_uniform_s20")
-    assert (args.budget, args.loss_batches, args.fractions, args.search) == (60, 16, "1", "mergemix")
+    assert (args.budget, args.loss_batches, args.fractions, args.search, args.parallel) == (60, 16, "1", "mergemix", 2)
     assert args.loss_weights == ["math=0.6,code=0.4"] and args.task_weights is None
     assert float(args.expert_tokens) == pytest.approx(0.1 * run["tokens"])
 
@@ -315,7 +315,7 @@ def _mixtures():
     return {n: dict(zip(DOMAINS, rng.dirichlet(np.ones(4)).tolist())) for n in names}
 
 
-def test_the_target_plan_runs_each_distinct_candidate_with_3_seeds_in_chunks_of_3(tmp_path, monkeypatch):
+def test_the_target_plan_runs_each_distinct_candidate_with_3_seeds_in_chunks_of_2(tmp_path, monkeypatch):
     out = _out(tmp_path)
     mix = _mixtures()
     _registered(out, mix, shares={"recommend": "target_capped_16"})
@@ -341,10 +341,15 @@ def test_the_target_plan_runs_each_distinct_candidate_with_3_seeds_in_chunks_of_
 
     monkeypatch.setattr(v1, "sweep", fake_sweep)
     merged = report.stage_target(out, tmp_path / "runs", 1)
-    assert [len(s) for s in swept] == [3] * 10 and sorted((out / "target").glob("*.csv"))[-1].name == "09.csv"
+    assert [len(s) for s in swept] == [2] * 15 and sorted((out / "target").glob("*.csv"))[-1].name == "14.csv"
     assert len(list(csv.DictReader(merged.open()))) == 30
     (out / "target" / "plan.json").write_text(json.dumps({**plan, "runs": plan["runs"][:3]}))
     with pytest.raises(SystemExit, match="never edited"):
+        report.stage_target(out, tmp_path / "runs", 1)
+    reg = json.loads((out / "registration.json").read_text())
+    reg["candidates"]["uniform"] = {"code": 1.0}
+    (out / "registration.json").write_text(json.dumps(reg))
+    with pytest.raises(SystemExit, match="no longer matches its sha256"):
         report.stage_target(out, tmp_path / "runs", 1)
 
 
@@ -388,6 +393,7 @@ def test_the_report_decides_with_holm_and_answers_plainly(tmp_path, gap, noise, 
     assert data["cells"]["recommend"]["eval_se"] == pytest.approx(np.sqrt(0.6 ** 2 + 0.4 ** 2) * 0.003)
     md = report.report_md(data)
     assert data["answer"] in md and "| recommend vs target_capped_16 |" in md and "eval se" in md
+    assert f"| recommend vs target_capped_16 | {row['diff']:+.4f} [" in md and "## Candidates" in md
     assert data["detectable"]["detectable"] > 0
 
 

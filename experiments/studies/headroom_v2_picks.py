@@ -20,6 +20,7 @@ under the study's ``--out`` (committed) and ``--root`` (run directories, not com
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,6 @@ MAX_EPOCHS = 16  # recommend's cap on a law's pick, on the scarce pool (design.j
 MERGE_SHARE = v1.MERGE_SHARE  # experts train for 10% of the base's tokens
 MERGE_BASE = "s1_uniform_s20"  # the gate's uniform run at the largest proxy, seed 20
 TV_SHARE = 0.01  # design.json's dedup: within this total variation, candidates share target runs
-NAMES = tuple(study.CANDIDATES)
 
 
 def target_point() -> tuple[float, float]:
@@ -112,11 +112,11 @@ def mergemix_base(root: Path, parallel: int) -> tuple[Path, dict]:
     return root / "gate" / run["name"], run
 
 
-def mergemix_args(out: Path, root: Path, base: Path, run: dict) -> list[str]:
+def mergemix_args(out: Path, root: Path, base: Path, run: dict, parallel: int) -> list[str]:
     """MergeMix as registered: 10% of the base's tokens per expert, 60 merges, the target's losses
     over the registered 16 held-out batches per domain (no benchmark in the objective)."""
     return ["--base", str(base), "--domains", ",".join(study.DOMAINS), "--expert-tokens", repr(MERGE_SHARE * run["tokens"]),
-            "--fractions", "1", "--experts-dir", str(root / "experts"), "--search", "mergemix",
+            "--fractions", "1", "--experts-dir", str(root / "experts"), "--parallel", str(parallel), "--search", "mergemix",
             "--budget", str(SEARCH_BUDGET), "--seeds", str(SEARCH_SEEDS), *v1.mergemix_objectives(study.TARGET)["loss"],
             "--loss-batches", str(study.EVAL["heldout_batches_per_domain"]), "--cache", str(root / "cache_mergemix.jsonl"),
             "--out", str(out / "mergemix" / "search_loss"), "--no-progress"]
@@ -130,7 +130,9 @@ def stage_mergemix(out: Path, root: Path, parallel: int) -> None:
         return
     base, run = mergemix_base(root, parallel)
     (out / "mergemix").mkdir(parents=True, exist_ok=True)
-    dm("mergemix", *mergemix_args(out, root, base, run))
+    dm("mergemix", *mergemix_args(out, root, base, run, parallel))
+    if (root / "experts" / "sweep.log").exists():  # the experts' own wall times, for the record
+        shutil.copyfile(root / "experts" / "sweep.log", out / "mergemix" / "sweep_experts.log")
 
 
 # ---- the candidates, the dedup and the registration ----

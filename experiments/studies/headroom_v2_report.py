@@ -3,7 +3,7 @@
 
 - ``target``  each distinct registered candidate at s2 with seeds 0, 1, 2 (``run_entry``: the
               registered evaluation, 16 sampled held-out batches per domain, the math pool), in
-              committed chunks of 3 runs (``target/<k>.csv|log``); refuses a registration that is
+              committed chunks of 2 runs (``target/<k>.csv|log``); refuses a registration that is
               not committed, or a plan that differs from the one written before the first run.
 - ``report``  ``data_mixture evaluate --registration`` on ladder + target runs, then
               ``report.json`` and ``report.md`` from the committed files (:func:`report_data`,
@@ -29,7 +29,7 @@ from experiments.studies import does_the_mixture_matter_with_headroom as v1
 from experiments.studies import headroom_v2_picks as picks
 from experiments.studies.do_laws_pick_midtrain_mixtures import dm, run_seconds
 
-TARGET_CHUNK = 3  # runs per committed chunk: one candidate's 3 seeds
+TARGET_CHUNK = 2  # runs per committed chunk: one round of 2 runs at a time (a chunk of 3 leaves a core idle)
 ALPHA = 0.05  # family-wise error of the Holm correction (design.json: decision.correction)
 QUESTION_PAIR = ("recommend", "target_capped_16")
 WORD = {"beats": "beats", "loses": "loses to", "ties": "ties with"}
@@ -40,8 +40,14 @@ def run_name(candidate: str, seed: int) -> str:
 
 
 def shared(out: Path) -> dict[str, str]:
-    """{candidate: the candidate whose target runs it uses} from the registered candidates.json."""
-    return {n: c.get("shares_runs_with") or n for n, c in json.loads((out / "candidates.json").read_text()).items()}
+    """{candidate: the candidate whose target runs it uses}, from the hashed registration: ``register``
+    gave a candidate that shares runs exactly its owner's mixture, the first of that mixture."""
+    reg = json.loads((out / "registration.json").read_text())["candidates"]
+    got: dict[str, str] = {}
+    for name, w in reg.items():
+        got[name] = next((o for o in got if got[o] == o and all(abs(reg[o].get(d, 0.0) - w.get(d, 0.0)) <= 1e-12
+                                                                for d in set(w) | set(reg[o]))), name)
+    return got
 
 
 def target_plan(out: Path) -> dict:
@@ -58,9 +64,13 @@ def target_plan(out: Path) -> dict:
 def stage_target(out: Path, root: Path, parallel: int) -> Path:
     study.registered(out)
     picks.require_gate(out)
+    from data_mixture.register import content_hash, load
+
     reg = out / "registration.json"
     if not reg.exists() or not v1.committed(reg):
         raise SystemExit(f"{reg} is missing or not committed: run --stage register and commit it before any target run")
+    if content_hash(load(reg)) != load(reg)["sha256"]:
+        raise SystemExit(f"{reg} no longer matches its sha256: a registration is never edited")
     d = out / "target"
     d.mkdir(parents=True, exist_ok=True)
     path, plan = d / "plan.json", target_plan(out)
@@ -212,12 +222,37 @@ def report_data(out: Path) -> dict:
     ratio = json.loads((out / "design.json").read_text())["derived"]["target_over_largest_proxy_flops"]
     return {"question": study.DECISION["question"], "answer": answer(row, ratio),
             "pre_registered": check["pre_registered"], "why_not": check["why_not"],
-            "registered_at": reg["registered_at"], "cells": cell, "comparisons": decided,
-            "predictions": predictions_vs_observed(reg, cell), "detectable": detect, "costs": costs(out)}
+            "registered_at": reg["registered_at"], "candidates": candidate_rows(out, reg), "cells": cell,
+            "comparisons": decided, "predictions": predictions_vs_observed(reg, cell), "detectable": detect,
+            "costs": costs(out), "evaluate": verdicts(out)}
+
+
+def candidate_rows(out: Path, reg: dict) -> dict[str, dict]:
+    """Per candidate: the registered mixture (what its target runs train), the scarce pool's epochs
+    at the target, and why it was picked (candidates.json)."""
+    _, tokens = picks.target_point()
+    why = json.loads((out / "candidates.json").read_text()) if (out / "candidates.json").exists() else {}
+    return {n: {"weights": w, "epochs": w.get(study.SCARCE, 0.0) * tokens / study.POOL_TOKENS,
+                "why": why.get(n, {}).get("why", "")} for n, w in reg["candidates"].items()}
+
+
+def verdicts(out: Path) -> dict[str, str]:
+    """``evaluate``'s one-line verdicts: on the ladder (s1 held out) and on ladder + target runs."""
+    got = {}
+    for name in ("evaluate_ladder", "evaluate_target"):
+        path = out / name / "evaluation.json"
+        if path.exists():
+            v = json.loads(path.read_text())["verdict"]
+            got[name] = v["text"] if isinstance(v, dict) else str(v)
+    return got
 
 
 def _f(x, fmt: str = ".4f") -> str:
     return "" if x is None else format(x, fmt)
+
+
+def _mix(w: dict[str, float]) -> str:
+    return ", ".join(f"{w.get(x, 0.0):.3f}" for x in study.DOMAINS)
 
 
 def report_md(data: dict) -> str:
@@ -226,7 +261,11 @@ def report_md(data: dict) -> str:
              ("**Pre-registered**: the registration of " + d["registered_at"] + " predates every target run and covers "
               "them all (`evaluate --registration`'s check)." if d["pre_registered"] else
               "**Not pre-registered**: " + "; ".join(d["why_not"]) + "."), "",
-             "## Target losses", "", f"Metric: {study.DECISION['metric']}; each loss over "
+             "## Candidates", "", "Each registered mixture (code, prose, math, knowledge), the math pool's epochs at "
+             "the target, and why it is a candidate (`candidates.json`; a candidate within 0.01 total variation of an "
+             "earlier one shares its runs).", "", "| candidate | mixture | math epochs | why |", "|---|---|---|---|",
+             *[f"| {n} | {_mix(c['weights'])} | {c['epochs']:.1f} | {c['why']} |" for n, c in d["candidates"].items()],
+             "", "## Target losses", "", f"Metric: {study.DECISION['metric']}; each loss over "
              f"{study.EVAL['heldout_batches_per_domain']} held-out batches per domain; `eval se`: the evaluation's own "
              "standard error (mean over the seeds), beside the seed sd.", "",
              "| candidate | runs of | loss per seed | mean | seed sd | eval se |", "|---|---|---|---|---|---|"]
@@ -266,6 +305,9 @@ def report_md(data: dict) -> str:
     for name, f in c["named_with"].items():
         t = c["target_runs"][name]
         lines.append(f"| {name} | {_f(f, '.3g')} | {t['flops']:.3g} | {_f(t['run_minutes'], '.0f')} |")
+    titles = {"evaluate_ladder": f"{study.PROXIES[-1]} held out", "evaluate_target": "the target held out"}
+    for name, text in d["evaluate"].items():
+        lines += ["", f"## Evaluate (laws against baselines), {titles[name]}", "", f"{text} (tables: {name}/evaluation.md)"]
     return "\n".join(lines) + "\n"
 
 
