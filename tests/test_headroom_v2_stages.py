@@ -48,7 +48,7 @@ def _ladder_rows():
         for frac in (0.5, 1.0):
             loss = _loss(w, run["params_active"])
             row = {"run": run["name"], "params_total": run["params_total"], "params_active": run["params_active"],
-                   "tokens": run["tokens"] * frac, "seed": run["seed"],
+                   "tokens": run["tokens"] * frac, "seed": run["seed"], "started_at": "2026-12-06T05:00:00+00:00",
                    **{f"mix:{d}": v for d, v in run["mixture"].items()},
                    **{f"loss:{d}": v + (1 - frac) + 0.003 * run["seed"] for d, v in loss.items()},
                    **{f"loss_se:{d}": 0.004 for d in DOMAINS}}
@@ -425,3 +425,52 @@ def test_the_committed_report_rebuilds_from_the_committed_files():
     if not path.exists():
         pytest.skip("the study has no report yet (its target runs are not committed)")
     assert report.report_md(report.report_data(study.OUT)) == path.read_text()
+
+
+def test_register_target_and_report_end_to_end_with_the_real_commands(fitted, tmp_path, pools, monkeypatch):
+    """After the fixture's real fit: register (real command, --comparisons), the target plan swept
+    by a stand-in that writes the runs' table, and report with the real evaluate --registration."""
+    import datetime as dt
+
+    from data_mixture.__main__ import main as dm_main
+
+    out = tmp_path / "out"
+    shutil.copytree(fitted[0], out)
+    for law in ("camel", "camel+repfit"):  # the fixture fitted regmix_linear only
+        shutil.copyfile(out / "optima" / "regmix_linear.json", out / "optima" / f"{law}.json")
+    (out / "mergemix" / "search_loss").mkdir(parents=True)
+    (out / "mergemix" / "search_loss" / "summary.json").write_text(json.dumps(
+        {"mixture": {"code": 0.3, "prose": 0.2, "math": 0.3, "knowledge": 0.2}, "flops": {"total": 5e12}}))
+    real = lambda *args: dm_main(list(args))  # noqa: E731
+    monkeypatch.setattr(picks, "LAWS", ("regmix_linear",))
+    monkeypatch.setattr(picks, "dm", real)
+    monkeypatch.setattr(report, "dm", real)
+    picks.stage_register(out, tmp_path / "runs", 1)
+    reg = json.loads((out / "registration.json").read_text())
+    assert len(reg["comparisons"]) == 4 + 28 and set(reg["predictions"]) == {"regmix_linear"}
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat(timespec="seconds")
+    rng = np.random.default_rng(1)
+
+    def fake_sweep(sub, root, parallel, eval_args):
+        rows = []
+        for r in json.loads(sub.read_text())["runs"]:
+            loss = _loss([r["mixture"][d] for d in DOMAINS], r["params_active"])
+            jitter = rng.normal(0, 0.01)
+            rows += [{"run": r["name"], "params_total": r["params_total"], "params_active": r["params_active"],
+                      "tokens": r["tokens"] * frac, "seed": r["seed"], "started_at": later,
+                      **{f"mix:{d}": v for d, v in r["mixture"].items()},
+                      **{f"loss:{d}": v + jitter + (1 - frac) for d, v in loss.items()},
+                      **{f"loss_se:{d}": 0.004 for d in DOMAINS}} for frac in (0.5, 1.0)]
+        root.mkdir(parents=True, exist_ok=True)
+        _write(root / "runs.csv", rows)
+        (root / "sweep.log").write_text("")
+
+    monkeypatch.setattr(v1, "committed", lambda path: True)
+    monkeypatch.setattr(v1, "sweep", fake_sweep)
+    (out / "target_runs.csv").write_bytes(report.stage_target(out, tmp_path / "runs", 1).read_bytes())
+    data = report.stage_report(out, tmp_path / "runs", 1)
+    assert data["pre_registered"], data["why_not"]
+    assert json.loads((out / "evaluate_target" / "evaluation.json").read_text())["registration"]["pre_registered"]
+    row = data["comparisons"]["primary"][0]
+    assert row["verdict"] in ("beats", "ties", "loses") and data["answer"].split(":")[0] in ("Yes", "No")
+    assert (out / "report.md").read_text() == report.report_md(json.loads((out / "report.json").read_text()))
