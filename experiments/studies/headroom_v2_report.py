@@ -167,7 +167,7 @@ def costs(out: Path) -> dict:
     named = {"uniform": 0.0, "proportional": 0.0, "unimax": 0.0, "target_capped_16": 0.0, "best_at_proxy": ladder,
              "proxy_capped_16": ladder, "recommend": ladder, "camel_robust": ladder, "best_other_law_robust": ladder,
              "repetition_law": ladder,
-             "mergemix": None if merge.get("total") is None else float(merge["total"]) + float(base)}
+             "mergemix": merge.get("total_with_base", None if merge.get("total") is None else merge["total"] + base)}
     plan = out / "target" / "plan.json"
     runs = json.loads(plan.read_text())["runs"] if plan.exists() else []
     secs = run_seconds(*sorted((out / "target").glob("*.log")))
@@ -191,8 +191,8 @@ def answer(row: dict, ratio: float) -> str:
     if row.get("verdict") in (None, "not run"):
         return f"Not answered yet: {a} and {b} have not both been run at the target with every seed."
     if row["same_runs"]:
-        return (f"No: recommend chose the practitioner's rule itself, so {a} and {b} are the same target runs and tie "
-                f"by construction {where}.")
+        return (f"No: recommend's pick is the practitioner's rule's mixture (within 0.01 total variation), so {a} and "
+                f"{b} are the same target runs and tie by construction {where}.")
     iv = (f"{row['diff']:+.4f} nats, 95% paired interval [{row['lo']:+.4f}, {row['hi']:+.4f}], Holm-adjusted "
           f"p = {row['p_holm']:.3g}")
     if row["verdict"] == "beats":
