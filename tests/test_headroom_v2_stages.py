@@ -49,6 +49,7 @@ def _ladder_rows():
             loss = _loss(w, run["params_active"])
             row = {"run": run["name"], "params_total": run["params_total"], "params_active": run["params_active"],
                    "tokens": run["tokens"] * frac, "seed": run["seed"], "started_at": "2026-12-06T05:00:00+00:00",
+                   "unique:math": study.POOL_TOKENS,
                    **{f"mix:{d}": v for d, v in run["mixture"].items()},
                    **{f"loss:{d}": v + (1 - frac) + 0.003 * run["seed"] for d, v in loss.items()},
                    **{f"loss_se:{d}": 0.004 for d in DOMAINS}}
@@ -457,7 +458,7 @@ def test_register_target_and_report_end_to_end_with_the_real_commands(fitted, tm
             loss = _loss([r["mixture"][d] for d in DOMAINS], r["params_active"])
             jitter = rng.normal(0, 0.01)
             rows += [{"run": r["name"], "params_total": r["params_total"], "params_active": r["params_active"],
-                      "tokens": r["tokens"] * frac, "seed": r["seed"], "started_at": later,
+                      "tokens": r["tokens"] * frac, "seed": r["seed"], "started_at": later, "unique:math": study.POOL_TOKENS,
                       **{f"mix:{d}": v for d, v in r["mixture"].items()},
                       **{f"loss:{d}": v + jitter + (1 - frac) for d, v in loss.items()},
                       **{f"loss_se:{d}": 0.004 for d in DOMAINS}} for frac in (0.5, 1.0)]
