@@ -69,7 +69,6 @@ own token budget and pools (closer = predicted better; KL is infinite where the 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -490,16 +489,11 @@ def practitioner_mixtures(mix_domains, *, tokens: float, pools=None, target=None
 
 def target_pools(table, unique_tokens: Mapping[str, float] | None) -> dict[str, float]:
     """{domain: unique tokens at the target}: ``unique_tokens``, else the table's largest pool per domain."""
+    from data_mixture.optimize import checked_pools
+
     domains = tuple(table.mix_domains)
     if unique_tokens:
-        unknown = sorted(set(unique_tokens) - set(domains))
-        if unknown:
-            raise TableError(f"--unique-tokens names {', '.join(unknown)}, not a training domain of the table "
-                                 f"({', '.join(domains)}).")
-        for d, u in unique_tokens.items():
-            if not (math.isfinite(float(u)) and float(u) > 0):
-                raise TableError(f"--unique-tokens {d}={u!r}; allowed: a number of tokens > 0.")
-        return {d: float(u) for d, u in unique_tokens.items()}
+        return checked_pools(unique_tokens, domains, of="the table", error=TableError)
     u_rm = table.unique_rm()
     return {d: float(u_rm[:, j].max()) for j, d in enumerate(domains) if np.isfinite(u_rm[:, j]).any()}
 

@@ -86,7 +86,7 @@ def test_recommend_on_a_user_style_table_with_a_held_out_target(user_style):
 def test_recommend_errors():
     from data_mixture.table import TableError
 
-    with pytest.raises(TableError, match="--unique-tokens names heldout, not a training domain"):
+    with pytest.raises(TableError, match="--unique-tokens names domain\\(s\\) heldout that the table does not train on"):
         recommend(user_style_table(), size=2e6, tokens=4e7, target="heldout", unique_tokens={"heldout": 1e6},
                   laws=["regmix_linear"], progress=False)
     with pytest.raises(RecommendError, match="--tokens -1"):

@@ -312,6 +312,7 @@ def test_ray_is_not_imported_on_the_local_path():
 # ------------------------------------------------------------------------------------------- Ray
 
 
+@pytest.mark.slow  # a local Ray cluster and two training runs (35 s of the default suite's budget); -m slow runs it
 def test_ray_micro_sweep_gives_the_same_table(tmp_path, corpus_cache):
     """Two runs as Ray tasks on a local Ray cluster (2 CPUs, one per run): same semantics, same table
     structure as the local sweep's. One run carries the stale lease of a runner that died: taken over."""

@@ -28,6 +28,7 @@ def smoke(tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.slow  # every part of the GPU check compiled on CPU (45 s of the default suite's budget); -m slow runs it
 def test_smoke_runs_every_part_into_one_json_and_a_table(smoke):
     proc, out = smoke
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -19,7 +19,10 @@ optimized HLO: an option that leaves them as ``default`` has them is a no-op her
 whose results differ from ``default``'s by more than ``--tolerance`` (relative; float
 reassociation stays far below it) is marked ``out``; one whose child dies (some flags crash the
 compiler or run instructions the CPU lacks) is listed as failed, with its exit status and the
-end of its stderr, and the others go on.
+end of its stderr (exit status -9 is a kill, usually the kernel's out-of-memory killer), and the
+others go on. Every child keeps its compiled workloads alive: at the peer's shapes one holds about
+3-6.5 GB, so a 24 GB host times about four options per run (``--options``; ``default`` is always
+built, as the reference).
 
 Workloads: the peer architecture of :mod:`experiments.benchmarks.peer_arch` (d 256, 4 layers,
 16 experts top-2 of width 512, batch 16 x 256, float32, random tokens) as its dropless and
@@ -176,6 +179,16 @@ def _read(proc: subprocess.Popen, option: str) -> dict:
     return {"failed": {"exit_status": proc.returncode, "stderr_tail": tail}}
 
 
+def _time_round(proc: subprocess.Popen, option: str) -> dict:
+    """One timed round of a child, or ``{"failed": ...}`` if it died (before or during the round)."""
+    try:
+        proc.stdin.write("round\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+    except BrokenPipeError:
+        pass  # it died: _read reports how
+    return _read(proc, option)
+
+
 def _rel_diff(a: list[float], b: list[float]) -> float:
     scale = max(max(abs(x) for x in b), 1e-12)
     return max(abs(x - y) for x, y in zip(a, b)) / scale
@@ -257,14 +270,20 @@ def main(argv: list[str] | None = None) -> None:
         secs: dict[str, dict[str, list[float]]] = {o: {w: [] for w in WORKLOADS} for o in options}
         for rnd in range(rounds):
             for option in options[rnd % len(options):] + options[: rnd % len(options)]:
-                procs[option].stdin.write("round\n")  # type: ignore[union-attr]
-                procs[option].stdin.flush()  # type: ignore[union-attr]
-                report = _read(procs[option], option)
+                if option in failed:
+                    continue
+                report = _time_round(procs[option], option)
                 if "failed" in report:
-                    raise SystemExit(f"option {option!r} failed while timed: {report['failed']}")
+                    if option == "default":
+                        raise SystemExit(f"the default option died while timed: {report['failed']}")
+                    failed[option] = {**report["failed"], "when": f"timed, round {rnd + 1}"}
+                    continue
                 for name, s in report["secs"].items():
                     secs[option][name].append(s)
             print(f"round {rnd + 1}/{rounds} done", flush=True)
+        options = [o for o in options if o not in failed]
+        reports = {o: reports[o] for o in options}
+        secs = {o: secs[o] for o in options}
     finally:
         for proc in procs.values():
             if proc.poll() is None:

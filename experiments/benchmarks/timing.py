@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from moejax import allocator
 
 
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per call of each zero-argument function, timed in interleaved rounds.
+def interleaved_times(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of every call of each zero-argument function, timed in interleaved rounds (entry r of
+    each list is round r, so two candidates pair by round).
 
     Each function must block until its result is ready (wrap jitted calls with
     ``jax.block_until_ready``).
@@ -40,7 +41,12 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int =
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each function, timed in interleaved rounds (:func:`interleaved_times`)."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, rounds, warmup).items()}
 
 
 def matmul_peak_flops(size: int = 1024, dtype=jnp.float32, rounds: int = 20) -> float:
