@@ -244,6 +244,12 @@ def test_register_writes_shared_mixtures_predictions_and_the_families(tmp_path, 
     monkeypatch.setattr(v1, "law_predictions", lambda o, a, mix, laws, point: {"camel": {n: 1.0 for n in mix}})
     calls = []
     monkeypatch.setattr(picks, "dm", lambda *a: calls.append(a))
+    (out / "fits").mkdir()
+    for law in picks.LAWS[1:]:
+        (out / "fits" / f"{law}.json").write_text("{}")
+    with pytest.raises(SystemExit, match="fits of mixing_law missing"):  # regmix's forest is not committed
+        picks.stage_register(out, out / "runs", 1)
+    (out / "fits" / "mixing_law.json").write_text("{}")
     picks.stage_register(out, out / "runs", 1)
     cands = json.loads((out / "candidates.json").read_text())
     assert cands["mergemix"]["shares_runs_with"] == "uniform"  # the same mixture: one set of target runs

@@ -257,6 +257,9 @@ def stage_register(out: Path, root: Path, parallel: int) -> None:
     if path.exists():
         print(f"register: {path} exists (kept; a registration is never rewritten)")
         return
+    missing = [law for law in LAWS if not (out / "fits" / f"{law}.json").exists()]
+    if missing:  # regmix's forests are not committed (.gitignore): --stage fit refits what is missing
+        raise SystemExit(f"fits of {', '.join(missing)} missing under {out / 'fits'}: run --stage fit first")
     chosen = candidates(out)
     owner = dedup({n: c["weights"] for n, c in chosen.items()})
     for name, c in chosen.items():
