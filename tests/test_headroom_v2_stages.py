@@ -428,9 +428,14 @@ def test_holm_matches_the_textbook_example():
 
 
 def test_the_committed_report_rebuilds_from_the_committed_files():
+    """A failed gate's report from gate.json, a finished study's from report.json."""
+    gate = json.loads((study.OUT / "gate" / "gate.json").read_text())
     path = study.OUT / "report.md"
+    if not gate["passed"]:
+        assert path.read_text() == study.stopped_report_md(gate)
+        return
     if not path.exists():
-        pytest.skip("the study has no report yet (its target runs are not committed)")
+        pytest.skip("the gate passed and the study has no report yet (its target runs are not committed)")
     assert report.report_md(report.report_data(study.OUT)) == path.read_text()
 
 
@@ -481,3 +486,13 @@ def test_register_target_and_report_end_to_end_with_the_real_commands(fitted, tm
     row = data["comparisons"]["primary"][0]
     assert row["verdict"] in ("beats", "ties", "loses") and data["answer"].split(":")[0] in ("Yes", "No")
     assert (out / "report.md").read_text() == report.report_md(json.loads((out / "report.json").read_text()))
+
+
+def test_a_partial_family_is_corrected_as_the_whole_registered_family():
+    """A comparison not yet run counts as p = 1 in Holm: the one that ran is adjusted for 2, not 1."""
+    cell = {"a": {"values": [(0, 1.0), (1, 1.1), (2, 1.3)], "runs_of": "a"},
+            "b": {"values": [(0, 1.2), (1, 1.4), (2, 1.5)], "runs_of": "b"},
+            "c": {"values": [(0, 1.0)], "runs_of": "c"}}
+    rows = report.decide({"primary": [["a", "b"], ["a", "c"]]}, cell)["primary"]
+    assert rows[1]["verdict"] == "not run"
+    assert rows[0]["p_holm"] == pytest.approx(min(1.0, 2 * rows[0]["p"]))

@@ -133,9 +133,12 @@ def decide(families: dict[str, list[list[str]]], cell: dict[str, dict]) -> dict[
                 rows.append({"a": a, "b": b, **paired(ca["values"], cb["values"], ca["runs_of"] == cb["runs_of"])})
             else:
                 rows.append({"a": a, "b": b, "p": None, "verdict": "not run"})
-        done = [r for r in rows if r["p"] is not None]
-        for r, p_holm in zip(done, holm([r["p"] for r in done]) if done else []):
-            r.update(p_holm=p_holm, verdict=verdict(r["diff"], p_holm))
+        # Holm over the whole registered family: a comparison not yet run counts as p = 1, so a
+        # partial report is never less strict than the finished one.
+        adjusted = holm([1.0 if r["p"] is None else r["p"] for r in rows]) if rows else []
+        for r, p_holm in zip(rows, adjusted):
+            if r["p"] is not None:
+                r.update(p_holm=p_holm, verdict=verdict(r["diff"], p_holm))
         got[fam] = rows
     return got
 
