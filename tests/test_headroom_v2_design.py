@@ -118,3 +118,23 @@ def test_a_stage_refuses_a_design_that_differs_from_the_module(tmp_path):
     (tmp_path / "design.json").write_text(json.dumps({**record, "target_seeds": [0, 1]}))
     with pytest.raises(SystemExit, match="no longer matches"):
         study.registered(tmp_path)
+
+
+def test_a_failed_gate_reports_no_headroom_and_the_registration_times(tmp_path):
+    g = study.gate_result(_write_gate_table(tmp_path / "b.csv", {"s0": 0.3, "s1": 0.05}, [0.0, 0.05, -0.05]))
+    g["registration"] = {"design_sha256": "ab" * 32, "design_registered_at": "2026-12-06T04:30:15Z",
+                         "design_committed_at": "2026-12-06T04:31:38Z", "gate_plan_committed_at": "2026-12-06T06:09:01Z",
+                         "first_run_started_at": "2026-12-06T06:37:41Z", "registered_before_the_first_run": True}
+    text = study.stopped_report_md(g)
+    assert "Not answered: the registered gate failed (at s1 the best mixture (target_weights) beats uniform by 1.00 sd" in text
+    assert "no headroom in this setting and stops" in text and "registered before the first run: **True**" in text
+    assert "at s0" not in text.split("**")[1]  # s0 passed its part of the gate: only the failing size is named
+
+
+def test_the_committed_gate_rebuilds_from_its_runs_and_was_registered_before_them():
+    committed = json.loads((study.OUT / "gate" / "gate.json").read_text())
+    runs = study.OUT / "gate_runs.csv"
+    assert json.loads(json.dumps(study.gate_result(runs))) == {k: v for k, v in committed.items() if k != "registration"}
+    assert study.registration_proof(study.OUT, runs) == committed["registration"]
+    assert committed["registration"]["registered_before_the_first_run"] is True
+    assert (study.OUT / "gate" / "gate.md").read_text() == study.gate_md(committed)
