@@ -69,7 +69,8 @@ own token budget and pools (closer = predicted better; KL is infinite where the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -487,10 +488,22 @@ def practitioner_mixtures(mix_domains, *, tokens: float, pools=None, target=None
     return out
 
 
+def checked_pools(unique_tokens: Mapping[str, float], domains: Sequence[str], *, of: str = "the fit",
+                  error: type[Exception] = TableError) -> dict[str, float]:
+    """``--unique-tokens`` {domain: tokens} after checking that every domain is one ``of`` trains on
+    and every count is a finite number > 0 (``error`` names the bad one otherwise)."""
+    unknown = sorted(set(unique_tokens) - set(domains))
+    if unknown:
+        raise error(f"--unique-tokens names domain(s) {', '.join(unknown)} that {of} does not train on; its training "
+                    f"domains: {', '.join(domains)}.")
+    for d, v in unique_tokens.items():
+        if not (math.isfinite(float(v)) and float(v) > 0):
+            raise error(f"--unique-tokens {d}={v!r}; allowed: a number of tokens > 0.")
+    return {d: float(v) for d, v in unique_tokens.items()}
+
+
 def target_pools(table, unique_tokens: Mapping[str, float] | None) -> dict[str, float]:
     """{domain: unique tokens at the target}: ``unique_tokens``, else the table's largest pool per domain."""
-    from data_mixture.optimize import checked_pools
-
     domains = tuple(table.mix_domains)
     if unique_tokens:
         return checked_pools(unique_tokens, domains, of="the table", error=TableError)

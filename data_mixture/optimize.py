@@ -309,26 +309,14 @@ def _target_weights(fit, target, loss_weights):
     return parts, target.to_json()
 
 
-def checked_pools(unique_tokens: Mapping[str, float], domains: Sequence[str], *, of: str = "the fit",
-                  error: type[UserError] = OptimizeError) -> dict[str, float]:
-    """``--unique-tokens`` {domain: tokens} after checking that every domain is one ``of`` trains on
-    and every count is a finite number > 0 (``error`` names the bad one otherwise)."""
-    unknown = sorted(set(unique_tokens) - set(domains))
-    if unknown:
-        raise error(f"--unique-tokens names domain(s) {', '.join(unknown)} that {of} does not train on; its training "
-                    f"domains: {', '.join(domains)}.")
-    for d, v in unique_tokens.items():
-        if not (math.isfinite(float(v)) and float(v) > 0):
-            raise error(f"--unique-tokens {d}={v!r}; allowed: a number of tokens > 0.")
-    return {d: float(v) for d, v in unique_tokens.items()}
-
-
 def _unique_vector(fit, unique_tokens: Mapping[str, float] | None) -> np.ndarray | None:
     """(M,) pools at the target (``inf``: unlimited) from ``unique_tokens``, else the fit's
     recorded ones (repetition-aware laws), else None."""
     domains = tuple(fit.mix_domains)
     if unique_tokens:
-        pools = checked_pools(unique_tokens, domains)
+        from data_mixture.baselines import checked_pools
+
+        pools = checked_pools(unique_tokens, domains, error=OptimizeError)
         return np.array([pools.get(d, np.inf) for d in domains])
     recorded = _recorded_pools(fit)
     if recorded is None:

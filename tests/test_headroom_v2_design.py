@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from experiments.studies import does_recommend_beat_the_practitioner as study
+from experiments.studies import headroom_v2_setting as study
 
 REGISTERED = ("code_commit", "registered_at", "sha256")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from data_mixture.decisions import holm
-from experiments.studies import does_recommend_beat_the_practitioner as study
+from experiments.studies import headroom_v2_setting as study
 from experiments.studies import does_the_mixture_matter_with_headroom as v1
 from experiments.studies import headroom_v2_picks as picks
 from experiments.studies import headroom_v2_report as report

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.studies import does_recommend_beat_the_practitioner as study
+from experiments.studies import headroom_v2_setting as study
 from experiments.studies import does_the_mixture_matter_with_headroom as v1
 from experiments.studies.do_laws_pick_midtrain_mixtures import SEARCH_BUDGET, SEARCH_SEEDS, dm
 

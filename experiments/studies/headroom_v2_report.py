@@ -24,7 +24,7 @@ import numpy as np
 from scipy import stats
 from scipy.stats import spearmanr
 
-from experiments.studies import does_recommend_beat_the_practitioner as study
+from experiments.studies import headroom_v2_setting as study
 from experiments.studies import does_the_mixture_matter_with_headroom as v1
 from experiments.studies import headroom_v2_picks as picks
 from experiments.studies.do_laws_pick_midtrain_mixtures import dm, run_seconds
