@@ -17,7 +17,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_a_second_sigterm_does_not_cut_the_first_ones_save_short():
     """Two SIGTERMs 0.3 s apart (a scheduler that repeats itself): the first one's save goes on, and
-    the second is answered with one line saying so; a second Ctrl-C still exits at once, saying so."""
+    the second is answered with one line saying so; a third after the save is ignored (the process
+    exits with its own status); a second Ctrl-C still exits at once, saying so."""
     script = textwrap.dedent("""
         import os, signal, sys, time
         from moejax.train.preemption import PreemptionGuard
@@ -28,10 +29,14 @@ def test_a_second_sigterm_does_not_cut_the_first_ones_save_short():
             os.kill(os.getpid(), sig)
             time.sleep(0.3)
             print("still saving", guard.signum, flush=True)
+        os.kill(os.getpid(), sig)  # after the save, on the way out: ignored, the exit status stays ours
+        time.sleep(0.3)
+        print("exiting", flush=True)
     """)
     term = subprocess.run([sys.executable, "-c", script, "SIGTERM"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
-    assert term.returncode == 0 and "still saving 15" in term.stdout, (term.returncode, term.stderr)
+    assert term.returncode == 0 and "still saving 15" in term.stdout and "exiting" in term.stdout, (term.returncode,
+                                                                                                   term.stderr)
     assert "second SIGTERM" in term.stderr and "checkpoint" in term.stderr and len(term.stderr.splitlines()) == 1
     ctrl_c = subprocess.run([sys.executable, "-c", script, "SIGINT"], cwd=REPO, capture_output=True, text=True,
                             timeout=60)

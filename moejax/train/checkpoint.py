@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import time
+import traceback
 from typing import Any
 
 import jax
@@ -116,6 +117,9 @@ class Checkpointer:
         absl_logger = logging.getLogger("absl")  # before the manager, which reads every step's metadata
         if _orbax_errors_hidden not in absl_logger.filters:
             absl_logger.addFilter(_orbax_errors_hidden)
+        asyncio_logger = logging.getLogger("asyncio")
+        if _orbax_futures_hidden not in asyncio_logger.filters:
+            asyncio_logger.addFilter(_orbax_futures_hidden)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
         self._saving: int | None = None  # the step of the save started last
 
@@ -257,6 +261,18 @@ def _orbax_errors_hidden(record: logging.LogRecord) -> bool:
     if "orbax" not in record.pathname or logging.getLogger("moejax").isEnabledFor(logging.DEBUG):
         return True
     return record.levelno < logging.ERROR and not str(record.msg).startswith("Metadata file does not exist")
+
+
+def _orbax_futures_hidden(record: logging.LogRecord) -> bool:
+    """A filter on the ``asyncio`` logger: after a failed save, orbax's write tasks leave futures
+    whose errors nobody retrieved, and asyncio reports each (with its traceback) when it collects
+    them, often as the process exits. They repeat the failure ``SaveFailed`` has reported in one
+    paragraph, so they are left out; ``-v`` shows them."""
+    if logging.getLogger("moejax").isEnabledFor(logging.DEBUG) or "exception was never retrieved" not in str(record.msg):
+        return True
+    tb = record.exc_info[2] if record.exc_info else None
+    files = [frame.filename for frame, _ in traceback.walk_tb(tb)] if tb else []
+    return not any("orbax" in f for f in files)
 
 
 def any_process(flag: bool) -> bool:

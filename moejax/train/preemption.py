@@ -35,9 +35,10 @@ class PreemptionGuard:
     If the loop has not finished its checkpoint ``grace_seconds`` after the signal, the process
     exits anyway, saying so (orbax commits a checkpoint only when it is complete, so a cut-off save
     leaves the older checkpoints intact). A second SIGTERM (schedulers and ``kill`` repeat
-    themselves) does not cut that save short: it is answered with one line. A second Ctrl-C is a
-    person who wants out: it exits at once, saying that the checkpoint was not saved. Handlers are
-    installed only in the main thread (signals cannot be caught elsewhere) and restored on exit.
+    themselves) does not cut that save short: it is answered with one line, and once the save is done
+    a later SIGTERM is ignored (the process is exiting with 128 + 15). A second Ctrl-C is a person who
+    wants out: it exits at once, saying that the checkpoint was not saved. Handlers are installed
+    only in the main thread (signals cannot be caught elsewhere) and restored on exit.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -75,4 +76,7 @@ class PreemptionGuard:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # After a SIGTERM stop the process is on its way out with 143: a repeat (schedulers send
+            # it again) arriving after the save must not turn that exit status into a kill.
+            stopping = sig == signal.SIGTERM and self.signum == signal.SIGTERM
+            signal.signal(sig, signal.SIG_IGN if stopping else handler)
