@@ -271,7 +271,7 @@ def _orbax_futures_hidden(record: logging.LogRecord) -> bool:
     if logging.getLogger("moejax").isEnabledFor(logging.DEBUG) or "exception was never retrieved" not in str(record.msg):
         return True
     tb = record.exc_info[2] if record.exc_info else None
-    files = [frame.filename for frame, _ in traceback.walk_tb(tb)] if tb else []
+    files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(tb)] if tb else []
     return not any("orbax" in f for f in files)
 
 
