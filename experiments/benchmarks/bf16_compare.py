@@ -25,7 +25,6 @@ Only the compute dtype changes: parameters and optimizer moments stay float32
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -68,19 +67,15 @@ def step_part(smoke: bool, rounds: int) -> dict:
 
 def read_curve(workdir: str) -> dict:
     """``{"loss": [[step, loss], ...], "eval_loss": [[step, loss], ...]}`` from a run's metrics.jsonl."""
+    from moejax.train.metrics import metric_records
+
+    if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+        raise FileNotFoundError(f"{workdir}/metrics.jsonl: the run wrote no metrics (its output is above)")
     curve: dict[str, list] = {"loss": [], "eval_loss": []}
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: the run wrote no metrics (its output is above)")
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            for key in curve:
-                if isinstance(record.get(key), (int, float)):
-                    curve[key].append([int(record["step"]), float(record[key])])
+    for record in metric_records(workdir):
+        for key in curve:
+            if isinstance(record.get(key), (int, float)):
+                curve[key].append([int(record["step"]), float(record[key])])
     return curve
 
 

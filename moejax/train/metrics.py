@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -180,19 +180,27 @@ def truncate_metrics(workdir: str, step: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-def eval_losses_from_metrics(workdir: str) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
-    """(step, eval_loss) of the first and of the last evaluation in ``workdir/metrics.jsonl``."""
-    first = last = None
+def metric_records(workdir: str) -> Iterator[dict[str, Any]]:
+    """The records of ``workdir/metrics.jsonl`` in order (none when the file is absent); a line that
+    is not JSON (a write cut short by a kill) is skipped."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.isfile(path):
-        return None, None
+        return
     with open(path) as f:
         for line in f:
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record.get("eval_loss"), (int, float)):
-                last = (int(record["step"]), float(record["eval_loss"]))
-                first = first or last
+            if isinstance(record, dict):
+                yield record
+
+
+def eval_losses_from_metrics(workdir: str) -> tuple[tuple[int, float] | None, tuple[int, float] | None]:
+    """(step, eval_loss) of the first and of the last evaluation in ``workdir/metrics.jsonl``."""
+    first = last = None
+    for record in metric_records(workdir):
+        if isinstance(record.get("eval_loss"), (int, float)):
+            last = (int(record["step"]), float(record["eval_loss"]))
+            first = first or last
     return first, last
