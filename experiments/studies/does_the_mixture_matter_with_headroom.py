@@ -806,10 +806,12 @@ def stage_register(out: Path, root: Path, parallel: int, attempt: int) -> None:
 
 
 def committed(path: Path) -> bool:
-    """Whether ``path`` is tracked by git and has no uncommitted change."""
-    tracked = subprocess.call(["git", "ls-files", "--error-unmatch", str(path)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) == 0
-    return tracked and subprocess.call(["git", "diff", "--quiet", "HEAD", "--", str(path)]) == 0
+    """Whether ``path`` is tracked by git and has no uncommitted change (git asked from the file's own
+    folder, so this holds from any working directory)."""
+    path = Path(path).resolve()
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": path.parent}
+    tracked = subprocess.call(["git", "ls-files", "--error-unmatch", path.name], **quiet) == 0
+    return tracked and subprocess.call(["git", "diff", "--quiet", "HEAD", "--", path.name], **quiet) == 0
 
 
 def target_plan(out: Path, a: dict) -> dict:

@@ -192,10 +192,9 @@ def registered(out: Path) -> dict:
     if digest(body) != record.get("sha256") or json.loads(json.dumps(design())) != body:
         raise SystemExit(f"{path} no longer matches its sha256 or this module's constants: the registered setting "
                          "is never changed; restore it")
-    git = {"capture_output": True, "cwd": path.parent}  # the repository that holds it, wherever this runs from
-    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], **git).returncode == 0
-    clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path.name], **git).returncode == 0
-    if not (tracked and clean):
+    from experiments.studies.does_the_mixture_matter_with_headroom import committed
+
+    if not committed(path):
         raise SystemExit(f"{path} is not committed as it is: commit the registration before any run")
     return record
 
